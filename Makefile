@@ -1,0 +1,46 @@
+# attnviz: two commands. `make run` starts the app; `make test` runs lint and every test.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8501
+
+.PHONY: run test install dev lint format typecheck pytest bench warmup clean
+
+$(VENV)/.installed: requirements.txt scripts/install.sh
+	VENV=$(VENV) bash scripts/install.sh
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
+	VENV=$(VENV) bash scripts/install.sh --dev
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev-installed
+
+run: install
+	$(PY) -m streamlit run app.py --server.port $(PORT) --server.address 0.0.0.0
+
+test: dev lint typecheck pytest
+
+lint: dev
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(VENV)/bin/hadolint Dockerfile
+
+format: dev
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+typecheck: dev
+	$(PY) -m mypy attnviz
+
+pytest: dev
+	$(PY) -m pytest
+
+bench: install
+	$(PY) -m attnviz bench
+
+warmup: install
+	$(PY) -m attnviz warmup
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output

@@ -1,0 +1,176 @@
+"""The fast path's hook into transformers: one registered attention function.
+
+`AttentionInterface` lets a registered function see exactly what eager attention sees: the
+post-RoPE query, the key before GQA repetition, the mask, the scaling, soft-capping and
+position bias. While a `Recorder` is active (a ContextVar, so concurrent threads never share
+one), the function keeps the query and key of every call; it always computes the layer's output
+with SDPA, or with the exact eager math where SDPA cannot (soft-capping), so later layers see
+the same hidden states as eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+IMPLEMENTATION = "attnviz"
+
+
+@dataclass
+class CapturedAttention:
+    """What one attention call saw; enough to recompute its probabilities exactly."""
+
+    module_name: str
+    query: torch.Tensor  # (1, heads, q_pos, d_head), post-RoPE / post-norm, model dtype
+    key: torch.Tensor  # (1, kv_heads, key_pos, d_head), before GQA repetition
+    mask: torch.Tensor | None  # bool (True = attend) or additive float, (1, 1|heads, q_pos, key_pos)
+    is_causal: bool  # applies when mask is None
+    scaling: float
+    softcap: float | None = None
+    position_bias: torch.Tensor | None = None  # T5-style additive bias (1, heads, q_pos, key_pos)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.query, self.key, self.mask, self.position_bias)
+            if t is not None
+        )
+
+
+@dataclass
+class Recorder:
+    """Collects `CapturedAttention` in call order for one forward pass."""
+
+    names: dict[int, str]
+    calls: list[CapturedAttention] = field(default_factory=list)
+
+    def record(self, module, query, key, mask, scaling, is_causal, softcap, position_bias) -> None:
+        self.calls.append(
+            CapturedAttention(
+                module_name=self.names.get(id(module), type(module).__name__),
+                query=query.detach(),
+                key=key.detach(),
+                mask=None if mask is None else mask.detach(),
+                is_causal=bool(is_causal),
+                scaling=float(scaling if scaling is not None else query.shape[-1] ** -0.5),
+                softcap=None if softcap is None else float(softcap),
+                position_bias=None if position_bias is None else position_bias.detach(),
+            )
+        )
+
+
+_ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_recorder", default=None)
+
+
+@contextlib.contextmanager
+def recording(names: dict[int, str]):
+    """Record every attention call made in this context (this thread / task only)."""
+    recorder = Recorder(names=names)
+    token = _ACTIVE.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _ACTIVE.reset(token)
+
+
+def attention_scores(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    scaling: float,
+    softcap: float | None = None,
+    position_bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    q_offset: int = 0,
+) -> torch.Tensor:
+    """Masked pre-softmax scores in eager's order: QK^T * scale, soft-cap, + bias, + mask.
+
+    query (..., q_pos, d_head) and key (..., key_pos, d_head) with matching head dims (GQA already
+    resolved). ``mask``/``position_bias`` must be sliced to the same query rows; ``q_offset`` is
+    the absolute position of the first query row (for the implicit causal mask).
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if position_bias is not None:
+        scores = scores + position_bias
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    elif is_causal and scores.shape[-2] + q_offset > 1:
+        q_pos = torch.arange(scores.shape[-2], device=scores.device) + q_offset
+        k_pos = torch.arange(scores.shape[-1], device=scores.device)
+        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], torch.finfo(scores.dtype).min)
+    return scores
+
+
+def _eager_output(module, query, key, value, mask, scaling, softcap, position_bias, is_causal):
+    """Eager attention output (1, q_pos, heads, d_head), computed in query chunks to bound memory."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    out = []
+    chunk = 1024
+    for start in range(0, query.shape[2], chunk):
+        rows = slice(start, start + chunk)
+        scores = attention_scores(
+            query[:, :, rows],
+            key,
+            scaling=scaling,
+            softcap=softcap,
+            position_bias=None if position_bias is None else position_bias[..., rows, :],
+            mask=None if mask is None else mask[..., rows, :],
+            is_causal=is_causal,
+            q_offset=start,
+        )
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        out.append(torch.matmul(probs, value))
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous()
+
+
+def attnviz_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+):
+    """Drop-in for transformers' SDPA attention that also records Q and K when asked."""
+    softcap = kwargs.get("softcap")
+    position_bias = kwargs.get("position_bias")
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    recorder = _ACTIVE.get()
+    if recorder is not None:
+        recorder.record(module, query, key, attention_mask, scale, is_causal, softcap, position_bias)
+    if softcap is not None or position_bias is not None:
+        # SDPA has no soft-capping, and with a position bias it runs its math kernel anyway:
+        # use eager's exact order of operations so later layers see eager's hidden states.
+        output = _eager_output(
+            module, query, key, value, attention_mask, scale, softcap, position_bias, is_causal
+        )
+        return output, None
+    kwargs.pop("output_attentions", None)
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )
+
+
+AttentionInterface.register(IMPLEMENTATION, attnviz_attention)
+AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)

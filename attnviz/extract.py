@@ -1,0 +1,220 @@
+"""`extract`: run a model on a text and return its attention, by the fast or the eager path."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from typing import Literal, get_args
+
+import torch
+
+from .capture import IMPLEMENTATION, CapturedAttention, recording
+from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
+from .layout import Stack
+from .loading import LoadedModel
+from .result import AttentionResult
+from .tokens import Tokens
+
+log = logging.getLogger(__name__)
+
+PathName = Literal["fast", "eager"]
+PATHS: tuple[str, ...] = get_args(PathName)
+DEFAULT_MAX_TOKENS = 8192
+_SENTINEL = "\u27e6attnviz\u27e7"
+_CROSS_NAMES = ("encoder_attn", "crossattention", "EncDecAttention", "cross_attn")
+
+
+def _chat_ids(lm: LoadedModel, text: str) -> tuple[list[int], list[bool]]:
+    """Token ids of the chat-templated text and, per token, whether the template added it."""
+    tok = lm.tokenizer
+    if not lm.has_chat_template:
+        raise AttnvizError(f"{lm.spec!r} has no chat template; turn the chat option off")
+    def render(content: str) -> str:
+        return tok.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+    rendered = render(text)
+    start = render(_SENTINEL).find(_SENTINEL)
+    if start < 0 or rendered[start : start + len(text)] != text:
+        start = rendered.find(text)
+    end = start + len(text)
+    enc = tok(rendered, add_special_tokens=False, return_offsets_mapping=True)
+    template = [not (s < end and e > start) for s, e in enc["offset_mapping"]]
+    return list(enc["input_ids"]), template
+
+
+def tokenize(lm: LoadedModel, text: str, *, chat: bool = False) -> tuple[list[int], list[bool]]:
+    """Ids exactly as ``tokenizer(text)`` gives them (or via the chat template), + template flags."""
+    if not isinstance(text, str) or not text.strip():
+        raise EmptyInput("the text is empty; type a sentence")
+    if chat:
+        return _chat_ids(lm, text)
+    ids = lm.tokenizer(text)["input_ids"]
+    if not ids:
+        raise EmptyInput("the text gives no tokens; type a sentence")
+    return list(ids), [False] * len(ids)
+
+
+def _forward_kwargs(lm: LoadedModel) -> dict:
+    params = inspect.signature(lm.model.forward).parameters
+    kwargs: dict = {}
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = 1  # the LM head on N positions would cost N x vocab floats
+    return kwargs
+
+
+def _group(lm: LoadedModel, calls: list[CapturedAttention]) -> dict[str, list[CapturedAttention]]:
+    if lm.layout.kind != "encoder-decoder":
+        return {"self": calls}
+    stacks: dict[str, list[CapturedAttention]] = {"encoder": [], "decoder": [], "cross": []}
+    for c in calls:
+        name = c.module_name
+        if any(k in name for k in _CROSS_NAMES):
+            stacks["cross"].append(c)
+        elif "encoder" in name.split(".")[:3] or name.startswith("encoder"):
+            stacks["encoder"].append(c)
+        else:
+            stacks["decoder"].append(c)
+    return stacks
+
+
+def _decoder_start(lm: LoadedModel) -> int:
+    cfg = lm.model.config
+    start = getattr(cfg, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(cfg, "pad_token_id", None) or 0
+    return int(start)
+
+
+def extract(
+    lm: LoadedModel,
+    text: str,
+    *,
+    path: PathName = "fast",
+    chat: bool = False,
+    generate: int = 0,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> AttentionResult:
+    """Attention of ``lm`` on ``text``.
+
+    ``path="eager"`` runs the model's eager attention with ``output_attentions=True`` (ground
+    truth). ``path="fast"`` runs the model's SDPA attention, keeps each layer's post-RoPE queries
+    and keys, and computes probabilities only for what is asked; equal to eager within 1e-5 in
+    fp32. ``generate=k`` greedily generates k tokens first and returns the attention of prompt +
+    generation. Encoder-decoder models without generation feed the decoder the same text shifted
+    right (teacher forcing). Texts over ``max_tokens`` tokens are refused, never truncated.
+    """
+    if path not in PATHS:
+        raise AttnvizError(f"unknown path {path!r}; use one of {PATHS}")
+    if generate < 0:
+        raise AttnvizError("generate must be 0 or more tokens")
+    ids, template = tokenize(lm, text, chat=chat)
+    if len(ids) + generate > max_tokens:
+        raise InputTooLong(
+            f"the text has {len(ids)} tokens{f' (+{generate} to generate)' if generate else ''}; "
+            f"the limit is {max_tokens}. Shorten the text."
+        )
+    model, tok = lm.model, lm.tokenizer
+    enc_dec = lm.layout.kind == "encoder-decoder"
+    t0 = time.perf_counter()
+    input_ids = torch.tensor([ids], device=lm.device)
+    try:
+        with lm.lock, torch.inference_mode():
+            dec_ids: list[int] | None = None
+            generated = [False] * len(ids)
+            if generate:
+                out = model.generate(
+                    input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    max_new_tokens=generate,
+                    do_sample=False,
+                    pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None),
+                )[0].tolist()
+                if enc_dec:
+                    dec_ids = out
+                else:
+                    generated = [False] * len(ids) + [True] * (len(out) - len(ids))
+                    template = template + [False] * (len(out) - len(ids))
+                    ids = out
+                    input_ids = torch.tensor([ids], device=lm.device)
+            if enc_dec and dec_ids is None:
+                dec_ids = [_decoder_start(lm)] + ids[:-1]
+            inputs: dict = {"input_ids": input_ids, **_forward_kwargs(lm)}
+            if enc_dec:
+                inputs["decoder_input_ids"] = torch.tensor([dec_ids], device=lm.device)
+            captured: dict[str, list[CapturedAttention]] = {}
+            eager: dict[str, list[torch.Tensor]] = {}
+            used = path if lm.supports_capture else "eager"
+            if used == "fast":
+                with recording(lm.module_names) as rec:
+                    model(**inputs)
+                captured = _group(lm, rec.calls)
+            else:
+                eager = _run_eager(lm, inputs)
+    except torch.OutOfMemoryError:
+        _free()
+        raise OutOfMemory(
+            f"{len(ids)} tokens did not fit in memory on {lm.device}; shorten the text "
+            "or use the fast path"
+        ) from None
+    except MemoryError:
+        _free()
+        raise OutOfMemory(f"{len(ids)} tokens did not fit in memory; shorten the text") from None
+    tokens = Tokens.build(tok, ids, template=template, generated=generated)
+    decoder_tokens = None
+    if dec_ids is not None:
+        gen_flags = [False] + [bool(generate)] * (len(dec_ids) - 1)
+        decoder_tokens = Tokens.build(tok, dec_ids, generated=gen_flags)
+    for stack in lm.layout.stacks:
+        got = len(captured.get(stack, eager.get(stack, [])))
+        if got != lm.layout.layers_in(stack):
+            raise AttnvizError(
+                f"internal: captured {got} {stack} attention layers, expected "
+                f"{lm.layout.layers_in(stack)} ({lm.layout.model_type}); please report this model"
+            )
+    seconds = time.perf_counter() - t0
+    log.info("extract model=%s tokens=%d path=%s seconds=%.3f", lm.spec, len(ids), used, seconds)
+    return AttentionResult(
+        model_name=lm.spec,
+        layout=lm.layout,
+        tokens=tokens,
+        path=used,
+        decoder_tokens=decoder_tokens,
+        _captured=captured,
+        _eager=eager,
+        seconds=seconds,
+    )
+
+
+def _run_eager(lm: LoadedModel, inputs: dict) -> dict[str, list[torch.Tensor]]:
+    """The model's own eager attention with output_attentions=True (caller holds lm.lock)."""
+    model = lm.model
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        out = model(**inputs, output_attentions=True)
+    finally:
+        model.set_attn_implementation(IMPLEMENTATION if lm.supports_capture else previous)
+    def clean(ts) -> list[torch.Tensor]:
+        return [t[0].float() for t in ts]
+    if lm.layout.kind == "encoder-decoder":
+        return {
+            "encoder": clean(out.encoder_attentions),
+            "decoder": clean(out.decoder_attentions),
+            "cross": clean(out.cross_attentions),
+        }
+    return {"self": clean(out.attentions)}
+
+
+def _free() -> None:
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+STACKS: tuple[Stack, ...] = ("self", "encoder", "decoder", "cross")

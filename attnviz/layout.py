@@ -1,0 +1,46 @@
+"""What a model's attention looks like: layers, heads, grouping, masks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+ModelKind = Literal["encoder", "decoder", "encoder-decoder"]
+Stack = Literal["self", "encoder", "decoder", "cross"]
+MODEL_KINDS: tuple[str, ...] = get_args(ModelKind)
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """The attention layout of a model, read from its config.
+
+    For encoder-decoder models ``n_layers`` is the encoder depth and ``n_decoder_layers`` the
+    decoder depth; ``stacks`` names what `AttentionResult.layer` accepts.
+    """
+
+    model_type: str
+    kind: ModelKind
+    n_layers: int
+    n_heads: int  # query heads
+    n_kv_heads: int  # == n_heads without GQA
+    head_dim: int
+    d_model: int
+    layer_types: tuple[str, ...] = ()  # e.g. ("sliding_attention", "full_attention", ...)
+    sliding_window: int | None = None
+    softcap: float | None = None
+    n_decoder_layers: int = 0
+    stacks: tuple[Stack, ...] = field(default=("self",))
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (1 without GQA)."""
+        return self.n_heads // max(self.n_kv_heads, 1)
+
+    def kv_head_of(self, head: int) -> int:
+        """The KV head a query head reads (transformers' repeat_kv order)."""
+        return head // self.group_size
+
+    def layers_in(self, stack: Stack) -> int:
+        if stack in ("decoder", "cross"):
+            return self.n_decoder_layers
+        return self.n_layers

