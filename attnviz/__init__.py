@@ -21,7 +21,7 @@ from .errors import (
     OutOfMemory,
     UnsafeWeights,
 )
-from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, tokenize
+from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
 from .result import AttentionResult
@@ -50,6 +50,7 @@ __all__ = [
     "Tokens",
     "UnsafeWeights",
     "extract",
+    "extract_ids",
     "load_model",
     "tokenize",
     "wrap_model",

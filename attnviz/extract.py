@@ -107,11 +107,28 @@ def extract(
     generation. Encoder-decoder models without generation feed the decoder the same text shifted
     right (teacher forcing). Texts over ``max_tokens`` tokens are refused, never truncated.
     """
+    ids, template = tokenize(lm, text, chat=chat)
+    return extract_ids(lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens)
+
+
+def extract_ids(
+    lm: LoadedModel,
+    ids: list[int],
+    *,
+    path: PathName = "fast",
+    template: list[bool] | None = None,
+    generate: int = 0,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> AttentionResult:
+    """`extract` on token ids you already have (e.g. the induction probe's repeated random ids)."""
     if path not in PATHS:
         raise AttnvizError(f"unknown path {path!r}; use one of {PATHS}")
     if generate < 0:
         raise AttnvizError("generate must be 0 or more tokens")
-    ids, template = tokenize(lm, text, chat=chat)
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise EmptyInput("no tokens given")
+    template = list(template) if template is not None else [False] * len(ids)
     if len(ids) + generate > max_tokens:
         raise InputTooLong(
             f"the text has {len(ids)} tokens{f' (+{generate} to generate)' if generate else ''}; "
