@@ -1,0 +1,78 @@
+import threading
+import time
+
+import pytest
+
+import attnviz
+from attnviz.gate import InferenceGate
+from attnviz.settings import DEMO_MAX_TOKENS, settings
+
+
+def test_default_settings_allow_everything(monkeypatch):
+    monkeypatch.delenv("ATTNVIZ_DEMO", raising=False)
+    monkeypatch.delenv("ATTNVIZ_MAX_TOKENS", raising=False)
+    s = settings()
+    assert not s.demo and s.allow_local_paths and s.allow_token_field
+    assert s.model_choices[:2] == ("smollm2-135m", "minilm-l6")
+    s.check_model("some/other-model")  # no exception
+
+
+def test_demo_mode_restricts(monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_DEMO", "1")
+    monkeypatch.delenv("ATTNVIZ_ALLOWED_MODELS", raising=False)
+    monkeypatch.delenv("ATTNVIZ_MAX_TOKENS", raising=False)
+    s = settings()
+    assert s.demo and not s.allow_local_paths and not s.allow_token_field
+    assert s.max_tokens == DEMO_MAX_TOKENS
+    assert s.allowed_models == tuple(attnviz.BUILTIN_MODELS)
+    for bad in ["gpt2", "../..", "/etc", "~", "file:///etc/passwd"]:
+        with pytest.raises(attnviz.NotAllowed, match="public demo"):
+            s.check_model(bad)
+    s.check_model("smollm2-135m")
+
+
+def test_demo_allow_list_and_cap_from_env(monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_DEMO", "yes")
+    monkeypatch.setenv("ATTNVIZ_ALLOWED_MODELS", "smollm2-135m, gpt2")
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "nonsense")
+    s = settings()
+    assert s.allowed_models == ("smollm2-135m", "gpt2")
+    assert s.max_tokens == DEMO_MAX_TOKENS
+    s.check_model("gpt2")
+
+
+def test_gate_is_fifo_and_reports_positions():
+    gate = InferenceGate()
+    order: list[int] = []
+    seen: dict[int, list[int]] = {}
+    inside = threading.Event()
+    release = threading.Event()
+
+    def holder():
+        with gate.turn():
+            inside.set()
+            release.wait(5)
+            order.append(0)
+
+    def waiter(i):
+        seen[i] = []
+        with gate.turn(on_wait=seen[i].append, poll_seconds=0.01):
+            order.append(i)
+
+    t0 = threading.Thread(target=holder)
+    t0.start()
+    inside.wait(5)
+    threads = []
+    for i in (1, 2, 3):
+        t = threading.Thread(target=waiter, args=(i,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.05)  # enqueue in order
+    assert gate.waiting == 3
+    release.set()
+    for t in [t0, *threads]:
+        t.join(5)
+    assert order == [0, 1, 2, 3]
+    assert seen[1][0] == 1 and seen[3][0] == 3
+    assert seen[3] == sorted(seen[3], reverse=True)  # positions only move forward
+    assert gate.waiting == 0
