@@ -1,0 +1,27 @@
+"""From-scratch attention: the textbook class, a NumPy forward/backward, and the textbook run on
+a real model layer (`layer_walkthrough`), which proves the textbook math gives the model's numbers.
+
+Imports torch (and NumPy) only; never the UI.
+"""
+
+from .numpy_mha import MHAGrads, MHAParams, init_params, mha_backward, mha_forward
+from .textbook import MultiHeadAttention, causal_mask, from_torch_multihead, scaled_dot_product_attention
+from .walkthrough import SUPPORTED, Counterfactuals, Step, Walkthrough, layer_walkthrough, shape_table
+
+__all__ = [
+    "SUPPORTED",
+    "Counterfactuals",
+    "MHAGrads",
+    "MHAParams",
+    "MultiHeadAttention",
+    "Step",
+    "Walkthrough",
+    "causal_mask",
+    "from_torch_multihead",
+    "init_params",
+    "layer_walkthrough",
+    "mha_backward",
+    "mha_forward",
+    "scaled_dot_product_attention",
+    "shape_table",
+]
