@@ -1,9 +1,9 @@
 """attnviz: look inside transformer attention, per layer and per head, verified against eager.
 
-    import attnviz
-    lm = attnviz.load_model("smollm2-135m")
-    res = attnviz.extract(lm, "the financial bank is located on river bank")
-    res.head(3, 0)            # (N, N) float32 probabilities of layer 3, head 0
+import attnviz
+lm = attnviz.load_model("smollm2-135m")
+res = attnviz.extract(lm, "the financial bank is located on river bank")
+res.head(3, 0)            # (N, N) float32 probabilities of layer 3, head 0
 """
 
 import logging

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -30,10 +30,12 @@ def _chat_ids(lm: LoadedModel, text: str) -> tuple[list[int], list[bool]]:
     tok = lm.tokenizer
     if not lm.has_chat_template:
         raise AttnvizError(f"{lm.spec!r} has no chat template; turn the chat option off")
+
     def render(content: str) -> str:
         return tok.apply_chat_template(
             [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
         )
+
     rendered = render(text)
     start = render(_SENTINEL).find(_SENTINEL)
     if start < 0 or rendered[start : start + len(text)] != text:
@@ -134,7 +136,8 @@ def extract_ids(
             f"the text has {len(ids)} tokens{f' (+{generate} to generate)' if generate else ''}; "
             f"the limit is {max_tokens}. Shorten the text."
         )
-    model, tok = lm.model, lm.tokenizer
+    model: Any = lm.model
+    tok = lm.tokenizer
     enc_dec = lm.layout.kind == "encoder-decoder"
     t0 = time.perf_counter()
     input_ids = torch.tensor([ids], device=lm.device)
@@ -158,7 +161,7 @@ def extract_ids(
                     ids = out
                     input_ids = torch.tensor([ids], device=lm.device)
             if enc_dec and dec_ids is None:
-                dec_ids = [_decoder_start(lm)] + ids[:-1]
+                dec_ids = [_decoder_start(lm), *ids[:-1]]
             inputs: dict = {"input_ids": input_ids, **_forward_kwargs(lm)}
             if enc_dec:
                 inputs["decoder_input_ids"] = torch.tensor([dec_ids], device=lm.device)
@@ -174,8 +177,7 @@ def extract_ids(
     except torch.OutOfMemoryError:
         _free()
         raise OutOfMemory(
-            f"{len(ids)} tokens did not fit in memory on {lm.device}; shorten the text "
-            "or use the fast path"
+            f"{len(ids)} tokens did not fit in memory on {lm.device}; shorten the text or use the fast path"
         ) from None
     except MemoryError:
         _free()
@@ -215,8 +217,10 @@ def _run_eager(lm: LoadedModel, inputs: dict) -> dict[str, list[torch.Tensor]]:
         out = model(**inputs, output_attentions=True)
     finally:
         model.set_attn_implementation(IMPLEMENTATION if lm.supports_capture else previous)
+
     def clean(ts) -> list[torch.Tensor]:
         return [t[0].float() for t in ts]
+
     if lm.layout.kind == "encoder-decoder":
         return {
             "encoder": clean(out.encoder_attentions),

@@ -28,9 +28,7 @@ class InferenceGate:
             return max(len(self._queue) - 1, 0)
 
     @contextlib.contextmanager
-    def turn(
-        self, on_wait: Callable[[int], None] | None = None, poll_seconds: float = 0.5
-    ) -> Iterator[None]:
+    def turn(self, on_wait: Callable[[int], None] | None = None, poll_seconds: float = 0.5) -> Iterator[None]:
         ticket = next(self._tickets)
         with self._cond:
             self._queue.append(ticket)

@@ -7,11 +7,14 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from transformers import (
@@ -63,7 +66,7 @@ def trust_remote_code() -> bool:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """"auto" picks CUDA, then Apple MPS, then CPU."""
+    """ "auto" picks CUDA, then Apple MPS, then CPU."""
     if device != "auto":
         return torch.device(device)
     if torch.cuda.is_available():
@@ -74,7 +77,7 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """"auto": bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere."""
+    """ "auto": bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -82,8 +85,14 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
     try:
-        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        return {
+            "float32": torch.float32,
+            "fp32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "bf16": torch.bfloat16,
+            "float16": torch.float16,
+            "fp16": torch.float16,
+        }[dtype]
     except KeyError:
         raise AttnvizError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
 
@@ -97,8 +106,8 @@ class LoadedModel:
     """
 
     spec: str
-    model: PreTrainedModel
-    tokenizer: object
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
     layout: AttentionLayout
     device: torch.device
     dtype: torch.dtype
@@ -147,10 +156,21 @@ def model_kind(config: PretrainedConfig) -> ModelKind:
     archs = " ".join(getattr(config, "architectures", None) or [])
     if "CausalLM" in archs or "LMHead" in archs or getattr(config, "is_decoder", False):
         return "decoder"
-    if config.model_type in {"bert", "roberta", "distilbert", "albert", "electra", "deberta",
-                             "deberta-v2", "xlm-roberta", "mpnet", "modernbert", "camembert"}:
+    if config.model_type in {
+        "bert",
+        "roberta",
+        "distilbert",
+        "albert",
+        "electra",
+        "deberta",
+        "deberta-v2",
+        "xlm-roberta",
+        "mpnet",
+        "modernbert",
+        "camembert",
+    }:
         return "encoder"
-    if "Masked" in archs or "SequenceClassification" in archs or "Model" == archs[-5:]:
+    if "Masked" in archs or "SequenceClassification" in archs or archs[-5:] == "Model":
         return "encoder" if "ForMaskedLM" in archs else "decoder"
     return "decoder"
 
@@ -234,8 +254,8 @@ def _smollm_folder() -> Path:
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM_GGUF, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM_GGUF)
         # The tensors are de-quantized float32 already; drop the GGUF marker so it can be saved.
-        model.hf_quantizer = None
-        model.is_quantized = False
+        setattr(model, "hf_quantizer", None)  # noqa: B010 - typed as a module attribute
+        setattr(model, "is_quantized", False)  # noqa: B010
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -258,11 +278,15 @@ def builtin_folder(spec: str) -> Path:
 
 
 def classify_spec(spec: str) -> str:
-    """"builtin", "local" or "hub" (raises ModelNotFound for a malformed name)."""
+    """ "builtin", "local" or "hub" (raises ModelNotFound for a malformed name)."""
     s = spec.strip()
     if s in BUILTIN_MODELS:
         return "builtin"
-    if s.startswith(("/", "./", "../", "~", "file:")) or os.sep in s.replace("/", "") or Path(s).expanduser().exists():
+    if (
+        s.startswith(("/", "./", "../", "~", "file:"))
+        or os.sep in s.replace("/", "")
+        or Path(s).expanduser().exists()
+    ):
         return "local"
     if _HUB_ID.match(s) and ".." not in s:
         return "hub"
@@ -283,8 +307,16 @@ def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
             f"{spec!r} is gated: accept its licence on huggingface.co and give a token "
             "(the token field, or the HF_TOKEN environment variable)"
         )
-    if name in {"RepositoryNotFoundError", "RevisionNotFoundError"} or "404" in text or "is not a valid model identifier" in text or "not a local folder" in text:
-        return ModelNotFound(f"{spec!r} was not found on the Hugging Face Hub; check the spelling (owner/name) and the revision")
+    if (
+        name in {"RepositoryNotFoundError", "RevisionNotFoundError"}
+        or "404" in text
+        or "is not a valid model identifier" in text
+        or "not a local folder" in text
+    ):
+        return ModelNotFound(
+            f"{spec!r} was not found on the Hugging Face Hub; "
+            "check the spelling (owner/name) and the revision"
+        )
     if (
         name in {"LocalEntryNotFoundError", "OfflineModeIsEnabled"}
         or "offline" in text.lower()
@@ -303,6 +335,32 @@ def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
             "ATTNVIZ_ALLOW_PICKLE=1"
         )
     return AttnvizError(f"could not load {spec!r}: {name}: {text.splitlines()[0][:300] if text else ''}")
+
+
+_reach: dict[str, tuple[float, bool]] = {}
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hub endpoint answers a TCP connect (cached 60 s). Offline mode: False.
+
+    Without this, a closed network costs ~25 s of retries before huggingface_hub gives up.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    now = time.monotonic()
+    hit = _reach.get(endpoint)
+    if hit and now - hit[0] < 60:
+        return hit[1]
+    parsed = urlparse(endpoint)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "", port), timeout=timeout):
+            ok = True
+    except OSError:
+        ok = False
+    _reach[endpoint] = (now, ok)
+    return ok
 
 
 def load_model(
@@ -334,6 +392,11 @@ def load_model(
         where = Path(spec).expanduser()
         if not where.is_dir():
             raise ModelNotFound(f"local folder {spec!r} does not exist (or is not a folder)")
+        if not (where / "config.json").is_file():
+            raise ModelNotFound(
+                f"{spec!r} is not a model folder: it has no config.json (a model folder holds "
+                "config.json, .safetensors weights and tokenizer files)"
+            )
     else:
         where = spec
     if allow_pickle is None:
@@ -341,7 +404,11 @@ def load_model(
     token = token or os.environ.get("HF_TOKEN") or None
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    hub_kwargs = {"token": token, "revision": revision} if source == "hub" else {}
+    hub_kwargs: dict = {}
+    if source == "hub":
+        hub_kwargs = {"token": token, "revision": revision}
+        if not hub_reachable():
+            hub_kwargs["local_files_only"] = True  # use the cache; fail fast if not there
     t0 = time.perf_counter()
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code(), **hub_kwargs)
@@ -371,7 +438,7 @@ def load_model(
         model.to(dev)
     model.eval()
     supports = _use_capture(model, spec)
-    input_device = model.get_input_embeddings().weight.device
+    input_device = _input_device(model)
     log.info("loaded %s (%s) on %s in %.1f s", spec, source, input_device, time.perf_counter() - t0)
     return LoadedModel(
         spec=spec,
@@ -383,6 +450,10 @@ def load_model(
         source=source,
         supports_capture=supports,
     )
+
+
+def _input_device(model: Any) -> torch.device:
+    return torch.device(model.get_input_embeddings().weight.device)
 
 
 def _use_capture(model: PreTrainedModel, spec: str) -> bool:
@@ -409,7 +480,7 @@ def wrap_model(model: PreTrainedModel, tokenizer, spec: str = "custom") -> Loade
         model=model,
         tokenizer=tokenizer,
         layout=layout,
-        device=model.get_input_embeddings().weight.device,
+        device=_input_device(model),
         dtype=next(model.parameters()).dtype,
         source="local",
         supports_capture=supports,

@@ -113,9 +113,7 @@ class AttentionResult:
             raise BadIndex(f"layer {layer} is out of range: this model has layers 0..{n - 1}")
         for h in heads or ():
             if not 0 <= int(h) < self.layout.n_heads:
-                raise BadIndex(
-                    f"head {h} is out of range: this model has heads 0..{self.layout.n_heads - 1}"
-                )
+                raise BadIndex(f"head {h} is out of range: this model has heads 0..{self.layout.n_heads - 1}")
 
     def layer_tensor(
         self,

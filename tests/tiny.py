@@ -43,30 +43,40 @@ def tokenizer(kind: str = "decoder") -> tf.PreTrainedTokenizerFast:
             single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
         )
         fast = tf.PreTrainedTokenizerFast(
-            tokenizer_object=tok, pad_token="<pad>", cls_token="[CLS]", sep_token="[SEP]",
+            tokenizer_object=tok,
+            pad_token="<pad>",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
             mask_token="[MASK]",
         )
     else:
         bos = tok.token_to_id("<s>")
         if kind == "decoder":
-            tok.post_processor = processors.TemplateProcessing(
-                single="<s> $A", special_tokens=[("<s>", bos)]
-            )
+            tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
         else:  # seq2seq: end with </s> like BART/T5
             eos = tok.token_to_id("</s>")
             tok.post_processor = processors.TemplateProcessing(
                 single="$A </s>", special_tokens=[("</s>", eos)]
             )
         fast = tf.PreTrainedTokenizerFast(
-            tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+            tokenizer_object=tok,
+            bos_token="<s>",
+            eos_token="</s>",
+            pad_token="<pad>",
             additional_special_tokens=["<|im_start|>", "<|im_end|>"],
         )
         fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-SMALL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-             num_attention_heads=4, max_position_embeddings=512)
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+)
 
 
 def configs() -> dict[str, tf.PretrainedConfig]:
@@ -76,22 +86,51 @@ def configs() -> dict[str, tf.PretrainedConfig]:
         "qwen3": tf.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16),
         "mistral-sliding": tf.MistralConfig(**SMALL, num_key_value_heads=2, sliding_window=4),
         "gemma2": tf.Gemma2Config(
-            **{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=16,
-            sliding_window=4, attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
+            **{**SMALL, "num_hidden_layers": 4},
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=4,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=30.0,
             query_pre_attn_scalar=16,
         ),
         "gpt2": tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=512),
-        "bert": tf.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3,
-                              num_attention_heads=4, intermediate_size=96,
-                              max_position_embeddings=512),
-        "bart": tf.BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2,
-                              encoder_attention_heads=4, decoder_attention_heads=4,
-                              encoder_ffn_dim=96, decoder_ffn_dim=96, max_position_embeddings=512,
-                              pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                              decoder_start_token_id=2, forced_eos_token_id=None),
-        "t5": tf.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=96, num_layers=2,
-                          num_decoder_layers=2, num_heads=4, pad_token_id=0, eos_token_id=2,
-                          decoder_start_token_id=0),
+        "bert": tf.BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=96,
+            max_position_embeddings=512,
+        ),
+        "bart": tf.BartConfig(
+            vocab_size=VOCAB,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=96,
+            decoder_ffn_dim=96,
+            max_position_embeddings=512,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+        ),
+        "t5": tf.T5Config(
+            vocab_size=VOCAB,
+            d_model=64,
+            d_kv=16,
+            d_ff=96,
+            num_layers=2,
+            num_decoder_layers=2,
+            num_heads=4,
+            pad_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=0,
+        ),
     }
 
 
@@ -116,7 +155,9 @@ def model(arch: str, seed: int = 0) -> tf.PreTrainedModel:
     # Random init makes near-uniform attention; larger q/k weights make sharp, testable patterns.
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if p.dim() == 2 and any(k in name for k in ("q_proj", "k_proj", "query", "key", ".q.", ".k.", "c_attn")):
+            if p.dim() == 2 and any(
+                k in name for k in ("q_proj", "k_proj", "query", "key", ".q.", ".k.", "c_attn")
+            ):
                 p.mul_(4.0)
     return m.eval()
 

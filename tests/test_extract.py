@@ -1,0 +1,158 @@
+"""The core contract: fast == eager on every architecture, plus the invariants of attention."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tiny
+
+import attnviz
+
+TEXT = "the financial bank is located on river bank, a quick brown fox jumps over the lazy dog"
+ALL = tiny.ARCHS
+
+
+def _max_diff(a: attnviz.AttentionResult, b: attnviz.AttentionResult) -> float:
+    return max(
+        float(np.abs(a.layer(i, stack=s) - b.layer(i, stack=s)).max())
+        for s in a.stacks
+        for i in range(a.n_layers(s))
+    )
+
+
+@pytest.fixture(scope="module", params=ALL)
+def pair(request):
+    lm = tiny.loaded(request.param)
+    return request.param, lm, attnviz.extract(lm, TEXT), attnviz.extract(lm, TEXT, path="eager")
+
+
+def test_fast_path_equals_eager(pair):
+    arch, lm, fast, eager = pair
+    assert lm.supports_capture, f"{arch} should run the capture path"
+    assert fast.path == "fast" and eager.path == "eager"
+    assert _max_diff(fast, eager) <= 1e-5
+
+
+def test_invariants(pair):
+    _arch, lm, fast, _ = pair
+    n = len(fast.tokens)
+    assert n == len(lm.tokenizer(TEXT)["input_ids"])  # exactly tokenizer(text)
+    for stack in fast.stacks:
+        q_tokens, k_tokens = fast.axes(stack)
+        for i in range(fast.n_layers(stack)):
+            p = fast.layer(i, stack=stack)
+            assert p.dtype == np.float32
+            assert p.shape == (lm.layout.n_heads, len(q_tokens), len(k_tokens))
+            np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+            assert (p >= 0).all()
+            causal = lm.layout.kind == "decoder" or stack == "decoder"
+            if causal:
+                assert (np.triu(p, k=1) == 0).all(), "causal upper triangle must be exactly 0"
+            else:
+                assert (np.triu(p, k=1) > 0).any()
+
+
+def test_head_is_a_slice_of_layer(pair):
+    _, _lm, fast, _ = pair
+    layer = fast.layer(1)
+    np.testing.assert_array_equal(fast.head(1, 2), layer[2])
+    np.testing.assert_array_equal(fast.layer(1, rows=slice(3, 7)), layer[:, 3:7])
+
+
+def test_sliding_window_masks_far_keys():
+    lm = tiny.loaded("mistral-sliding")
+    window = lm.layout.sliding_window
+    res = attnviz.extract(lm, TEXT)
+    n = res.n_tokens
+    assert n > 2 * window
+    p = res.layer(0)
+    q, k = np.indices((n, n))
+    assert (p[:, q - k >= window] == 0).all()
+    assert (p[:, (q - k < window) & (q >= k)] > 0).all()
+
+
+def test_gemma2_alternates_sliding_and_full_layers():
+    lm = tiny.loaded("gemma2")
+    assert set(lm.layout.layer_types) == {"sliding_attention", "full_attention"}
+    assert lm.layout.softcap == 5.0
+    res = attnviz.extract(lm, TEXT)
+    n, w = res.n_tokens, lm.layout.sliding_window
+    for i, kind in enumerate(lm.layout.layer_types):
+        far = res.layer(i)[:, n - 1, : n - w]
+        assert (far == 0).all() if kind == "sliding_attention" else (far > 0).all()
+
+
+def test_gqa_layout_and_sharing():
+    lm = tiny.loaded("llama-gqa")
+    lay = lm.layout
+    assert (lay.n_heads, lay.n_kv_heads, lay.group_size) == (4, 2, 2)
+    assert [lay.kv_head_of(h) for h in range(4)] == [0, 0, 1, 1]
+
+
+def test_fast_path_keeps_only_queries_and_keys():
+    lm = tiny.loaded("llama-gqa")
+    res = attnviz.extract(lm, TEXT)
+    n, lay = res.n_tokens, lm.layout
+    qk = lay.n_layers * n * (lay.n_heads + lay.n_kv_heads) * lay.head_dim * 4
+    assert res.nbytes <= qk + n * n  # Q and K per layer (+ at most one shared mask)
+    assert res.nbytes < lay.n_layers * lay.n_heads * n * n * 4 or n < 32
+
+
+def test_encoder_decoder_stacks():
+    lm = tiny.loaded("bart")
+    res = attnviz.extract(lm, TEXT)
+    assert res.stacks == ("encoder", "decoder", "cross")
+    q, k = res.axes("cross")
+    assert res.layer(0, stack="cross").shape == (4, len(q), len(k))
+    with pytest.raises(attnviz.BadIndex):
+        res.layer(0, stack="self")
+
+
+def test_out_of_range_indices_are_clear():
+    res = attnviz.extract(tiny.loaded("gpt2"), TEXT)
+    with pytest.raises(attnviz.BadIndex, match=r"layers 0\.\.2"):
+        res.layer(3)
+    with pytest.raises(attnviz.BadIndex, match=r"heads 0\.\.3"):
+        res.head(0, 4)
+
+
+def test_too_long_is_refused_not_truncated():
+    lm = tiny.loaded("llama-gqa")
+    with pytest.raises(attnviz.InputTooLong, match="limit is 5"):
+        attnviz.extract(lm, TEXT, max_tokens=5)
+    with pytest.raises(attnviz.EmptyInput):
+        attnviz.extract(lm, "   \n ")
+
+
+def test_chat_template_marks_template_tokens():
+    lm = tiny.loaded("llama-gqa")
+    res = attnviz.extract(lm, "river bank", chat=True)
+    text = "".join(d for d, t in zip(res.tokens.display, res.tokens.template, strict=True) if not t)
+    assert text.replace("␣", " ").strip() == "riverbank" or "river" in text
+    assert res.tokens.template[0] and res.tokens.template[-1]
+    assert not all(res.tokens.template)
+    assert res.tokens.raw[0] == "<|im_start|>" and res.tokens.special[0]
+
+
+def test_generation_appends_and_flags_tokens():
+    lm = tiny.loaded("llama-gqa")
+    res = attnviz.extract(lm, "river bank", generate=4)
+    n_prompt = len(lm.tokenizer("river bank")["input_ids"])
+    assert res.n_tokens == n_prompt + 4
+    assert res.tokens.generated == (False,) * n_prompt + (True,) * 4
+    eager = attnviz.extract_ids(lm, list(res.tokens.ids), path="eager")
+    assert np.abs(res.layer(2) - eager.layer(2)).max() <= 1e-5
+
+
+def test_display_tokens_are_clean_text():
+    lm = tiny.loaded("llama-gqa")
+    res = attnviz.extract(lm, "a <b>x</b>\tline\nnext\x00")
+    assert "<b" in "".join(res.tokens.display)  # kept literally: escaping is the UI's job
+    assert not any("Ġ" in d or "\x00" in d or "\n" in d for d in res.tokens.display)
+    assert res.tokens.labels[0].startswith("(0) ")
+
+
+def test_package_never_imports_streamlit():
+    code = "import attnviz, attnviz.metrics, attnviz.cli, sys; assert 'streamlit' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
