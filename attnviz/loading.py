@@ -12,8 +12,8 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
