@@ -1,0 +1,161 @@
+"""Explorer: type a sentence, pick a model, see every head of a layer and one head up close."""
+
+import numpy as np
+import streamlit as st
+
+from attnviz import figures as F
+from ui import attention, export, models, sidebar, state
+
+NAMES = ("model", "text", "chat", "stack", "layer", "head", "cmap", "log", "hide", "nosink", "row0")
+STACK_NAMES = {
+    "self": "self",
+    "encoder": "encoder",
+    "decoder": "decoder",
+    "cross": "cross (decoder → encoder)",
+}
+
+sidebar.page("Explorer")
+state.start(NAMES)
+choice = sidebar.sidebar()
+
+st.title("Attention explorer")
+lm, res, key = sidebar.load_and_extract(choice, NAMES)
+st.caption(
+    f"**{lm.spec}** · {models.describe_layout(lm)} · {res.n_tokens} tokens · "
+    f"{res.path} path, extracted in {res.seconds:.2f} s"
+)
+
+with st.expander(f"Tokens ({res.n_tokens})", expanded=False):
+    toks = res.tokens
+    st.dataframe(
+        {
+            "position": list(range(len(toks))),
+            "token": list(toks.display),
+            "id": list(toks.ids),
+            "special": list(toks.special),
+            "chat template": list(toks.template),
+        },
+        hide_index=True,
+        height=min(400, 36 + 35 * len(toks)),
+    )
+
+
+@st.fragment
+def view() -> None:
+    """Layer, head and colour controls redraw only this part; the model never reruns."""
+    stacks = list(res.stacks)
+    stack = state.choose("stack", stacks, "attention")
+    if len(stacks) > 1:
+        stack = st.segmented_control(
+            "Attention", stacks, key="stack", format_func=STACK_NAMES.get, required=True
+        )
+    n_layers, n_heads = res.n_layers(stack), res.n_heads
+    state.clamp("layer", 0, n_layers - 1, "layer")
+    state.clamp("head", 0, n_heads - 1, "head")
+    kv = attention.kv_heads(res, stack)
+
+    c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
+    with c1:
+        layer = (
+            st.slider("Layer", 0, n_layers - 1, key="layer")
+            if n_layers > 1
+            else st.number_input("Layer", 0, 0, key="layer")
+        )
+    with c2:
+        head = st.selectbox(
+            "Head",
+            list(range(n_heads)),
+            key="head",
+            format_func=lambda h: F.head_title(h, kv[h] if kv else None),
+        )
+    with c3:
+        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+        log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
+    with c4:
+        hide = st.toggle(
+            "Hide special tokens",
+            key="hide",
+            help="Drop special and chat-template tokens from both axes and renormalise each row "
+            "over the keys left.",
+        )
+        nosink = st.toggle(
+            "Renormalise without the sink",
+            key="nosink",
+            help="Drop key 0 (the first token, where many heads park attention) and renormalise each row.",
+        )
+
+    v = attention.View(stack=stack, hide=hide, nosink=nosink)
+    ax = attention.axes(res, v)
+    if len(ax.q_idx) == 0 or len(ax.k_idx) == 0:
+        st.info("Every token is hidden by the options above; turn 'Hide special tokens' off.")
+        state.share_box(NAMES)
+        return
+    notes = []
+    if hide and res.axes(stack)[0].hidden.any():
+        notes.append("special/template tokens hidden, rows renormalised")
+    if nosink:
+        notes.append("key 0 dropped, rows renormalised (a causal row 0 has nothing left and shows 0)")
+    name = F.figure_name(lm.spec, stack if stack != "self" else "", f"L{layer}")
+
+    left, right = st.columns([1, 1], gap="medium")
+    with left:
+        side = F.grid_side(n_heads)
+        pooled, q_lab, k_lab = attention.grid(res, key, layer, v, ax, side)
+        pooled_note = (
+            f" · max-pooled to {pooled.shape[1]}×{pooled.shape[2]}"
+            if pooled.shape[1:] != (len(ax.q_idx), len(ax.k_idx))
+            else ""
+        )
+        st.markdown(f"**Layer {layer}: all {n_heads} heads**{pooled_note}")
+        if kv:
+            st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
+        grid_fig = F.head_grid(pooled, q_lab, k_lab, kv_heads=kv, colorscale=cmap, log=log)
+        export.chart(grid_fig, name, key="grid_chart")
+
+    with right:
+        n_q, n_k = len(ax.q_idx), len(ax.k_idx)
+        w = attention.window_rows(n_q, n_k)
+        sel = slice(None)
+        if w < n_q:
+            row0 = state.clamp("row0", 0, n_q - w, "first query row")
+            row0 = st.slider(
+                f"Query rows shown ({w} at a time; the text has {n_q})", 0, n_q - w, key="row0", step=1
+            )
+            sel = slice(row0, row0 + w)
+        probs = attention.head_rows(res, layer, head, v, ax, sel)
+        q_lab1 = ax.q_labels[sel]
+        title = f"{lm.spec} · layer {layer} · {F.head_title(head, kv[head] if kv else None)}"
+        if stack != "self":
+            title += f" · {stack}"
+        head_fig = F.head_heatmap(probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, log=log)
+        head_name = F.figure_name(lm.spec, stack if stack != "self" else "", f"L{layer}", f"H{head}")
+        export.chart(head_fig, head_name, key="head_chart")
+        if notes:
+            st.caption("; ".join(notes).capitalize() + ".")
+
+        def npz() -> bytes:
+            full = attention.head_rows(res, layer, head, v, ax)
+            return export.npz_bytes(
+                attention=full,
+                query_positions=ax.q_idx,
+                key_positions=ax.k_idx,
+                query_tokens=np.array([lab for lab in ax.q_labels]),
+                key_tokens=np.array(ax.k_labels),
+                model=lm.spec,
+                layer=layer,
+                head=head,
+                stack=stack,
+            )
+
+        export.downloads(
+            head_name,
+            npz=npz,
+            csv=lambda: export.csv_text(probs, q_lab1, ax.k_labels, "query \\ key"),
+            fig=head_fig,
+            key="head",
+            what=f"weights of layer {layer}, head {head}",
+        )
+    state.share_box(NAMES)
+
+
+view()

@@ -1,0 +1,562 @@
+"""Plotly figures of attention: pure builders, arrays and labels in, ``go.Figure`` out.
+
+Nothing here imports Streamlit; pages call ``st.plotly_chart(fig)``. Conventions:
+
+- Token axes are ``"(i) token"`` labels on category axes. The position prefix makes every label
+  unique, so repeated tokens never merge (the reason the project avoids bare token categories),
+  and the hover shows the query and key tokens with no extra per-cell payload. Downsampled axes
+  label each bin ``"(i–j) token…"``.
+- Every label and title built from user text is HTML-escaped (``<``, ``>``, ``&``): Plotly
+  renders ``<b>`` and ``<br>`` in labels, and a token must be shown literally.
+- Payload is bounded: a heatmap cell costs about 6.7 bytes in the JSON the browser gets
+  (base64 float32), so the builders pool down to ``GRID_MAX_CELLS`` / ``SINGLE_MAX_CELLS`` /
+  ``MOSAIC_MAX_CELLS`` cells; one page view stays under 5 MB at any sequence length.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Sequence
+from typing import Literal, get_args
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+ColorScale = Literal["Viridis", "Magma", "Inferno", "Cividis", "Blues", "Greys"]
+COLORSCALES: tuple[str, ...] = get_args(ColorScale)
+DIVERGING = "RdBu_r"
+Pool = Literal["max", "mean"]
+POOLS: tuple[str, ...] = get_args(Pool)
+
+BYTES_PER_CELL = 7  # measured: base64 float32 plus JSON escapes, rounded up
+PAYLOAD_LIMIT = 5_000_000
+GRID_MAX_SIDE = 128  # pixels per head side in a grid of heads
+GRID_MAX_CELLS = 120_000  # all heads of one grid together (~0.8 MB)
+SINGLE_MAX_CELLS = 400_000  # one head at full resolution up to 632 x 632 tokens (~2.7 MB)
+SINGLE_MAX_KEYS = 1024  # key columns of a row window before keys are pooled
+MOSAIC_MAX_CELLS = 300_000  # every layer x head of a model at once (~2 MB)
+LOG_FLOOR_EXP = -5  # log colour: weights below 1e-5 share the lowest colour
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels
+# ---------------------------------------------------------------------------------------------
+
+
+def escape(text: str) -> str:
+    """``<``, ``>`` and ``&`` as HTML entities, so Plotly shows the text literally."""
+    return html.escape(str(text), quote=False)
+
+
+def token_labels(display: Sequence[str], positions: Sequence[int] | None = None) -> list[str]:
+    """``"(i) token"`` per position (plain text; builders escape). ``positions`` keeps the
+    original positions when some tokens are hidden."""
+    pos = range(len(display)) if positions is None else positions
+    return [f"({int(p)}) {d}" for p, d in zip(pos, display, strict=True)]
+
+
+def _label_parts(label: str) -> tuple[str, str]:
+    """ "(12) bank" -> ("12", "bank"); any other label -> ("", label)."""
+    if label.startswith("(") and ") " in label:
+        head, text = label[1:].split(") ", 1)
+        return head, text
+    return "", label
+
+
+def bin_labels(labels: Sequence[str], edges: np.ndarray) -> list[str]:
+    """One label per bin: the label itself for a one-token bin, else ``"(i–j) first…"``."""
+    n = len(labels)
+    stops = [*edges[1:].tolist(), n]
+    out = []
+    for a, b in zip(edges.tolist(), stops, strict=True):
+        if b - a == 1:
+            out.append(labels[a])
+            continue
+        first, text = _label_parts(labels[a])
+        last, _ = _label_parts(labels[b - 1])
+        out.append(f"({first}–{last}) {text}…" if first and last else f"[{a}–{b - 1}] {text}…")
+    return out
+
+
+def head_title(head: int, kv_head: int | None = None) -> str:
+    """ "head 4 · kv 1" (GQA) or "head 4"."""
+    return f"head {head}" if kv_head is None else f"head {head} · kv {kv_head}"
+
+
+def figure_name(*parts: object) -> str:
+    """A file name stem like ``attnviz_smollm2-135m_L3_H0`` (no path separators, no spaces)."""
+    text = "_".join(str(p) for p in ("attnviz", *parts) if p not in (None, ""))
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)[:120]
+
+
+# ---------------------------------------------------------------------------------------------
+# Downsampling (pure numpy)
+# ---------------------------------------------------------------------------------------------
+
+
+def bin_edges(n: int, max_bins: int) -> np.ndarray:
+    """Start index of each of ``min(n, max_bins)`` near-equal bins over ``range(n)``."""
+    bins = max(1, min(int(n), int(max_bins)))
+    return np.unique(np.floor(np.arange(bins) * (n / bins)).astype(np.int64))
+
+
+def pool(a: np.ndarray, row_edges: np.ndarray, col_edges: np.ndarray, how: Pool = "max") -> np.ndarray:
+    """Reduce the last two axes of ``a`` over bins that start at the given edges.
+
+    ``"max"`` keeps a single strong weight visible (the default for pictures); ``"mean"`` keeps
+    the average weight of the bin.
+    """
+    if how not in POOLS:
+        raise ValueError(f"unknown pooling {how!r}; use one of {POOLS}")
+    a = np.asarray(a, dtype=np.float32)
+    if len(row_edges) == a.shape[-2] and len(col_edges) == a.shape[-1]:
+        return a
+    ufunc = np.maximum if how == "max" else np.add
+    out = ufunc.reduceat(ufunc.reduceat(a, row_edges, axis=-2), col_edges, axis=-1)
+    if how == "mean":
+        rows = np.diff(np.append(row_edges, a.shape[-2]))
+        cols = np.diff(np.append(col_edges, a.shape[-1]))
+        out = out / (rows[:, None] * cols[None, :])
+    return out.astype(np.float32)
+
+
+def downsample(
+    a: np.ndarray, max_rows: int, max_cols: int | None = None, how: Pool = "max"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pooled, row_edges, col_edges) with at most ``max_rows`` x ``max_cols`` cells per matrix."""
+    max_cols = max_rows if max_cols is None else max_cols
+    rows, cols = bin_edges(a.shape[-2], max_rows), bin_edges(a.shape[-1], max_cols)
+    return pool(a, rows, cols, how), rows, cols
+
+
+def pooled_rows(
+    get_rows: Callable[[slice], np.ndarray],
+    n_rows: int,
+    n_cols: int,
+    max_side: int,
+    how: Pool = "max",
+    chunk_cells: int = 1 << 24,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pool a (..., n_rows, n_cols) matrix fetched in row chunks; never holds it all at once.
+
+    ``get_rows(slice)`` returns (..., rows, n_cols). Chunks follow the row bins, so each bin is
+    reduced inside one chunk. Returns (pooled, row_edges, col_edges).
+    """
+    row_e, col_e = bin_edges(n_rows, max_side), bin_edges(n_cols, max_side)
+    per_bin = max(1, math.ceil(n_rows / len(row_e)))
+    bins_per_chunk = max(1, chunk_cells // max(1, per_bin * n_cols))
+    parts = []
+    for i in range(0, len(row_e), bins_per_chunk):
+        starts = row_e[i : i + bins_per_chunk]
+        stop = int(row_e[i + bins_per_chunk]) if i + bins_per_chunk < len(row_e) else n_rows
+        block = np.asarray(get_rows(slice(int(starts[0]), stop)), dtype=np.float32)
+        parts.append(pool(block, starts - starts[0], col_e, how))
+    return np.concatenate(parts, axis=-2), row_e, col_e
+
+
+def grid_side(n_heads: int, max_cells: int = GRID_MAX_CELLS, max_side: int = GRID_MAX_SIDE) -> int:
+    """Pixels per side of each head in a grid so that all heads fit ``max_cells``."""
+    return max(8, min(max_side, int(math.sqrt(max_cells / max(1, n_heads)))))
+
+
+def payload_bytes(fig: go.Figure) -> int:
+    """Size of the JSON the browser receives for ``fig``."""
+    return len(fig.to_json())
+
+
+# ---------------------------------------------------------------------------------------------
+# Colour
+# ---------------------------------------------------------------------------------------------
+
+
+def _colour(z: np.ndarray, log: bool) -> np.ndarray:
+    if not log:
+        return z
+    floor = 10.0**LOG_FLOOR_EXP
+    return np.log10(np.maximum(z, floor)).astype(np.float32)
+
+
+def _coloraxis(colorscale: str, log: bool, zmax: float | None, title: str = "weight") -> dict:
+    if log:
+        ticks = list(range(LOG_FLOOR_EXP, 1))
+        return dict(
+            colorscale=colorscale,
+            cmin=LOG_FLOOR_EXP,
+            cmax=0,
+            colorbar=dict(
+                title=dict(text=title), tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks]
+            ),
+        )
+    return dict(colorscale=colorscale, cmin=0.0, cmax=zmax, colorbar=dict(title=dict(text=title)))
+
+
+def _weight_hover(log: bool) -> str:
+    return "log₁₀ weight %{z:.2f}" if log else "weight %{z:.4f}"
+
+
+def _max(z: np.ndarray) -> float:
+    m = float(np.nanmax(z)) if z.size else 1.0
+    return m if m > 0 else 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders
+# ---------------------------------------------------------------------------------------------
+
+
+def head_heatmap(
+    probs: np.ndarray,
+    q_labels: Sequence[str],
+    k_labels: Sequence[str] | None = None,
+    *,
+    title: str = "",
+    colorscale: str = "Viridis",
+    log: bool = False,
+    zmax: float | None = None,
+    max_cells: int = SINGLE_MAX_CELLS,
+    height: int = 640,
+) -> go.Figure:
+    """One head's (query_pos, key_pos) weights; max-pooled when larger than ``max_cells``.
+
+    Hover shows the query token, the key token (with positions) and the weight.
+    """
+    probs = np.asarray(probs, dtype=np.float32)
+    k_labels = q_labels if k_labels is None else k_labels
+    n_q, n_k = probs.shape
+    if len(q_labels) != n_q or len(k_labels) != n_k:
+        raise ValueError(f"labels ({len(q_labels)}, {len(k_labels)}) do not match probs {probs.shape}")
+    note = ""
+    if n_q * n_k > max_cells:
+        side = int(math.sqrt(max_cells))
+        rows_max = side if n_q >= side else n_q
+        cols_max = max_cells // max(1, min(rows_max, n_q))
+        probs, re, ce = downsample(probs, rows_max, cols_max, "max")
+        q_labels, k_labels = bin_labels(q_labels, re), bin_labels(k_labels, ce)
+        note = f" (max-pooled to {probs.shape[0]}×{probs.shape[1]})"
+    z = _colour(probs, log)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[escape(s) for s in k_labels],
+            y=[escape(s) for s in q_labels],
+            coloraxis="coloraxis",
+            hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{_weight_hover(log)}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=dict(text=escape(title) + note),
+        coloraxis=_coloraxis(colorscale, log, zmax if zmax is not None else _max(probs)),
+        height=height,
+        margin=dict(l=10, r=10, t=50, b=10),
+        xaxis=dict(type="category", title=dict(text="key"), tickangle=-60, constrain="domain"),
+        yaxis=dict(type="category", title=dict(text="query"), autorange="reversed"),
+    )
+    return fig
+
+
+def head_grid(
+    layer_probs: np.ndarray,
+    q_labels: Sequence[str],
+    k_labels: Sequence[str] | None = None,
+    *,
+    heads: Sequence[int] | None = None,
+    kv_heads: Sequence[int] | None = None,
+    cols: int | None = None,
+    titles: Sequence[str] | None = None,
+    colorscale: str = "Viridis",
+    log: bool = False,
+    zmax: float | None = None,
+    diverging: bool = False,
+    max_cells: int = GRID_MAX_CELLS,
+    facet_px: int = 190,
+) -> go.Figure:
+    """All heads of one layer, one heatmap each, in one figure with a shared colour axis.
+
+    ``layer_probs`` is (heads, query_pos, key_pos), already pooled or not (pooled here to fit
+    ``max_cells``). ``kv_heads[i]`` labels each facet "head h · kv g"; with GQA the grid puts
+    one KV group per row. ``diverging`` draws signed differences around 0.
+    """
+    layer_probs = np.asarray(layer_probs, dtype=np.float32)
+    k_labels = q_labels if k_labels is None else k_labels
+    n_h = layer_probs.shape[0]
+    heads = list(range(n_h)) if heads is None else [int(h) for h in heads]
+    side = grid_side(n_h, max_cells)
+    pooled, re, ce = downsample(layer_probs, side, side, "mean" if diverging else "max")
+    ql, kl = bin_labels(q_labels, re), bin_labels(k_labels, ce)
+    if cols is None:
+        cols = _grid_cols(n_h, kv_heads)
+    rows = math.ceil(n_h / cols)
+    if titles is None:
+        titles = [head_title(h, None if kv_heads is None else kv_heads[i]) for i, h in enumerate(heads)]
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=[escape(t) for t in titles],
+        horizontal_spacing=0.02,
+        vertical_spacing=min(0.08, 0.3 / rows),
+        shared_xaxes="all",
+        shared_yaxes="all",
+    )
+    x, y = [escape(s) for s in kl], [escape(s) for s in ql]
+    z_all = pooled if diverging else _colour(pooled, log)
+    hover = "%{z:+.4f}" if diverging else _weight_hover(log)
+    for i in range(n_h):
+        fig.add_trace(
+            go.Heatmap(
+                z=z_all[i],
+                x=x,
+                y=y,
+                coloraxis="coloraxis",
+                name=titles[i],
+                hovertemplate=f"{escape(titles[i])}<br>query %{{y}}<br>key %{{x}}<br>{hover}<extra></extra>",
+            ),
+            row=i // cols + 1,
+            col=i % cols + 1,
+        )
+    if diverging:
+        bound = float(np.nanmax(np.abs(pooled))) if pooled.size else 1.0
+        bound = bound or 1.0
+        axis = dict(colorscale=DIVERGING, cmin=-bound, cmax=bound, cmid=0.0, colorbar=dict(title="Δ weight"))
+    else:
+        axis = _coloraxis(colorscale, log, zmax if zmax is not None else _max(pooled))
+    show_ticks = len(ql) <= 16
+    fig.update_xaxes(type="category", showticklabels=False, tickangle=-60)
+    fig.update_yaxes(type="category", autorange="reversed", showticklabels=False)
+    if show_ticks:  # token labels on the left column and under the bottom facet of each column
+        for i in range(n_h):
+            r, c = i // cols + 1, i % cols + 1
+            if i + cols >= n_h:
+                fig.update_xaxes(showticklabels=True, row=r, col=c)
+            if c == 1:
+                fig.update_yaxes(showticklabels=True, row=r, col=c)
+    fig.update_layout(
+        coloraxis=axis,
+        height=max(260, rows * facet_px + (120 if show_ticks else 60)),
+        margin=dict(l=10, r=10, t=40, b=10),
+        showlegend=False,
+    )
+    fig.update_annotations(font_size=12)
+    return fig
+
+
+def _grid_cols(n_heads: int, kv_heads: Sequence[int] | None) -> int:
+    """One KV group per row under GQA (if groups are 2..8 wide), else up to 4 columns."""
+    if kv_heads is not None:
+        group = sum(1 for g in kv_heads if g == kv_heads[0])
+        if 1 < group <= 8 and n_heads % group == 0:
+            return group
+    return min(n_heads, 4 if n_heads <= 16 else 8)
+
+
+def model_mosaic(
+    images: np.ndarray,
+    *,
+    colorscale: str = "Viridis",
+    log: bool = False,
+    layer_names: Sequence[str] | None = None,
+    kv_heads: Sequence[int] | None = None,
+    height_px: int | None = None,
+) -> go.Figure:
+    """Every (layer, head) at once: (layers, heads, s, s) small images tiled into one heatmap.
+
+    Rows are layers, columns heads; a one-cell gap separates tiles. Hover names the layer and
+    head. Build ``images`` with `pooled_rows` / `downsample` to fit `MOSAIC_MAX_CELLS`.
+    """
+    images = np.asarray(images, dtype=np.float32)
+    n_l, n_h, s_r, s_c = images.shape
+    tile_r, tile_c = s_r + 1, s_c + 1
+    canvas = np.full((n_l * tile_r, n_h * tile_c), np.nan, dtype=np.float32)
+    for layer in range(n_l):
+        for h in range(n_h):
+            canvas[layer * tile_r : layer * tile_r + s_r, h * tile_c : h * tile_c + s_c] = images[layer, h]
+    z = _colour(canvas, log)
+    names = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(n_l)]
+    heads = [head_title(h, None if kv_heads is None else kv_heads[h]) for h in range(n_h)]
+    ylab = [f"{names[r // tile_r]} · row {r % tile_r}" for r in range(canvas.shape[0])]
+    xlab = [f"{heads[c // tile_c]} · col {c % tile_c}" for c in range(canvas.shape[1])]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=xlab,
+            y=ylab,
+            coloraxis="coloraxis",
+            hoverongaps=False,
+            hovertemplate=f"%{{y}}<br>%{{x}}<br>{_weight_hover(log)}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        coloraxis=_coloraxis(colorscale, log, _max(images) if images.size else 1.0),
+        height=height_px or min(4000, max(300, n_l * (tile_r + 1) * 3 + 80)),
+        margin=dict(l=10, r=10, t=30, b=10),
+        xaxis=dict(
+            type="category",
+            side="top",
+            tickmode="array",
+            tickvals=[xlab[h * tile_c + s_c // 2] for h in range(n_h)],
+            ticktext=[f"H{h}" for h in range(n_h)],
+        ),
+        yaxis=dict(
+            type="category",
+            autorange="reversed",
+            tickmode="array",
+            tickvals=[ylab[i * tile_r + s_r // 2] for i in range(n_l)],
+            ticktext=[f"L{i}" for i in range(n_l)],
+        ),
+        plot_bgcolor="rgba(0,0,0,0)",
+    )
+    return fig
+
+
+def mosaic_side(n_layers: int, n_heads: int, max_cells: int = MOSAIC_MAX_CELLS, max_side: int = 64) -> int:
+    """Pixels per side of each tile so that a (layers x heads) mosaic fits ``max_cells``."""
+    return max(4, min(max_side, int(math.sqrt(max_cells / max(1, n_layers * n_heads))) - 1))
+
+
+def metric_heatmap(
+    values: np.ndarray,
+    name: str,
+    *,
+    kv_heads: Sequence[int] | None = None,
+    colorscale: str = "Viridis",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    height: int | None = None,
+) -> go.Figure:
+    """A (layer, head) table of one head statistic as a heatmap; hover names layer and head."""
+    values = np.asarray(values, dtype=np.float64)
+    n_l, n_h = values.shape
+    x = [head_title(h, None if kv_heads is None else kv_heads[h]) for h in range(n_h)]
+    y = [f"layer {i}" for i in range(n_l)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=values,
+            x=x,
+            y=y,
+            zmin=zmin,
+            zmax=zmax,
+            colorscale=colorscale,
+            colorbar=dict(title=dict(text=escape(name))),
+            hovertemplate=f"%{{y}} · %{{x}}<br>{escape(name)} %{{z:.3f}}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=dict(text=escape(name)),
+        height=height or min(900, max(260, 18 * n_l + 120)),
+        margin=dict(l=10, r=10, t=40, b=10),
+        xaxis=dict(type="category", tickangle=-45),
+        yaxis=dict(type="category", autorange="reversed"),
+    )
+    return fig
+
+
+def rows_heatmap(
+    rows: np.ndarray,
+    row_labels: Sequence[str],
+    k_labels: Sequence[str],
+    *,
+    title: str = "",
+    colorscale: str = "Viridis",
+    log: bool = False,
+    highlight: int | None = None,
+    max_cols: int = SINGLE_MAX_KEYS,
+) -> go.Figure:
+    """Attention rows of one query (one row per head, or per layer) over the key positions."""
+    rows = np.asarray(rows, dtype=np.float32)
+    note = ""
+    if rows.shape[1] > max_cols:
+        rows, _, ce = downsample(rows, rows.shape[0], max_cols, "max")
+        k_labels = bin_labels(k_labels, ce)
+        note = f" (keys max-pooled to {rows.shape[1]})"
+    fig = go.Figure(
+        go.Heatmap(
+            z=_colour(rows, log),
+            x=[escape(s) for s in k_labels],
+            y=[escape(s) for s in row_labels],
+            coloraxis="coloraxis",
+            hovertemplate=f"%{{y}}<br>key %{{x}}<br>{_weight_hover(log)}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=dict(text=escape(title) + note),
+        coloraxis=_coloraxis(colorscale, log, _max(rows)),
+        height=max(220, 28 * len(row_labels) + 160),
+        margin=dict(l=10, r=10, t=50, b=10),
+        xaxis=dict(type="category", title=dict(text="key"), tickangle=-60),
+        yaxis=dict(type="category", autorange="reversed"),
+    )
+    if highlight is not None and 0 <= highlight < len(k_labels):
+        fig.add_vline(x=highlight, line=dict(color="red", width=1, dash="dot"))
+    return fig
+
+
+def matrix_heatmap(
+    a: np.ndarray,
+    *,
+    title: str = "",
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    x_title: str = "",
+    y_title: str = "",
+    colorscale: str | None = None,
+    max_cells: int = 250_000,
+    height: int = 360,
+) -> go.Figure:
+    """A generic 2-D array (Q, K, V, scores...) with optional token labels; signed data gets a
+    diverging scale centred on 0; -inf (masked scores) shows as a gap."""
+    a = np.asarray(a, dtype=np.float32)
+    rows_l = list(row_labels) if row_labels is not None else [str(i) for i in range(a.shape[0])]
+    cols_l = list(col_labels) if col_labels is not None else [str(i) for i in range(a.shape[1])]
+    if a.size > max_cells:
+        side = int(math.sqrt(max_cells))
+        finite = np.where(np.isfinite(a), a, np.nan)
+        a, re, ce = downsample(np.nan_to_num(finite, nan=0.0), side, side, "mean")
+        rows_l, cols_l = bin_labels(rows_l, re), bin_labels(cols_l, ce)
+    z = np.where(np.isfinite(a), a, np.nan)
+    finite = z[np.isfinite(z)]
+    signed = finite.size and float(finite.min()) < 0
+    bound = float(np.abs(finite).max()) if finite.size else 1.0
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[escape(s) for s in cols_l],
+            y=[escape(s) for s in rows_l],
+            colorscale=colorscale or (DIVERGING if signed else "Viridis"),
+            zmid=0.0 if signed else None,
+            zmin=-bound if signed else None,
+            zmax=bound if signed else None,
+            hoverongaps=False,
+            hovertemplate="row %{y}<br>col %{x}<br>%{z:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=dict(text=escape(title)),
+        height=height,
+        margin=dict(l=10, r=10, t=40, b=10),
+        xaxis=dict(type="category", title=dict(text=escape(x_title))),
+        yaxis=dict(type="category", title=dict(text=escape(y_title)), autorange="reversed"),
+    )
+    return fig
+
+
+def bar_chart(
+    values: Sequence[float], labels: Sequence[str], *, title: str = "", x_title: str = ""
+) -> go.Figure:
+    """Horizontal bars, first value on top (e.g. the heads that changed most)."""
+    fig = go.Figure(
+        go.Bar(
+            x=list(values),
+            y=[escape(s) for s in labels],
+            orientation="h",
+            hovertemplate="%{y}: %{x:.4f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=dict(text=escape(title)),
+        height=max(220, 22 * len(labels) + 100),
+        margin=dict(l=10, r=10, t=40, b=10),
+        xaxis=dict(title=dict(text=escape(x_title))),
+        yaxis=dict(type="category", autorange="reversed"),
+    )
+    return fig

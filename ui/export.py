@@ -1,0 +1,85 @@
+"""Charts with a named PNG camera button, and NPZ / CSV / HTML downloads of what is shown."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+HTML_PLOTLYJS: bool | str = True  # embed plotly.js: the file opens offline
+
+
+def chart(fig: go.Figure, name: str, *, key: str | None = None) -> None:
+    """``st.plotly_chart`` whose camera button saves ``<name>.png`` at 2x."""
+    st.plotly_chart(
+        fig,
+        key=key,
+        config={
+            "displaylogo": False,
+            "toImageButtonOptions": {"format": "png", "filename": name, "scale": 2},
+        },
+    )
+
+
+def npz_bytes(**arrays: object) -> bytes:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    return buf.getvalue()
+
+
+def csv_text(matrix: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str], corner: str) -> str:
+    """A labelled matrix as CSV: first row the key labels, first column the query labels."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow([corner, *col_labels])
+    for label, row in zip(row_labels, np.asarray(matrix), strict=True):
+        w.writerow([label, *(f"{x:.6g}" for x in row)])
+    return buf.getvalue()
+
+
+def html_bytes(fig: go.Figure) -> bytes:
+    return fig.to_html(include_plotlyjs=HTML_PLOTLYJS, full_html=True).encode()
+
+
+def downloads(
+    name: str,
+    *,
+    npz: Callable[[], bytes],
+    csv: Callable[[], str],
+    fig: go.Figure,
+    key: str,
+    what: str = "attention",
+) -> None:
+    """Three download buttons (data made only when clicked; no rerun)."""
+    c1, c2, c3 = st.columns(3)
+    c1.download_button(
+        "⬇ NPZ",
+        data=npz,
+        file_name=f"{name}.npz",
+        mime="application/octet-stream",
+        key=f"{key}_npz",
+        on_click="ignore",
+        help=f"The {what} as float32 arrays with the tokens (numpy.load).",
+    )
+    c2.download_button(
+        "⬇ CSV",
+        data=csv,
+        file_name=f"{name}.csv",
+        mime="text/csv",
+        key=f"{key}_csv",
+        on_click="ignore",
+        help=f"The {what} as a table: one row per query token, one column per key token.",
+    )
+    c3.download_button(
+        "⬇ HTML",
+        data=lambda: html_bytes(fig),
+        file_name=f"{name}.html",
+        mime="text/html",
+        key=f"{key}_html",
+        on_click="ignore",
+        help="This figure as a standalone interactive HTML file (opens offline).",
+    )

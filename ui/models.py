@@ -1,0 +1,290 @@
+"""Cached model loading and extraction with visible progress, and errors shown with the fix.
+
+- One `LoadedModel` per (model, token digest) is shared by every session: ``st.cache_resource``
+  with at most `MAX_MODELS` entries. Loads without a token never get a model that another
+  session loaded with its token (a gated model stays gated); the cache key holds only a keyed
+  digest of the token, made with a per-process random secret, never the token itself.
+- Results live in a byte-bounded LRU (`ResultCache`), keyed by model, text and options, so
+  changing a layer, head or colour never reruns the model.
+- ``tiny:<arch>`` specs load the tiny random models of ``tests/tiny.py``; they exist only when
+  the environment sets ATTNVIZ_TEST_MODELS=1 (the app tests do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, TypeVar
+
+import streamlit as st
+
+import attnviz
+from attnviz import AttentionResult, AttnvizError, LoadedModel
+from attnviz.gate import InferenceGate
+from attnviz.settings import Settings, settings
+
+log = logging.getLogger("attnviz.ui")
+
+MAX_MODELS = 2
+TEST_MODELS_ENV = "ATTNVIZ_TEST_MODELS"
+RESULT_CACHE_BYTES = int(os.environ.get("ATTNVIZ_RESULT_CACHE_MB", "1536")) * 2**20
+RESULT_CACHE_ENTRIES = 16
+_SECRET = secrets.token_bytes(32)  # per process; never leaves memory
+
+T = TypeVar("T")
+
+
+def config() -> Settings:
+    return settings()
+
+
+def token_key(token: str | None) -> str:
+    """A keyed digest that separates token loads in the cache; "" without a token."""
+    if not token:
+        return ""
+    return hmac.new(_SECRET, token.encode(), hashlib.sha256).hexdigest()[:24]
+
+
+def scrub(text: str, token: str | None) -> str:
+    return text.replace(token, "***") if token else text
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def guarded(what: str, token: str | None = None) -> Iterator[list[BaseException]]:
+    """Run a block; an `AttnvizError` shows ``st.error`` with its message (which says what to
+    do), anything else a generic message; the page goes on. Yields a list that holds the error."""
+    caught: list[BaseException] = []
+    try:
+        yield caught
+    except AttnvizError as err:
+        caught.append(err)
+        st.error(scrub(str(err), token), icon="⚠️")
+    except Exception as err:  # noqa: BLE001 - the app must keep serving
+        caught.append(err)
+        log.error("unexpected error while %s: %s", what, scrub(traceback.format_exc(), token))
+        st.error(
+            f"Something unexpected went wrong while {what} ({type(err).__name__}). The app is still "
+            "running: try again, shorten the text, or pick another model. Details are in the server log.",
+            icon="⚠️",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_uncached(spec: str, token: str | None) -> LoadedModel:
+    if spec.startswith("tiny:"):
+        if os.environ.get(TEST_MODELS_ENV) != "1":
+            raise attnviz.ModelNotFound(
+                f"{spec!r}: tiny test models exist only in the test suite; pick a built-in model"
+            )
+        import tiny  # tests/tiny.py, on sys.path under pytest
+
+        return tiny.loaded(spec.removeprefix("tiny:"))
+    return attnviz.load_model(spec, token=token or None, allow_local=config().allow_local_paths)
+
+
+@st.cache_resource(max_entries=MAX_MODELS, show_spinner=False)
+def _cached_model(spec: str, token_digest: str, _token: str | None) -> LoadedModel:
+    return _load_uncached(spec, _token)
+
+
+@st.cache_resource(show_spinner=False)
+def _ready() -> set[tuple[str, str]]:
+    """(spec, token digest) pairs loaded at least once in this process."""
+    return set()
+
+
+@st.cache_resource(show_spinner=False)
+def _gate() -> InferenceGate:
+    return InferenceGate()
+
+
+@contextlib.contextmanager
+def _turn() -> Iterator[None]:
+    """In demo mode, wait for the one-at-a-time gate and show the queue position."""
+    if not config().demo:
+        yield
+        return
+    slot = st.empty()
+
+    def on_wait(position: int) -> None:
+        slot.info(f"⏳ Busy: {position} request(s) ahead of yours. It starts by itself.")
+
+    with _gate().turn(on_wait=on_wait):
+        slot.empty()
+        yield
+
+
+def _needs_conversion(spec: str) -> bool:
+    if spec != "smollm2-135m":
+        return False
+    from attnviz.loading import cache_dir
+
+    return not (cache_dir() / "smollm2-135m" / "config.json").exists()
+
+
+def describe_layout(lm: LoadedModel) -> str:
+    lay = lm.layout
+    text = f"{lay.model_type} · {lay.kind} · {lay.n_layers} layers × {lay.n_heads} heads"
+    if lay.kind == "encoder-decoder":
+        text = (
+            f"{lay.model_type} · encoder {lay.n_layers} + decoder {lay.n_decoder_layers} layers"
+            f" × {lay.n_heads} heads"
+        )
+    if lay.group_size > 1:
+        text += f" · {lay.n_kv_heads} KV heads (each shared by {lay.group_size} query heads)"
+    return text + f" · d_model {lay.d_model}, head_dim {lay.head_dim}"
+
+
+def load(spec: str, token: str | None = None) -> LoadedModel | None:
+    """The shared cached model, with an ``st.status`` the first time; None after an error
+    (already shown)."""
+    spec = spec.strip()
+    key = (spec, token_key(token))
+    with guarded(f"loading {spec!r}", token):
+        config().check_model(spec)
+        if key in _ready():
+            with st.spinner(f"Loading {spec}…", show_time=True):
+                return _cached_model(spec, key[1], token)
+        t0 = time.perf_counter()
+        with st.status(f"Loading {spec}…", expanded=True) as status:
+            try:
+                source = "tiny test model" if spec.startswith("tiny:") else _source(spec)
+                status.write(f"Model: `{spec}` ({source}).")
+                if _needs_conversion(spec):
+                    status.write(
+                        "First run of the built-in SmolLM2: de-quantizing its GGUF file into "
+                        "~/.cache/attnviz (about 25 s, only once)."
+                    )
+                status.write("Reading the config, the weights and the tokenizer…")
+                with _turn():
+                    lm = _cached_model(spec, key[1], token)
+                status.write(f"{describe_layout(lm)} on {lm.device}, {str(lm.dtype).removeprefix('torch.')}.")
+                status.update(
+                    label=f"Loaded {spec} in {time.perf_counter() - t0:.1f} s",
+                    state="complete",
+                    expanded=False,
+                )
+            except BaseException:
+                status.update(label=f"Could not load {spec}", state="error", expanded=False)
+                raise
+        _ready().add(key)
+        return lm
+    return None
+
+
+def _source(spec: str) -> str:
+    if spec in attnviz.BUILTIN_MODELS:
+        return "built-in, offline"
+    from attnviz.loading import classify_spec
+
+    kind = classify_spec(spec)
+    return {"hub": "Hugging Face Hub", "local": "local folder"}.get(kind, kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+
+
+class ResultCache:
+    """A thread-safe LRU bounded by entry count and by bytes (``AttentionResult.nbytes``)."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: Hashable, value: Any, nbytes: int) -> None:
+        with self._lock:
+            self._items[key] = (value, nbytes)
+            self._items.move_to_end(key)
+            while len(self._items) > 1 and (
+                len(self._items) > self.max_entries or self.total_bytes > self.max_bytes
+            ):
+                self._items.popitem(last=False)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(n for _, n in self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@st.cache_resource(show_spinner=False)
+def results_cache() -> ResultCache:
+    return ResultCache(RESULT_CACHE_ENTRIES, RESULT_CACHE_BYTES)
+
+
+def result_key(lm: LoadedModel, token: str | None, text: str, *, chat: bool, generate: int = 0) -> tuple:
+    """What identifies a result: model, token digest, text and options (never the token)."""
+    return (lm.spec, token_key(token), text, bool(chat), int(generate), config().max_tokens)
+
+
+def extract(
+    lm: LoadedModel, text: str, *, token: str | None = None, chat: bool = False, generate: int = 0
+) -> tuple[AttentionResult, tuple] | tuple[None, None]:
+    """(result, key) from the cache or a fresh run with a spinner; (None, None) after an error."""
+    key = result_key(lm, token, text, chat=chat, generate=generate)
+    cache = results_cache()
+    hit = cache.get(key)
+    if hit is not None:
+        return hit, key
+    what = f"generating {generate} tokens with {lm.spec}" if generate else f"running {lm.spec} on the text"
+    with guarded(what, token):
+        with st.spinner(f"{what.capitalize()}…", show_time=True), _turn():
+            res = attnviz.extract(lm, text, chat=chat, generate=generate, max_tokens=config().max_tokens)
+        cache.put(key, res, res.nbytes)
+        return res, key
+    return None, None
+
+
+def cached(name: str, key: Hashable, build: Callable[[], T]) -> T:
+    """Small derived values (pooled grids, metrics) in a bounded per-process cache."""
+    store = _derived()
+    full = (name, key)
+    hit = store.get(full)
+    if hit is None:
+        hit = build()
+        store.put(full, hit, _size(hit))
+    return hit
+
+
+def _size(value: Any) -> int:
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(value, tuple):
+        return sum(_size(v) for v in value)
+    return 1024
+
+
+@st.cache_resource(show_spinner=False)
+def _derived() -> ResultCache:
+    return ResultCache(max_entries=64, max_bytes=256 * 2**20)
