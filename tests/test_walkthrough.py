@@ -103,6 +103,8 @@ def test_steps_carry_their_shapes(arch):
     assert (wt.probs[:, ~wt.mask] == 0).all()
     with pytest.raises(KeyError, match="no step"):
         wt.step("nope")
+    with pytest.raises(ValueError, match="read-only"):
+        wt.probs[0, 0, 0] = 1.0  # steps share memory; nobody may change them in place
 
 
 def test_which_steps_each_architecture_has():
@@ -139,7 +141,7 @@ def test_gpt2_uses_its_fused_conv1d_and_biases():
     lm = loaded("gpt2")
     wt = walk("gpt2", 1)
     attn = lm.model.transformer.h[1].attn
-    x = torch.from_numpy(wt.x)
+    x = torch.from_numpy(wt.x.copy())
     qkv = attn.c_attn(x[None])[0].detach().numpy()  # (N, 3C): x @ W + b, W stored (in, out)
     C = lm.layout.d_model
     assert np.abs(wt.step("q_proj").value[0] - qkv[:, :C]).max() < TOL

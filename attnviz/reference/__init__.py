@@ -6,11 +6,22 @@ Imports torch (and NumPy) only; never the UI.
 
 from .numpy_mha import MHAGrads, MHAParams, init_params, mha_backward, mha_forward
 from .textbook import MultiHeadAttention, causal_mask, from_torch_multihead, scaled_dot_product_attention
-from .walkthrough import SUPPORTED, Counterfactuals, Step, Walkthrough, layer_walkthrough, shape_table
+from .walkthrough import (
+    SUPPORTED,
+    Counterfactuals,
+    LayerWeights,
+    Step,
+    Walkthrough,
+    layer_walkthrough,
+    layer_weights,
+    recompute,
+    shape_table,
+)
 
 __all__ = [
     "SUPPORTED",
     "Counterfactuals",
+    "LayerWeights",
     "MHAGrads",
     "MHAParams",
     "MultiHeadAttention",
@@ -20,8 +31,10 @@ __all__ = [
     "from_torch_multihead",
     "init_params",
     "layer_walkthrough",
+    "layer_weights",
     "mha_backward",
     "mha_forward",
+    "recompute",
     "scaled_dot_product_attention",
     "shape_table",
 ]

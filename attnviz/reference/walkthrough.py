@@ -3,7 +3,7 @@
     wt = layer_walkthrough(lm, "the financial bank is located on river bank", layer=3)
     for s in wt.steps:
         print(s.name, s.shape, s.description)
-    wt.max_abs_diff_probs, wt.max_abs_diff_output   # vs the model's eager attention: ~1e-7 in fp32
+    wt.max_abs_diff_probs, wt.max_abs_diff_output   # vs the model itself: <= 1e-6 in float32
 
 The model runs once (its eager attention, as `extract(path="eager")`), with hooks on layer
 ``layer`` that keep what its attention module really received (the hidden states after the
@@ -12,7 +12,8 @@ the textbook steps by hand, in float32 on the CPU, with that layer's weights: pr
 into heads, q/k norm (Qwen3), RoPE, K/V repetition (GQA), scores, scaling, soft-capping
 (Gemma 2), mask, softmax, weighted sum of values, concatenation and W_o. Every intermediate
 is kept as a `Step` with its shape. Shapes in steps keep the batch dimension (1, ...) as the
-model computes them; the named fields (``probs``, ``output`` ...) drop it.
+model computes them; the named fields (``probs``, ``output`` ...) drop it. Steps share memory
+(a view is a view), so all arrays are read-only: copy one before changing it.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class Walkthrough:
     ``max_abs_diff_probs`` compares ``probs`` with the model's eager attention weights
     (`extract(path="eager")`); ``max_abs_diff_output`` compares ``output`` with the module named
     in ``compared_output``; ``max_abs_diff_context`` compares the concatenated heads with the
-    input of the model's output projection. In float32 all three are ~1e-7; in bfloat16/float16
-    models they show the model's rounding (the walkthrough always computes in float32).
+    input of the model's output projection. In float32 all three are <= 1e-6 (on CPU the steps
+    repeat the model's own operations and agree bit for bit); in bfloat16/float16 models they
+    show the model's rounding (~1e-2), since the walkthrough always computes in float32.
     """
 
     model_name: str
@@ -504,6 +506,12 @@ def _model_allowed(mask: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return m if m.dtype == torch.bool else m == 0
 
 
+def _frozen(t: torch.Tensor) -> np.ndarray:
+    a = t.numpy()
+    a.flags.writeable = False
+    return a
+
+
 def _diff(ours: torch.Tensor, theirs: torch.Tensor | np.ndarray | None) -> float:
     if theirs is None:
         return float("nan")
@@ -552,7 +560,7 @@ def layer_walkthrough(
         t = recompute(f32(seen.hidden), w, lay, cos_sin)
         cf = _counterfactuals(t, w, lay) if counterfactuals else None
     about = _describe(w, lay)
-    steps = tuple(Step(name, about[name], v.numpy(), tuple(v.shape)) for name, v in t.items())
+    steps = tuple(Step(name, about[name], _frozen(v), tuple(v.shape)) for name, v in t.items())
     T = t["x"].shape[1]
     model_allowed = _model_allowed(seen.mask, T)
     real_out = seen.proj_out if lay.model_type == "bert" else seen.attn_out
@@ -563,14 +571,14 @@ def layer_walkthrough(
         layout=lay,
         tokens=eager.tokens,
         steps=steps,
-        x=t["x"][0].numpy(),
-        q=t.get("q_rope", t["q_heads"])[0].numpy(),
-        k=t.get("k_rope", t["k_heads"])[0].numpy(),
-        v=t["v_heads"][0].numpy(),
-        mask=t["mask"].numpy(),
-        probs=t["probs"][0].numpy(),
-        context=t["concat"][0].numpy(),
-        output=t["output"][0].numpy(),
+        x=_frozen(t["x"][0]),
+        q=_frozen(t.get("q_rope", t["q_heads"])[0]),
+        k=_frozen(t.get("k_rope", t["k_heads"])[0]),
+        v=_frozen(t["v_heads"][0]),
+        mask=_frozen(t["mask"]),
+        probs=_frozen(t["probs"][0]),
+        context=_frozen(t["concat"][0]),
+        output=_frozen(t["output"][0]),
         scaling=w.scaling,
         softcap=w.softcap,
         sliding_window=w.sliding_window if w.causal else None,
