@@ -6,6 +6,7 @@ keeps answering afterwards. The table in docs/robustness.md is generated from CA
 from __future__ import annotations
 
 import gc
+import html
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import pytest
 import torch
 import transformers as tf
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz.settings import settings
@@ -67,7 +69,7 @@ CASES: tuple[Case, ...] = (
     Case("text-control-nul", "NUL, BEL, ESC[31m, DEL", OK, "shown as control pictures ␀ ␇ ␛ ␡", (E, A)),
     Case("text-emoji", "emoji with ZWJ and skin tone", OK, "decodes back to the text", (E, A)),
     Case("text-rtl", "Hebrew and Arabic", OK, "decodes back to the text", (E, A)),
-    Case("text-combining", "combining accents, zalgo", OK, "decodes back to the text", (E,)),
+    Case("text-combining", "combining accents, zalgo", OK, "decodes back to the text", (E, A)),
     Case("text-bidi-zero-width", "U+202E, U+200B, U+FEFF", OK, "decodes back to the text", (E,)),
     Case(
         "text-lone-surrogate",
@@ -143,13 +145,13 @@ CASES: tuple[Case, ...] = (
     Case(
         "hub-gated-token-echo", "gated id, the server echoes the bad token", "GatedModel", r"is gated", (E,)
     ),
-    Case("no-attention", "a Mamba model folder", "ModelHasNoAttention", r"no softmax attention", (E,)),
+    Case("no-attention", "a Mamba model folder", "ModelHasNoAttention", r"no softmax attention", (E, A)),
     Case(
         "pickle-refused",
         "a folder with only pytorch_model.bin",
         "UnsafeWeights",
         r"ATTNVIZ_ALLOW_PICKLE=1",
-        (E,),
+        (E, A),
     ),
     Case("pickle-allowed", "the same with ATTNVIZ_ALLOW_PICKLE=1", OK, "loads", (E,)),
     Case(
@@ -157,7 +159,7 @@ CASES: tuple[Case, ...] = (
         "config with auto_map to custom code",
         "NotAllowed",
         r"ATTNVIZ_TRUST_REMOTE_CODE",
-        (E,),
+        (E, A),
         xfail="the message is transformers' 'contains custom code...' with a local path; "
         "_hub_error must map it to NotAllowed naming ATTNVIZ_TRUST_REMOTE_CODE=1",
     ),
@@ -200,7 +202,7 @@ CASES: tuple[Case, ...] = (
         "torch.OutOfMemoryError in the forward pass",
         "OutOfMemory",
         r"did not fit in memory",
-        (E,),
+        (E, A),
     ),
     Case("oom-load", "torch.OutOfMemoryError while loading", "OutOfMemory", r"does not fit in memory", (E,)),
     Case(
@@ -211,6 +213,23 @@ CASES: tuple[Case, ...] = (
         (E,),
         xfail="torch's CPU allocator raises RuntimeError(\"DefaultCPUAllocator: can't allocate memory\"); "
         "extract() must map it to OutOfMemory",
+    ),
+    # -- share links and widgets (app only; the engine never sees these) ---------------------
+    Case(
+        "link-text-too-long", "`?text=` of 100,001 characters", "warning", r"at most 60000 characters", (A,)
+    ),
+    Case("link-not-a-number", "`?layer=abc`", "warning", r"use a whole number", (A,)),
+    Case("link-bad-bool", "`?chat=maybe`", "warning", r"use 1 or 0", (A,)),
+    Case("link-bad-choice", "`?cmap=<script>`", "warning", r"use one of", (A,)),
+    Case("link-stack", "`?stack=cross` on a decoder-only model", "warning", r"not available here", (A,)),
+    Case("link-unknown-param", "`?utm_source=x&__proto__=1`", OK, "ignored, no message", (A,)),
+    Case("link-markdown", "`?layer=[log in](http://127.0.0.1:9/phish)`", "warning", r"is not valid", (A, B)),
+    Case(
+        "model-markdown",
+        "`?model=[log in](http://127.0.0.1:9/phish)`",
+        "ModelNotFound",
+        r"not a built-in",
+        (A, B),
     ),
 )
 BY_ID = {c.id: c for c in CASES}
@@ -572,6 +591,198 @@ def test_engine(case: Case, lm, folders, monkeypatch, caplog):
     assert SECRET not in caplog.text
     monkeypatch.undo()
     assert_still_answers(lm)
+
+
+# -- app level (streamlit.testing AppTest, in process, tiny models) ------------------------------
+TINY = "tiny:llama-gqa"
+VALID = "the bank of the river"
+PHISH = "[log in](http://127.0.0.1:9/phish)"
+
+
+@dataclass(frozen=True)
+class AppCase:
+    params: dict[str, str] | Callable[[dict[str, Path]], dict[str, str]]  # the share link
+    shows: str  # "error" | "warning" | "info" | OK
+    message: str  # regex on the element's text (OK: unused)
+    demo: bool = False
+    act: Callable[[AppTest], None] | None = None  # widget input after the first run
+    patch: Callable[[Ctx], None] | None = None  # monkeypatches before the first run
+
+
+def _type_text(text: str) -> Callable[[AppTest], None]:
+    return lambda at: at.text_area(key="text").set_value(text).run()
+
+
+def _type_token(at: AppTest) -> None:
+    at.text_input(key="hf_token").set_value(SECRET).run()
+
+
+def _gated_patch(ctx: Ctx) -> None:
+    hub_raises(ctx, GatedRepoError(f"401 Client Error: bad token {SECRET}", response=http_response(401)))
+
+
+def _oom_patch(ctx: Ctx) -> None:
+    import tiny
+
+    def forward(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    ctx.monkeypatch.setattr(tiny.model("llama-gqa"), "forward", forward)
+
+
+def _missing_patch(ctx: Ctx) -> None:
+    hub_raises(ctx, RepositoryNotFoundError("404 Client Error", response=http_response(404)))
+
+
+APP: dict[str, AppCase] = {
+    "text-empty": AppCase({"text": ""}, "info", r"Type a text"),
+    "text-whitespace": AppCase({"text": " \t\n\u3000 "}, "info", r"Type a text"),
+    "text-100k-chars": AppCase(
+        {}, "error", r"limit is 512\. Shorten", demo=True, act=_type_text("bank " * 20_000)
+    ),
+    "text-control-nul": AppCase({"text": "a\x00b\x07c\x1b[31mred\x7f"}, OK, ""),
+    "text-emoji": AppCase({"text": "family 👨‍👩‍👧 thumbs 👍🏽 🙂"}, OK, ""),
+    "text-rtl": AppCase({"text": "שלום עולם and مرحبا بالعالم"}, OK, ""),
+    "text-combining": AppCase({"text": "e\u0301 a\u0308 Z\u0324\u0354\u0367"}, OK, ""),
+    "html-bold": AppCase({"text": "<b>x</b>"}, OK, ""),
+    "html-script": AppCase({"text": "<script>alert(1)</script>"}, OK, ""),
+    "html-img-onerror": AppCase({"text": "<img src=x onerror=alert(1)>"}, OK, ""),
+    "markdown": AppCase({"text": "**bold** _it_ [a](http://x) # h"}, OK, ""),
+    "latex": AppCase({"text": "$x^2$ \\(y\\) $$z$$"}, OK, ""),
+    "demo-traversal": AppCase({"model": "../.."}, "warning", r"not offered on this server", demo=True),
+    "demo-abs-path": AppCase({"model": "/etc"}, "warning", r"not offered on this server", demo=True),
+    "demo-home": AppCase({"model": "~"}, "warning", r"not offered on this server", demo=True),
+    "demo-file-url": AppCase(
+        {"model": "file:///etc/passwd"}, "warning", r"not offered on this server", demo=True
+    ),
+    "demo-hub-id": AppCase({"model": "gpt2"}, "warning", r"not offered on this server", demo=True),
+    "model-malformed": AppCase({"model": "a b!! c"}, "error", r"not a built-in model, a Hub id"),
+    "hub-missing": AppCase(
+        {"model": "attnviz-test/gone"}, "error", r"not found on the Hugging Face Hub", patch=_missing_patch
+    ),
+    "hub-offline": AppCase({"model": "attnviz-test/not-cached"}, "error", r"Hub cannot be reached"),
+    "hub-gated": AppCase(
+        {"model": "meta-llama/Llama-3.2-1B"},
+        "error",
+        r"is gated: accept its licence",
+        act=_type_token,
+        patch=_gated_patch,
+    ),
+    "no-attention": AppCase(lambda f: {"model": str(f["mamba"])}, "error", r"no softmax attention"),
+    "pickle-refused": AppCase(lambda f: {"model": str(f["pickle"])}, "error", r"ATTNVIZ_ALLOW_PICKLE=1"),
+    "remote-code": AppCase(lambda f: {"model": str(f["remote"])}, "error", r"ATTNVIZ_TRUST_REMOTE_CODE"),
+    "index-layer-high": AppCase(
+        {"layer": "99"}, "warning", r"Layer 99 is out of range \(0–2\); showing layer 2"
+    ),
+    "index-head-high": AppCase({"head": "99"}, "warning", r"Head 99 is out of range \(0–3\); showing head 3"),
+    "index-negative": AppCase({"layer": "-1"}, "warning", r"`layer` value '-1' is not valid"),
+    "oom-extract": AppCase(
+        {"text": "out of memory here"}, "error", r"did not fit in memory", patch=_oom_patch
+    ),
+    "link-text-too-long": AppCase({"text": "a" * 100_001}, "warning", r"at most 60000 characters"),
+    "link-not-a-number": AppCase({"layer": "abc"}, "warning", r"use a whole number"),
+    "link-bad-bool": AppCase({"chat": "maybe"}, "warning", r"use 1 or 0"),
+    "link-bad-choice": AppCase({"cmap": "<script>"}, "warning", r"use one of"),
+    "link-stack": AppCase({"stack": "cross"}, "warning", r"not available here"),
+    "link-unknown-param": AppCase({"utm_source": "x", "__proto__": "1"}, OK, ""),
+    "link-markdown": AppCase({"layer": PHISH}, "warning", r"is not valid"),
+    "model-markdown": AppCase({"model": PHISH}, "error", r"not a built-in model"),
+}
+
+
+def new_app(monkeypatch: pytest.MonkeyPatch, params: dict[str, str], *, demo: bool = False) -> AppTest:
+    """A fresh session of app.py on the tiny test models (the link's params set)."""
+    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
+    if demo:
+        monkeypatch.setenv("ATTNVIZ_DEMO", "1")
+        monkeypatch.setenv("ATTNVIZ_ALLOWED_MODELS", TINY)
+    else:
+        monkeypatch.delenv("ATTNVIZ_DEMO", raising=False)
+        monkeypatch.delenv("ATTNVIZ_ALLOWED_MODELS", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    for name, value in {"model": TINY, "text": VALID, **params}.items():
+        at.query_params[name] = value
+    return at
+
+
+def texts(at: AppTest, kind: str) -> list[str]:
+    return [str(e.value) for e in getattr(at, kind)]
+
+
+def chart_specs(at: AppTest) -> list[dict]:
+    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+
+
+def assert_renders(at: AppTest, text: str) -> None:
+    """No exception, no error, charts drawn, and the token table shows the engine's tokens."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, texts(at, "error")
+    specs = chart_specs(at)
+    assert specs, "no chart"
+    import tiny
+
+    display = list(attnviz.extract(tiny.loaded("llama-gqa"), text).tokens.display)
+    assert list(at.dataframe[0].value["token"]) == display
+    labels = [f"({i}) {d}" for i, d in enumerate(display)]
+    heat = next(t for t in specs[-1]["data"] if t.get("type") == "heatmap")
+    assert list(heat["x"]) == [html.escape(s, quote=False) for s in labels], "labels not escaped for Plotly"
+
+
+def recover(at: AppTest) -> None:
+    """The next valid request in the same session: tiny model, a plain text."""
+    if _has(at, "text_input", "model_custom"):
+        at.text_input(key="model_custom").set_value(TINY)
+    elif at.selectbox(key="model_choice").value != TINY:
+        options = at.selectbox(key="model_choice").options
+        at.selectbox(key="model_choice").set_value(TINY if TINY in options else options[-1]).run()
+        if _has(at, "text_input", "model_custom"):
+            at.text_input(key="model_custom").set_value(TINY)
+    at.text_area(key="text").set_value(VALID).run()
+    assert_renders(at, VALID)
+
+
+def _has(at: AppTest, kind: str, key: str) -> bool:
+    return any(getattr(e, "key", None) == key for e in getattr(at, kind))
+
+
+def _app_params():
+    for c in CASES:
+        if A in c.levels:
+            marks = [pytest.mark.xfail(strict=True, reason=c.xfail)] if c.xfail else []
+            yield pytest.param(c, marks=marks, id=c.id)
+
+
+def test_every_app_case_has_a_check():
+    assert {c.id for c in CASES if A in c.levels} == set(APP)
+
+
+@pytest.mark.parametrize("case", list(_app_params()))
+def test_app(case: Case, lm, folders, monkeypatch, caplog):
+    """One session opens the bad link (or types the bad input): the expected message, no
+    exception, no token anywhere; then the same session asks something valid and gets it."""
+    spec = APP[case.id]
+    caplog.set_level(logging.INFO)
+    params = spec.params(folders) if callable(spec.params) else spec.params
+    with pytest.MonkeyPatch.context() as patches:  # undone before the valid request
+        if spec.patch:
+            spec.patch(Ctx(lm, folders, patches))
+        at = new_app(monkeypatch, params, demo=spec.demo).run()
+        if spec.act:
+            spec.act(at)
+    assert not at.exception, [e.value for e in at.exception]
+    if spec.shows == OK:
+        assert not at.error and not at.warning, texts(at, "error") + texts(at, "warning")
+        assert_renders(at, at.text_area(key="text").value)
+    else:
+        shown = texts(at, spec.shows)
+        assert any(re.search(spec.message, t) for t in shown), (
+            f"{spec.shows}: {shown}; errors: {texts(at, 'error')}"
+        )
+    everything = " ".join(texts(at, "error") + texts(at, "warning") + texts(at, "markdown")) + caplog.text
+    assert SECRET not in everything and SECRET not in json.dumps(dict(at.query_params))
+    assert "Traceback" not in everything
+    recover(at)
 
 
 # -- engine: safe defaults and logging ----------------------------------------------------------
