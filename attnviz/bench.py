@@ -1,0 +1,294 @@
+"""`python -m attnviz bench`: what extraction costs, measured in one run on one machine.
+
+For each length N on the built-in smollm2-135m:
+  (a) floor  - one plain SDPA forward pass (what any use of the model costs)
+  (b) eager  - transformers' eager attention with output_attentions=True (what other tools do)
+  (c) fast   - attnviz's fast path up to the first layer's probabilities
+and the ratios (c)/(a), (b)/(c), peak-memory (b)/(c). Medians of --repeats runs. On CUDA it also
+runs a Llama-3.2-3B-shaped model (random weights) at 8192 tokens.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+from .extract import PathName, _forward_kwargs, extract_ids
+from .loading import LoadedModel, load_model, resolve_device, wrap_model
+
+log = logging.getLogger(__name__)
+WORDS = [
+    "the",
+    "bank",
+    "river",
+    "money",
+    "water",
+    "loan",
+    "fish",
+    "stream",
+    "account",
+    "shore",
+    "deposit",
+    "interest",
+    "flows",
+    "north",
+]
+
+
+_CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
+
+
+def _hwm() -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class _PeakRSS:
+    """Peak resident memory above the starting point (CPU runs).
+
+    On Linux the kernel's high-water mark is reset (clear_refs 5) and read back (VmHWM); with
+    MALLOC_MMAP_THRESHOLD_ fixed (see `run_bench`) large tensors are returned to the OS when
+    freed, so each measurement starts clean. Elsewhere RSS is sampled every 2 ms.
+    """
+
+    def __init__(self) -> None:
+        self.proc = psutil.Process()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        try:
+            _CLEAR_REFS.write_text("5")
+            self.kernel = _hwm() is not None
+        except OSError:
+            self.kernel = False
+        self.base = self.peak = self.proc.memory_info().rss
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.002)
+
+    def __enter__(self) -> _PeakRSS:
+        if not self.kernel:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.kernel:
+            self.peak = max(self.peak, _hwm() or 0)
+        else:
+            self._stop.set()
+            self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.base
+
+
+def _measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, int]:
+    """(median seconds, peak extra bytes) of fn()."""
+    times, peaks = [], []
+    for _ in range(repeats):
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            t0 = time.perf_counter()
+            out = fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            peaks.append(torch.cuda.max_memory_allocated() - base)
+        else:
+            with _PeakRSS() as mem:
+                t0 = time.perf_counter()
+                out = fn()
+                times.append(time.perf_counter() - t0)
+            peaks.append(mem.extra)
+        del out
+    return statistics.median(times), max(peaks)
+
+
+def _ids(lm: LoadedModel, n: int) -> list[int]:
+    words = (WORDS * (n // len(WORDS) + 2))[: n + 8]
+    ids = lm.tokenizer(" ".join(words))["input_ids"]
+    while len(ids) < n:
+        ids = ids + ids
+    return ids[:n]
+
+
+def _floor(lm: LoadedModel, ids: list[int]) -> Callable[[], object]:
+    def run() -> object:
+        with lm.lock, torch.inference_mode():
+            lm.model.set_attn_implementation("sdpa")
+            try:
+                return lm.model(input_ids=torch.tensor([ids], device=lm.device), **_forward_kwargs(lm))
+            finally:
+                lm.model.set_attn_implementation("attnviz")
+
+    return run
+
+
+def _first_layer(lm: LoadedModel, ids: list[int], path: PathName) -> Callable[[], object]:
+    def run() -> object:
+        return extract_ids(lm, ids, path=path, max_tokens=len(ids)).layer(0)
+
+    return run
+
+
+def _eager_bytes(lm: LoadedModel, n: int) -> int:
+    lay = lm.layout
+    elem = torch.finfo(lm.dtype).bits // 8
+    return (lay.n_layers + 3) * lay.n_heads * n * n * max(elem, 4)
+
+
+def _available(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        return free
+    return psutil.virtual_memory().available
+
+
+@dataclass
+class Row:
+    model: str
+    n: int
+    floor_s: float
+    floor_mem: int
+    fast_s: float
+    fast_mem: int
+    eager_s: float | None
+    eager_mem: int | None
+    eager_note: str
+
+
+def bench_model(lm: LoadedModel, sizes: list[int], repeats: int) -> list[Row]:
+    rows = []
+    device = lm.device
+    for n in sizes:
+        ids = _ids(lm, n)
+        _floor(lm, ids[:32])()  # warm-up
+        floor_s, floor_mem = _measure(_floor(lm, ids), device, repeats)
+        fast_s, fast_mem = _measure(_first_layer(lm, ids, "fast"), device, repeats)
+        need = _eager_bytes(lm, n)
+        eager_s = eager_mem = None
+        note = ""
+        if need > 0.6 * _available(device):
+            note = f"skipped: needs ~{need / 2**30:.0f} GiB, {_available(device) / 2**30:.0f} GiB free"
+        else:
+            try:
+                eager_s, eager_mem = _measure(_first_layer(lm, ids, "eager"), device, max(1, repeats - 1))
+            except Exception as err:  # noqa: BLE001 - report, keep benchmarking
+                note = f"failed: {type(err).__name__}"
+        row = Row(lm.spec, n, floor_s, floor_mem, fast_s, fast_mem, eager_s, eager_mem, note)
+        sys.stdout.write(_line(row) + "\n")
+        sys.stdout.flush()
+        rows.append(row)
+    return rows
+
+
+def _gib(b: int | None) -> str:
+    return "-" if b is None else f"{b / 2**30:.2f}"
+
+
+def _line(r: Row) -> str:
+    eager = f"{r.eager_s:.2f} s / {_gib(r.eager_mem)} GiB" if r.eager_s is not None else r.eager_note
+    speed = f"{r.eager_s / r.fast_s:.1f}x" if r.eager_s else "-"
+    mem = f"{r.eager_mem / max(r.fast_mem, 1):.0f}x" if r.eager_mem else "-"
+    return (
+        f"| {r.model} | {r.n} | {r.floor_s:.2f} s / {_gib(r.floor_mem)} GiB | {eager} | "
+        f"{r.fast_s:.2f} s / {_gib(r.fast_mem)} GiB | {r.fast_s / r.floor_s:.2f} | {speed} | {mem} |"
+    )
+
+
+HEADER = (
+    "| model | N | (a) SDPA forward: time / peak | (b) eager output_attentions | "
+    "(c) attnviz fast, to layer 0 | (c)/(a) | (b)/(c) time | (b)/(c) peak memory |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def _machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
+    return (
+        f"CPU: {platform.processor() or platform.machine()}, {psutil.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def llama3b_shaped(device: torch.device) -> LoadedModel:
+    """Llama-3.2-3B's attention shape with random weights (28 layers, 24 heads, 8 KV heads)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from .loading import builtin_folder
+
+    cfg = LlamaConfig(
+        vocab_size=49152, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+        num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    )  # fmt: skip
+    with torch.device(device):
+        model: Any = LlamaForCausalLM(cfg)
+    model = model.to(torch.bfloat16)
+    tok = AutoTokenizer.from_pretrained(builtin_folder("smollm2-135m"))  # vocab 49152 like cfg
+    return wrap_model(model, tok, spec="llama-3.2-3b-shaped (random)")
+
+
+def run_bench(args) -> int:
+    if sys.platform == "linux" and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        # Restart with a fixed mmap threshold so freed tensors leave the process (honest peaks).
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576"}
+        os.execve(sys.executable, [sys.executable, "-m", "attnviz", *sys.argv[1:]], env)
+    sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
+    device = resolve_device(args.device)
+    lm = load_model("smollm2-135m", device=str(device))
+    sys.stdout.write(f"machine: {_machine(device)}\n{HEADER}\n")
+    rows = bench_model(lm, sizes, args.repeats)
+    if device.type == "cuda":
+        del lm
+        gc.collect()
+        torch.cuda.empty_cache()
+        rows += bench_model(llama3b_shaped(device), [8192], max(1, args.repeats))
+    if not args.no_write:
+        write_markdown(args.out, rows, _machine(device), sizes)
+        sys.stdout.write(f"wrote {args.out}\n")
+    return 0
+
+
+def write_markdown(path: Path, rows: list[Row], machine: str, sizes: list[int]) -> None:
+    """Replace the measured section of docs/benchmarks.md (text outside the markers is kept)."""
+    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    table = "\n".join(_line(r) for r in rows)
+    block = (
+        f"{start}\nMeasured {stamp} on {machine}; `python -m attnviz bench --sizes "
+        f"{','.join(map(str, sizes))}`. Medians; peak = memory above the loaded model "
+        f"(CPU: resident set, sampled every 2 ms; CUDA: max_memory_allocated).\n\n{HEADER}\n{table}\n{end}"
+    )
+    old = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    if start in old and end in old:
+        new = old[: old.index(start)] + block + old[old.index(end) + len(end) :]
+    else:
+        new = old.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new)
