@@ -50,6 +50,13 @@ def tokenize(lm: LoadedModel, text: str, *, chat: bool = False) -> tuple[list[in
     """Ids exactly as ``tokenizer(text)`` gives them (or via the chat template), + template flags."""
     if not isinstance(text, str) or not text.strip():
         raise EmptyInput("the text is empty; type a sentence")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise AttnvizError(
+            f"the text has invalid Unicode at character {err.start} (a lone surrogate); "
+            "remove or retype that character"
+        ) from None
     if chat:
         return _chat_ids(lm, text)
     ids = lm.tokenizer(text)["input_ids"]
