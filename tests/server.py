@@ -191,3 +191,28 @@ def tick_labels(page) -> list[str]:
     return page.eval_on_selector_all(
         ".js-plotly-plot g.xtick text, .js-plotly-plot g.ytick text", "els => els.map(e => e.textContent)"
     )
+
+
+CHARTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+  const full = gd._fullData || [];
+  const one = full.length === 1 ? full[0] : null;
+  return {
+    title: (gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '',
+    traces: full.length,
+    x: one && one.x ? Array.from(one.x) : null,
+    y: one && one.y ? Array.from(one.y) : null,
+    z: one && one.z ? Array.from(one.z, row => Array.from(row)) : null,
+  };
+})"""
+
+
+def charts(page) -> list[dict]:
+    """Each Plotly chart on the page: title, trace count and, for single-trace charts, x/y/z."""
+    return page.evaluate(CHARTS_JS)
+
+
+def alerts(page) -> list[str]:
+    """Texts of st.error / st.warning / st.exception boxes on the page."""
+    return page.eval_on_selector_all(
+        '[data-testid="stAlert"], [data-testid="stException"]', "els => els.map(e => e.innerText)"
+    )

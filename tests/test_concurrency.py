@@ -1,0 +1,198 @@
+"""Many people at once: 8 browser sessions on one real server, no cross-talk; one model load
+however many sessions ask at the same time; switching models frees the old one."""
+
+from __future__ import annotations
+
+import gc
+import re
+import threading
+import time
+import urllib.parse
+import weakref
+
+import numpy as np
+import pytest
+from server import alerts, charts, chromium, streamlit_server, wait_idle
+
+import attnviz
+
+pytestmark = pytest.mark.slow
+
+SESSIONS = 8
+WORDS = ("apple", "river", "music", "garden", "window", "doctor", "summer", "pencil")  # one token each
+
+
+def text_of(word: str) -> str:
+    return f"the {word} was found near the old house"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with streamlit_server(name="concurrency") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    return attnviz.load_model("smollm2-135m")
+
+
+def head_chart(page, layer: int, head: int) -> dict:
+    want = f"layer {layer} · head {head} "
+    found = [c for c in charts(page) if c["traces"] == 1 and want in c["title"] + " "]
+    assert found, f"no heatmap titled {want!r}: {[c['title'] for c in charts(page)]}"
+    return found[0]
+
+
+@pytest.mark.browser
+def test_eight_sessions_each_see_only_their_own_text(server, smollm):
+    """8 Chromium contexts open 8 share links at once (different texts, layers and heads). Each
+    page's tick labels hold its own word and no other session's, and its head heatmap equals the
+    engine's attention for its own text (max abs diff <= 1e-4)."""
+    with chromium() as browser:
+        pages = []
+        t0 = time.monotonic()
+        for i, word in enumerate(WORDS[:SESSIONS]):
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = ctx.new_page()
+            query = urllib.parse.urlencode({"text": text_of(word), "layer": 3 * i, "head": i % 9})
+            page.goto(f"{server.url}/?{query}", wait_until="commit")
+            pages.append(page)
+        finished = []
+        for i, (word, page) in enumerate(zip(WORDS, pages, strict=False)):
+            wait_idle(page, timeout_ms=240_000)
+            page.wait_for_function(
+                "t => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                ".some(gd => (gd._fullLayout.title.text || '').includes(t))",
+                arg=f"layer {3 * i} · head {i % 9}",
+                timeout=120_000,
+            )
+            finished.append(time.monotonic() - t0)
+            assert not [a for a in alerts(page) if "rror" in a], alerts(page)
+            chart = head_chart(page, 3 * i, i % 9)
+            labels = " ".join(chart["x"] + chart["y"])
+            assert re.search(rf"\(\d+\) {word}\b", labels), labels
+            others = [w for w in WORDS if w != word and re.search(rf"\) {w}\b", labels)]
+            assert not others, f"session {i} shows other sessions' tokens {others}"
+            expected = attnviz.extract(smollm, text_of(word)).head(3 * i, i % 9)
+            shown = np.array(chart["z"], dtype=np.float64)
+            assert shown.shape == expected.shape
+            assert np.abs(shown - expected).max() <= 1e-4
+    assert len(finished) == SESSIONS
+    assert server.alive()
+    # Reported in docs/robustness.md: all sessions finish; the slowest waited for the others.
+    print(f"{SESSIONS} sessions finished after {', '.join(f'{s:.1f}' for s in finished)} s")
+
+
+APP_LOGGING = "app fix: app.py configures no logging, so attnviz's INFO lines never reach the server log"
+
+
+@pytest.mark.xfail(strict=True, reason=APP_LOGGING)
+def test_server_logs_one_line_per_extraction(server):
+    """The running server writes attnviz's `extract model=... tokens=... path=... seconds=...` line
+    (needs logging configured for the `attnviz` logger in the app)."""
+    log = server.log()
+    lines = re.findall(r"extract model=smollm2-135m tokens=\d+ path=\w+ seconds=[\d.]+", log)
+    assert lines, "the server log has no extraction lines:\n" + log[-1500:]
+
+
+@pytest.mark.xfail(strict=True, reason=APP_LOGGING)
+def test_model_loaded_once_under_concurrent_sessions(server):
+    """8 sessions asked for smollm2-135m at the same moment: one load (logger attnviz.loading)."""
+    loads = re.findall(r"loaded smollm2-135m \(", server.log())
+    assert len(loads) == 1, f"{len(loads)} loads:\n{server.log()[-1500:]}"
+
+
+# -- in process: AppTest sessions in threads, counted loads, freed models -----------------------
+def test_one_load_for_many_simultaneous_sessions(monkeypatch):
+    """8 AppTest sessions in 8 threads ask for the same (new) model at once; the loader runs once."""
+    import tiny
+    from streamlit.testing.v1 import AppTest
+
+    from ui import models
+
+    calls: list[str] = []
+    gate = threading.Barrier(SESSIONS, timeout=60)
+    real = models._load_uncached
+
+    def slow_load(spec, token):
+        calls.append(spec)
+        time.sleep(1.0)  # a wide window for a second load to sneak in
+        return real(spec, token)
+
+    monkeypatch.setattr(models, "_load_uncached", slow_load)
+    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
+    spec = "tiny:gpt2"
+    errors: list[str] = []
+
+    def session(i: int) -> None:
+        at = AppTest.from_file(str(models.__file__).replace("ui/models.py", "app.py"), default_timeout=120)
+        at.query_params.update({"model": spec, "text": text_of(WORDS[i])})
+        gate.wait()
+        at.run()
+        if at.exception or at.error:
+            errors.append(f"{i}: {[e.value for e in at.exception]} {[e.value for e in at.error]}")
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(SESSIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+    assert calls == [spec], f"loaded {len(calls)} times"
+    assert tiny  # the loader imported it for the tiny: spec
+
+
+def test_switching_models_frees_the_old_one(monkeypatch):
+    """The model cache is bounded (ui.models.MAX_MODELS): after switching through more models than
+    that, the first model object is garbage (weakref dead), and with CUDA its memory is back."""
+    from streamlit.testing.v1 import AppTest
+
+    from ui import models
+
+    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
+    loaded: list[weakref.ref] = []
+    real = models._load_uncached
+
+    def tracking(spec, token):
+        lm = real(spec, token)
+        loaded.append(weakref.ref(lm.model))
+        return lm
+
+    monkeypatch.setattr(models, "_load_uncached", tracking)
+    models._cached_model.clear()
+    at = AppTest.from_file(str(models.__file__).replace("ui/models.py", "app.py"), default_timeout=120)
+    order = ["tiny:llama-gqa", "tiny:qwen3", "tiny:mistral-sliding", "tiny:gemma2"][: models.MAX_MODELS + 1]
+    at.query_params.update({"model": order[0], "text": "the bank of the river"})
+    at.run()
+    for spec in order[1:]:
+        at.text_input(key="model_custom").set_value(spec).run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+    del at
+    gc.collect()
+    assert len(loaded) == len(order)
+    # tests/tiny.py keeps its own functools.cache of the raw models; drop that reference too.
+    import tiny
+
+    tiny.model.cache_clear()
+    gc.collect()
+    assert loaded[0]() is None, "the first model is still referenced after switching away"
+    assert loaded[-1]() is not None, "the current model should stay cached"
+
+
+@pytest.mark.gpu
+def test_switching_models_returns_gpu_memory():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    lm = attnviz.load_model("smollm2-135m", device="cuda")
+    attnviz.extract(lm, "the bank of the river")
+    used = torch.cuda.memory_allocated()
+    assert used > 100 * 2**20
+    ref = weakref.ref(lm.model)
+    lm.release()
+    del lm
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert ref() is None or torch.cuda.memory_allocated() < 16 * 2**20
+    assert torch.cuda.memory_allocated() < used / 4
