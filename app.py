@@ -14,8 +14,7 @@ STACK_NAMES = {
     "cross": "cross (decoder → encoder)",
 }
 
-sidebar.page("Explorer")
-state.start(NAMES)
+sidebar.page("Explorer", NAMES)
 choice = sidebar.sidebar()
 
 st.title("Attention explorer")

@@ -355,30 +355,49 @@ def model_mosaic(
     *,
     colorscale: str = "Viridis",
     log: bool = False,
-    layer_names: Sequence[str] | None = None,
     kv_heads: Sequence[int] | None = None,
-    height_px: int | None = None,
+    q_labels: Sequence[str] | None = None,
+    k_labels: Sequence[str] | None = None,
+    layers_across: bool | None = None,
+    width_px: int = 1100,
 ) -> go.Figure:
-    """Every (layer, head) at once: (layers, heads, s, s) small images tiled into one heatmap.
+    """Every (layer, head) at once: (layers, heads, s_q, s_k) small images tiled into one heatmap.
 
-    Rows are layers, columns heads; a one-cell gap separates tiles. Hover names the layer and
-    head. Build ``images`` with `pooled_rows` / `downsample` to fit `MOSAIC_MAX_CELLS`.
+    The longer of the two counts runs across (30 layers x 9 heads: layers are columns), so the
+    tiles stay square and the figure short. A one-cell gap separates tiles. Hover names the
+    layer, the head and (with ``q_labels`` / ``k_labels``, one per tile row / column) the tokens.
+    Build ``images`` with `pooled_rows` to fit `MOSAIC_MAX_CELLS`.
     """
     images = np.asarray(images, dtype=np.float32)
     n_l, n_h, s_r, s_c = images.shape
+    across = n_l > n_h if layers_across is None else layers_across
+    grid = images.transpose(1, 0, 2, 3) if across else images  # (outer rows, outer cols, s_r, s_c)
+    n_rows, n_cols = grid.shape[:2]
     tile_r, tile_c = s_r + 1, s_c + 1
-    canvas = np.full((n_l * tile_r, n_h * tile_c), np.nan, dtype=np.float32)
-    for layer in range(n_l):
-        for h in range(n_h):
-            canvas[layer * tile_r : layer * tile_r + s_r, h * tile_c : h * tile_c + s_c] = images[layer, h]
-    z = _colour(canvas, log)
-    names = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(n_l)]
-    heads = [head_title(h, None if kv_heads is None else kv_heads[h]) for h in range(n_h)]
-    ylab = [f"{names[r // tile_r]} · row {r % tile_r}" for r in range(canvas.shape[0])]
-    xlab = [f"{heads[c // tile_c]} · col {c % tile_c}" for c in range(canvas.shape[1])]
+    canvas = np.full((n_rows * tile_r, n_cols * tile_c), np.nan, dtype=np.float32)
+    for i in range(n_rows):
+        for j in range(n_cols):
+            canvas[i * tile_r : i * tile_r + s_r, j * tile_c : j * tile_c + s_c] = grid[i, j]
+    layer_names = [f"layer {i}" for i in range(n_l)]
+    head_names = [head_title(h, None if kv_heads is None else kv_heads[h]) for h in range(n_h)]
+    row_names, col_names = (head_names, layer_names) if across else (layer_names, head_names)
+    ql = [escape(x) for x in q_labels] if q_labels is not None else [f"bin {r}" for r in range(s_r)]
+    kl = [escape(x) for x in k_labels] if k_labels is not None else [f"bin {c}" for c in range(s_c)]
+    ylab = [
+        f"{row_names[r // tile_r]} · query {ql[r % tile_r]}"
+        if r % tile_r < s_r
+        else f"{row_names[r // tile_r]} ·"
+        for r in range(canvas.shape[0])
+    ]
+    xlab = [
+        f"{col_names[c // tile_c]} · key {kl[c % tile_c]}"
+        if c % tile_c < s_c
+        else f"{col_names[c // tile_c]} ·"
+        for c in range(canvas.shape[1])
+    ]
     fig = go.Figure(
         go.Heatmap(
-            z=z,
+            z=_colour(canvas, log),
             x=xlab,
             y=ylab,
             coloraxis="coloraxis",
@@ -386,23 +405,29 @@ def model_mosaic(
             hovertemplate=f"%{{y}}<br>%{{x}}<br>{_weight_hover(log)}<extra></extra>",
         )
     )
+    short_rows = [f"H{h}" for h in range(n_h)] if across else [f"L{i}" for i in range(n_l)]
+    short_cols = [f"L{i}" for i in range(n_l)] if across else [f"H{h}" for h in range(n_h)]
+    cell_px = (width_px - 120) / canvas.shape[1]
     fig.update_layout(
         coloraxis=_coloraxis(colorscale, log, _max(images) if images.size else 1.0),
-        height=height_px or min(4000, max(300, n_l * (tile_r + 1) * 3 + 80)),
-        margin=dict(l=10, r=10, t=30, b=10),
+        height=int(min(2400, max(260, canvas.shape[0] * cell_px + 70))),
+        margin=dict(l=10, r=10, t=40, b=10),
         xaxis=dict(
             type="category",
             side="top",
             tickmode="array",
-            tickvals=[xlab[h * tile_c + s_c // 2] for h in range(n_h)],
-            ticktext=[f"H{h}" for h in range(n_h)],
+            tickvals=[xlab[j * tile_c + s_c // 2] for j in range(n_cols)],
+            ticktext=short_cols,
+            showgrid=False,
         ),
         yaxis=dict(
             type="category",
             autorange="reversed",
             tickmode="array",
-            tickvals=[ylab[i * tile_r + s_r // 2] for i in range(n_l)],
-            ticktext=[f"L{i}" for i in range(n_l)],
+            tickvals=[ylab[i * tile_r + s_r // 2] for i in range(n_rows)],
+            ticktext=short_rows,
+            scaleanchor="x",
+            showgrid=False,
         ),
         plot_bgcolor="rgba(0,0,0,0)",
     )
@@ -419,34 +444,49 @@ def metric_heatmap(
     name: str,
     *,
     kv_heads: Sequence[int] | None = None,
+    head_names: Sequence[str] | None = None,
     colorscale: str = "Viridis",
     zmin: float | None = None,
     zmax: float | None = None,
+    layers_across: bool = True,
     height: int | None = None,
 ) -> go.Figure:
-    """A (layer, head) table of one head statistic as a heatmap; hover names layer and head."""
+    """A (layer, head) table of one head statistic as a heatmap: layers across, heads down
+    (like the mosaic). Hover names the layer and the head; ticks are short (L3, H4)."""
     values = np.asarray(values, dtype=np.float64)
     n_l, n_h = values.shape
-    x = [head_title(h, None if kv_heads is None else kv_heads[h]) for h in range(n_h)]
-    y = [f"layer {i}" for i in range(n_l)]
+    heads = (
+        list(head_names)
+        if head_names is not None
+        else [head_title(h, None if kv_heads is None else kv_heads[h]) for h in range(n_h)]
+    )
+    layers = [f"layer {i}" for i in range(n_l)]
+    short_h = [f"H{h}" if head_names is None else head_names[h].replace("kv ", "KV") for h in range(n_h)]
+    z, x, y = (values.T, layers, heads) if layers_across else (values, heads, layers)
+    xt, yt = (
+        ([str(i) for i in range(n_l)], short_h) if layers_across else (short_h, [f"L{i}" for i in range(n_l)])
+    )
     fig = go.Figure(
         go.Heatmap(
-            z=values,
+            z=z,
             x=x,
             y=y,
             zmin=zmin,
             zmax=zmax,
             colorscale=colorscale,
-            colorbar=dict(title=dict(text=escape(name))),
-            hovertemplate=f"%{{y}} · %{{x}}<br>{escape(name)} %{{z:.3f}}<extra></extra>",
+            colorbar=dict(thickness=10),
+            hovertemplate=f"%{{x}} · %{{y}}<br>{escape(name)} %{{z:.3f}}<extra></extra>"
+            if layers_across
+            else f"%{{y}} · %{{x}}<br>{escape(name)} %{{z:.3f}}<extra></extra>",
         )
     )
+    rows = len(y)
     fig.update_layout(
-        title=dict(text=escape(name)),
-        height=height or min(900, max(260, 18 * n_l + 120)),
+        title=dict(text=escape(name), font=dict(size=14)),
+        height=height or min(900, max(180, 16 * rows + 110)),
         margin=dict(l=10, r=10, t=40, b=10),
-        xaxis=dict(type="category", tickangle=-45),
-        yaxis=dict(type="category", autorange="reversed"),
+        xaxis=dict(type="category", tickmode="array", tickvals=x, ticktext=xt, title=dict(text="layer")),
+        yaxis=dict(type="category", autorange="reversed", tickmode="array", tickvals=y, ticktext=yt),
     )
     return fig
 

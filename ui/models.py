@@ -265,14 +265,14 @@ def extract(
     return None, None
 
 
-def cached(name: str, key: Hashable, build: Callable[[], T]) -> T:
-    """Small derived values (pooled grids, metrics) in a bounded per-process cache."""
+def cached(name: str, key: Hashable, build: Callable[[], T], nbytes: Callable[[T], int] | None = None) -> T:
+    """Derived values (pooled grids, metrics, walkthroughs) in a bounded per-process cache."""
     store = _derived()
     full = (name, key)
     hit = store.get(full)
     if hit is None:
         hit = build()
-        store.put(full, hit, _size(hit))
+        store.put(full, hit, nbytes(hit) if nbytes else _size(hit))
     return hit
 
 

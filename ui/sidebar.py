@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import streamlit as st
 
 import attnviz
 from ui import models, state
 
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = (
+    ("app.py", "Explorer", ":material/search:"),
+    ("pages/1_Model_overview.py", "Model overview", ":material/grid_view:"),
+    ("pages/2_From_scratch.py", "From scratch", ":material/calculate:"),
+    ("pages/3_Compare.py", "Compare", ":material/compare:"),
+    ("pages/4_Generation.py", "Generation", ":material/edit_note:"),
+)
 OTHER = "Other: a Hub id or a local folder…"
 SHARED = ("model", "text", "chat")
 _TOKEN = "_attnviz_session_token"  # this session's token, in memory only
@@ -25,8 +34,10 @@ class Choice:
     token: str | None
 
 
-def page(title: str, icon: str = "🔍") -> None:
+def page(title: str, names: Sequence[str], icon: str = ":material/search:") -> None:
+    """Page config, then the URL/state start for this page's parameters."""
     st.set_page_config(page_title=f"{title} · attnviz", page_icon=icon, layout="wide")
+    state.start(names, page=title)
 
 
 def _describe(option: str) -> str:
@@ -34,36 +45,34 @@ def _describe(option: str) -> str:
     return f"{option} — {desc.split(' (')[0]}" if desc else option
 
 
-def _seed_model_widgets(choices: Sequence[str]) -> None:
-    """Point the picker at the stored model spec (first run or a new link)."""
+def _seed_model_widgets(param: str, key: str, custom_key: str, choices: Sequence[str]) -> None:
+    """Point a picker at the stored spec (first run, a new link, or arriving from another page)."""
     ss = st.session_state
-    spec = state.get("model")
-    if "model_choice" in ss and not state.applied("model"):
-        if ss["model_choice"] == OTHER and "model_custom" not in ss:
-            ss["model_custom"] = spec
+    spec = state.get(param)
+    if key in ss and not state.applied(param) and not state.page_changed():
         return
     if spec in choices:
-        ss["model_choice"] = spec
+        ss[key] = spec
     elif OTHER in choices:
-        ss["model_choice"] = OTHER
-        ss["model_custom"] = spec
+        ss[key] = OTHER
+        ss[custom_key] = spec
     else:
         if spec:
             st.warning(f"Model {spec!r} is not offered on this server; showing {choices[0]!r}.")
-        ss["model_choice"] = choices[0]
-        state.put("model", choices[0])
+        ss[key] = choices[0]
+        state.put(param, choices[0])
 
 
-def model_picker(*, key: str = "model_choice", custom_key: str = "model_custom", label: str = "Model") -> str:
-    """The model selectbox (built-ins first) and, for "Other", the free field. Returns the spec."""
+def model_picker(
+    param: str = "model", *, key: str = "model_choice", custom_key: str = "model_custom", label: str = "Model"
+) -> str:
+    """The model selectbox (built-ins first) and, for "Other", the free field. Returns the spec
+    and stores it as ``param``."""
     cfg = models.config()
     choices = list(cfg.model_choices) or list(attnviz.BUILTIN_MODELS)
-    if cfg.allow_local_paths or not cfg.demo:
+    if not cfg.demo:
         choices.append(OTHER)
-    if key == "model_choice":
-        _seed_model_widgets(choices)
-    elif st.session_state.get(key) not in choices:
-        st.session_state[key] = choices[0]
+    _seed_model_widgets(param, key, custom_key, choices)
     choice = st.selectbox(
         label,
         choices,
@@ -71,15 +80,18 @@ def model_picker(*, key: str = "model_choice", custom_key: str = "model_custom",
         format_func=_describe,
         help="The built-in models run offline. Choose 'Other' for any Hugging Face Hub id or a local folder.",
     )
-    if choice != OTHER:
-        return choice
-    custom = st.text_input(
-        "Hub id or local folder",
-        key=custom_key,
-        placeholder="gpt2 · Qwen/Qwen2.5-0.5B · /path/to/model",
-        help="A Hugging Face Hub id (owner/name) or a folder with config.json and safetensors weights.",
-    )
-    return (custom or "").strip()
+    spec = choice
+    if choice == OTHER:
+        spec = st.text_input(
+            f"{label}: Hub id or local folder",
+            key=custom_key,
+            placeholder="gpt2 · Qwen/Qwen2.5-0.5B · /path/to/model",
+            help="A Hugging Face Hub id (owner/name) or a folder with config.json and safetensors weights.",
+        )
+    spec = (spec or "").strip()
+    if spec:
+        state.put(param, spec)
+    return spec
 
 
 def sidebar(*, text_label: str = "Text") -> Choice:
@@ -88,10 +100,14 @@ def sidebar(*, text_label: str = "Text") -> Choice:
     with st.sidebar:
         st.markdown("### attnviz")
         st.caption("Real attention weights of a transformer, per layer and head.")
+        for path, label, icon in PAGES:
+            if (ROOT / path).exists():
+                st.page_link(path, label=label, icon=icon)
+        st.divider()
         spec = model_picker()
         token = None
         if st.session_state.get("model_choice") == OTHER and cfg.allow_token_field:
-            if "hf_token" not in st.session_state and _TOKEN in st.session_state:
+            if _TOKEN in st.session_state and ("hf_token" not in st.session_state or state.page_changed()):
                 st.session_state["hf_token"] = st.session_state[_TOKEN]  # kept across pages
             st.text_input(
                 "Hugging Face token (gated models)",
@@ -111,8 +127,6 @@ def sidebar(*, text_label: str = "Text") -> Choice:
         st.caption(
             f"Up to {cfg.max_tokens} tokens." + (" Public demo: one request at a time." if cfg.demo else "")
         )
-    if spec:
-        state.put("model", spec)
     return Choice(spec=spec, text=str(state.get("text")), chat=bool(state.get("chat")), token=token)
 
 

@@ -36,9 +36,12 @@ GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
 
+MODEL_PARAMS = ("model", "model2")  # drawn by the model pickers (two widgets each), not by one widget
 _STORE = "_attnviz_store"
 _WRITTEN = "_attnviz_written"
 _APPLIED = "_attnviz_applied"
+_PAGE = "_attnviz_page"
+_PAGE_CHANGED = "_attnviz_page_changed"
 
 
 def _bool(raw: str) -> bool:
@@ -147,15 +150,19 @@ def get(name: str) -> Any:
     return _store().get(name, PARAMS[name].default)
 
 
-def start(names: Sequence[str]) -> None:
+def start(names: Sequence[str], page: str) -> None:
     """Before a page's widgets: apply a new link's parameters and seed the widget keys.
 
     A link is new when the URL differs from what this session last wrote (a fresh session, a
     pasted link, `st.switch_page` with query params). Malformed values show a warning and keep
-    the previous value; unknown parameters are ignored.
+    the previous value; unknown parameters are ignored. On arriving from another page every
+    widget is seeded from the store: Streamlit gives a widget on a new page its default value.
     """
     ss = st.session_state
     store = _store()
+    changed = ss.get(_PAGE) != page
+    ss[_PAGE] = page
+    ss[_PAGE_CHANGED] = changed
     for n in names:
         store.setdefault(n, PARAMS[n].default)
     url = st.query_params.to_dict()
@@ -175,12 +182,17 @@ def start(names: Sequence[str]) -> None:
                 continue
             store[n] = value
             applied.add(n)
-            if n != "model":
+            if n not in MODEL_PARAMS:
                 ss[n] = value
     ss[_APPLIED] = applied
     for n in names:
-        if n != "model" and n not in ss:
+        if n not in MODEL_PARAMS and (n not in ss or (changed and n not in applied)):
             ss[n] = store[n]
+
+
+def page_changed() -> bool:
+    """True on the first run of a page after another page (or the first run of the session)."""
+    return bool(st.session_state.get(_PAGE_CHANGED, True))
 
 
 def applied(name: str) -> bool:
@@ -191,7 +203,7 @@ def applied(name: str) -> bool:
 def put(name: str, value: Any) -> None:
     """Set a value (before its widget is drawn in this run)."""
     _store()[name] = value
-    if name != "model":
+    if name not in MODEL_PARAMS:
         st.session_state[name] = value
 
 
@@ -219,6 +231,19 @@ def choose(name: str, options: Sequence[str], what: str) -> str:
         st.warning(f"{what.capitalize()} {value!r} is not available here; showing {options[0]!r}.")
     put(name, options[0])
     return options[0]
+
+
+def nearest(name: str, options: Sequence[int]) -> int:
+    """Snap an integer parameter to the nearest of ``options`` (quietly: options depend on
+    other controls, e.g. d_model must be a multiple of the heads)."""
+    try:
+        value = int(get(name))
+    except (TypeError, ValueError):
+        value = options[0]
+    if value not in options:
+        value = min(options, key=lambda o: (abs(o - value), o))
+        put(name, value)
+    return value
 
 
 def values(names: Sequence[str]) -> dict[str, str]:
@@ -256,7 +281,7 @@ def share_url(params: dict[str, str]) -> str:
 def share_box(names: Sequence[str], *, note: str = "") -> None:
     """Commit the state and show a copyable share link (st.code has a copy button)."""
     params = commit(names)
-    with st.expander("🔗 Share this view", expanded=False):
+    with st.expander("Share this view", expanded=False, icon=":material/share:"):
         st.code(share_url(params), language=None, wrap_lines=True)
         left_out = [n for n in ("text", "text2") if n in names and n not in params]
         msg = "Opening this link in another browser shows the same view. The token is never in it."

@@ -1,0 +1,157 @@
+"""Compare: two texts on one model, or one text on two models with the same layout."""
+
+import numpy as np
+import streamlit as st
+
+from attnviz import figures as F
+from ui import attention, compare, export, models, sidebar, state
+
+NAMES = ("model", "text", "chat", "cmp", "text2", "model2", "stack", "layer", "head", "cmap")
+TOP = 15
+
+sidebar.page("Compare", NAMES, ":material/compare:")
+choice = sidebar.sidebar(text_label="Text (A)")
+
+st.title("Compare attention")
+mode = st.segmented_control("Compare", state.COMPARE_MODES, key="cmp", required=True)
+if mode == "two texts":
+    st.text_area("Text B", key="text2", height=80, max_chars=state.MAX_TEXT_CHARS)
+    spec_b, text_b = choice.spec, str(state.get("text2"))
+    st.caption(f"Model: **{choice.spec}**. A is the sidebar's text, B the text above.")
+else:
+    spec_b = sidebar.model_picker("model2", key="model2_choice", custom_key="model2_custom", label="Model B")
+    text_b = choice.text
+    st.caption(
+        f"Model A: **{choice.spec}** (sidebar), model B above; both read the sidebar's text. The two "
+        "need the same layout (layers × heads), e.g. a base model and its instruct version."
+    )
+
+lm_a, res_a, key_a = sidebar.load_and_extract(choice, NAMES)
+if not spec_b or not text_b.strip():
+    st.info("Type text B." if mode == "two texts" else "Pick model B.")
+    sidebar.stop(NAMES)
+lm_b = lm_a if spec_b == choice.spec else models.load(spec_b, choice.token)
+if lm_b is None:
+    sidebar.stop(NAMES)
+res_b, key_b = models.extract(lm_b, text_b, token=choice.token, chat=choice.chat and lm_b.has_chat_template)
+if res_b is None:
+    sidebar.stop(NAMES)
+la, lb = lm_a.layout, lm_b.layout
+shape_a = (la.n_layers, la.n_decoder_layers, la.n_heads, la.stacks)
+if shape_a != (lb.n_layers, lb.n_decoder_layers, lb.n_heads, lb.stacks):
+    st.error(
+        f"{lm_a.spec} has {la.n_layers} layers × {la.n_heads} heads and {lm_b.spec} has "
+        f"{lb.n_layers} × {lb.n_heads}: heads can only be compared between models of the same layout. "
+        "Pick two models of the same size (e.g. a base and an instruct version), or compare two texts."
+    )
+    sidebar.stop(NAMES)
+
+stacks = list(res_a.stacks)
+stack = state.choose("stack", stacks, "attention")
+if len(stacks) > 1:
+    stack = st.segmented_control("Attention", stacks, key="stack", required=True)
+p = compare.pair(res_a, res_b, stack)
+st.info(p.note, icon=":material/info:")
+pair_key = (key_a, key_b, stack)
+
+# -- the heads that changed most ---------------------------------------------------------------
+scores = compare.change_scores(res_a, res_b, stack, p.m, pair_key)
+n_layers, n_heads = scores.shape
+kv = attention.kv_heads(res_a, stack)
+order = np.argsort(-scores, axis=None, kind="stable")
+ent_a, _ = attention.head_metrics(lm_a, res_a, key_a, stack, induction=False, token=choice.token)
+ent_b, _ = attention.head_metrics(lm_b, res_b, key_b, stack, induction=False, token=choice.token)
+d_ent = ent_b.entropy - ent_a.entropy
+st.subheader("Heads that changed most")
+left, right = st.columns([2, 3])
+with left:
+    top = order[:TOP]
+    bars = F.bar_chart(
+        [float(scores.flat[i]) for i in top],
+        [f"L{i // n_heads} · {F.head_title(i % n_heads, kv[i % n_heads] if kv else None)}" for i in top],
+        title=f"Top {len(top)} heads by change",
+        x_title="mean total variation distance (0 = same, 1 = disjoint)",
+    )
+    export.chart(bars, F.figure_name("compare", lm_a.spec, "top_heads"), key="top_chart")
+with right:
+    table = {
+        "layer": [int(i // n_heads) for i in order],
+        "head": [int(i % n_heads) for i in order],
+        "change (TV)": [round(float(scores.flat[i]), 4) for i in order],
+        "Δ entropy (B − A)": [round(float(d_ent.flat[i]), 4) for i in order],
+    }
+    picked = st.dataframe(
+        table, key="change_table", on_select="rerun", selection_mode="single-row", hide_index=True, height=420
+    )
+    st.caption("Sorted by change; click a column to re-sort. Select a row to show that head below.")
+sel = list(picked.selection.rows) if picked is not None and picked.selection else []
+if sel and st.session_state.get("_cmp_picked") != (pair_key, sel[0]):
+    st.session_state["_cmp_picked"] = (pair_key, sel[0])
+    state.put("layer", int(table["layer"][sel[0]]))
+    state.put("head", int(table["head"][sel[0]]))
+
+# -- side by side ------------------------------------------------------------------------------
+st.subheader("Side by side")
+state.clamp("layer", 0, n_layers - 1, "layer")
+state.clamp("head", 0, n_heads - 1, "head")
+c1, c2, c3 = st.columns([3, 2, 2])
+with c1:
+    layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
+with c2:
+    head = st.selectbox(
+        "Head", list(range(n_heads)), key="head", format_func=lambda h: F.head_title(h, kv[h] if kv else None)
+    )
+with c3:
+    cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+
+side = F.grid_side(n_heads, F.GRID_MAX_CELLS // 2)
+ga, gb, gd, bins = compare.grids(res_a, res_b, layer, stack, p, side, pair_key)
+zmax = float(max(ga.max(), gb.max())) or 1.0
+name_a = lm_a.spec if mode == "two models" else "A"
+name_b = lm_b.spec if mode == "two models" else "B"
+ca, cb = st.columns(2)
+with ca:
+    st.markdown(f"**{name_a}** · layer {layer}")
+    fig_a = F.head_grid(ga, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=F.GRID_MAX_CELLS // 2)
+    export.chart(fig_a, F.figure_name("compare", lm_a.spec, "A", f"L{layer}"), key="grid_a")
+with cb:
+    st.markdown(f"**{name_b}** · layer {layer}")
+    fig_b = F.head_grid(gb, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=F.GRID_MAX_CELLS // 2)
+    export.chart(fig_b, F.figure_name("compare", lm_b.spec, "B", f"L{layer}"), key="grid_b")
+st.markdown(f"**A − B** · layer {layer} (red: more weight in A, blue: more in B)")
+fig_d = F.head_grid(gd, bins, kv_heads=kv, diverging=True, max_cells=F.GRID_MAX_CELLS // 2)
+export.chart(fig_d, F.figure_name("compare", lm_a.spec, "diff", f"L{layer}"), key="grid_diff")
+
+st.markdown(f"**Head {head}, layer {layer}**: change {scores[layer, head]:.3f} (TV)")
+ha = compare.block(res_a, layer, stack, p.m)[head] if p.m * p.m <= F.SINGLE_MAX_CELLS else None
+if ha is None:
+    st.caption(
+        "The texts are long: the single-head view shows the pooled grids above; download the full block."
+    )
+else:
+    hb = compare.block(res_b, layer, stack, p.m)[head]
+    h1, h2, h3 = st.columns(3)
+    cells = F.SINGLE_MAX_CELLS // 3
+    with h1:
+        f1 = F.head_heatmap(ha, p.labels, title=f"{name_a}", colorscale=cmap, max_cells=cells, height=460)
+        export.chart(f1, F.figure_name("compare", "A", f"L{layer}", f"H{head}"), key="head_a")
+    with h2:
+        f2 = F.head_heatmap(hb, p.labels, title=f"{name_b}", colorscale=cmap, max_cells=cells, height=460)
+        export.chart(f2, F.figure_name("compare", "B", f"L{layer}", f"H{head}"), key="head_b")
+    with h3:
+        f3 = F.head_grid(
+            (ha - hb)[None], p.labels, titles=["A − B"], diverging=True, max_cells=cells, facet_px=380
+        )
+        export.chart(f3, F.figure_name("compare", "diff", f"L{layer}", f"H{head}"), key="head_diff")
+    export.downloads(
+        F.figure_name("compare", lm_a.spec, f"L{layer}", f"H{head}"),
+        npz=lambda: export.npz_bytes(
+            a=ha, b=hb, diff=ha - hb, tokens=np.array(p.labels), layer=layer, head=head
+        ),
+        csv=lambda: export.csv_text(ha - hb, p.labels, p.labels, "A − B: query \\ key"),
+        fig=f3,
+        key="cmp",
+        what="A, B and A − B of this head",
+    )
+
+state.share_box(NAMES)

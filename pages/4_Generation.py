@@ -1,0 +1,143 @@
+"""Generation: generate k tokens greedily and step through them, one attention row per head."""
+
+import numpy as np
+import streamlit as st
+
+from attnviz import figures as F
+from ui import attention, export, models, sidebar, state
+
+NAMES = ("model", "text", "chat", "k", "stack", "gstep", "layer", "grow", "cmap", "log")
+
+sidebar.page("Generation", NAMES, ":material/edit_note:")
+choice = sidebar.sidebar(text_label="Prompt")
+
+st.title("Attention while generating")
+c1, c2 = st.columns([1, 3])
+with c1:
+    k = st.number_input("Tokens to generate", 1, 64, key="k", step=1, help="Greedy decoding (no sampling).")
+with c2:
+    st.caption(
+        "The model continues the prompt one token at a time, always taking the most likely token. "
+        "For each step you see where the new token's query looks, in every head of a layer."
+    )
+
+if choice.spec:
+    lm0 = models.load(choice.spec, choice.token)
+    if lm0 is not None and lm0.layout.kind == "encoder":
+        st.error(
+            f"{choice.spec} is an encoder ({lm0.layout.model_type}): it does not generate text. "
+            "Pick a decoder such as smollm2-135m, or an encoder-decoder model."
+        )
+        sidebar.stop(NAMES)
+lm, res, key = sidebar.load_and_extract(choice, NAMES, generate=int(k))
+
+stacks = [s for s in res.stacks if s in ("self", "decoder", "cross")]
+stack = state.choose("stack", stacks, "attention")
+if len(stacks) > 1:
+    stack = st.segmented_control("Attention", stacks, key="stack", required=True)
+q_tokens, k_tokens = res.axes(stack)
+generated = [i for i, g in enumerate(q_tokens.generated) if g]
+if not generated:
+    st.info("The model stopped at once (it produced its end-of-text token). Try another prompt.")
+    sidebar.stop(NAMES)
+prompt_ids = [t for t, g in zip(q_tokens.ids, q_tokens.generated, strict=True) if not g]
+n_steps = len(generated)
+if n_steps < int(k):
+    st.caption(f"The model produced its end-of-text token after {n_steps} tokens.")
+
+state.clamp("gstep", 1, n_steps, "step")
+n_layers, n_heads = res.n_layers(stack), res.n_heads
+state.clamp("layer", 0, n_layers - 1, "layer")
+labels_q = F.token_labels(q_tokens.display)
+labels_k = F.token_labels(k_tokens.display)
+step = (
+    st.select_slider(
+        "Step",
+        options=list(range(1, n_steps + 1)),
+        key="gstep",
+        format_func=lambda s: f"{s}: {q_tokens.display[generated[s - 1]]}",
+    )
+    if n_steps > 1
+    else 1
+)
+pos = generated[step - 1]
+gen_ids = [q_tokens.ids[i] for i in generated]
+decode = lm.tokenizer.decode
+st.code(
+    decode(gen_ids[:step], skip_special_tokens=False)
+    + " ◀ "
+    + decode(gen_ids[step:], skip_special_tokens=False),
+    language=None,
+    wrap_lines=True,
+)
+st.caption(f"The continuation of the prompt ({len(q_tokens) - n_steps} tokens); ◀ follows step {step}.")
+
+c1, c2, c3, c4 = st.columns([3, 3, 2, 2])
+with c1:
+    layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
+with c2:
+    row = st.segmented_control(
+        "Query row",
+        state.GEN_ROWS,
+        key="grow",
+        required=True,
+        help="'new token': the generated token's own row (what it attends to once it is in the text). "
+        "'predicting position': the row of the token before it, whose output predicted it.",
+    )
+with c3:
+    cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+with c4:
+    log = st.toggle("Log colour", key="log")
+
+q = pos if row == "new token" else pos - 1
+causal = stack != "cross"
+n_keys = q + 1 if causal else len(k_tokens)
+kv = attention.kv_heads(res, stack)
+rows = res.layer(layer, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys]  # (heads, keys)
+head_names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
+what = "predicting" if row != "new token" else "new token"
+title = f"layer {layer} · query {labels_q[q]} ({what} {q_tokens.display[pos]!r})"
+fig = F.rows_heatmap(
+    rows,
+    head_names,
+    labels_k[:n_keys],
+    title=title,
+    colorscale=cmap,
+    log=log,
+    highlight=q if causal else None,
+)
+name = F.figure_name(lm.spec, f"step{step}", f"L{layer}")
+export.chart(fig, name, key="gen_heads")
+
+means = np.stack(
+    [res.layer(i, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys].mean(0) for i in range(n_layers)]
+)
+fig_layers = F.rows_heatmap(
+    means,
+    [f"layer {i}" for i in range(n_layers)],
+    labels_k[:n_keys],
+    title=f"every layer, mean over heads · query {labels_q[q]}",
+    colorscale=cmap,
+    log=log,
+)
+with st.expander("Every layer at this step (mean over heads)", expanded=False):
+    export.chart(fig_layers, F.figure_name(lm.spec, f"step{step}", "layers"), key="gen_layers")
+
+export.downloads(
+    name,
+    npz=lambda: export.npz_bytes(
+        heads=rows,
+        layer_means=means,
+        key_tokens=np.array(labels_k[:n_keys]),
+        query=q,
+        step=step,
+        layer=layer,
+        model=lm.spec,
+        prompt=lm.tokenizer.decode(prompt_ids),
+    ),
+    csv=lambda: export.csv_text(rows, head_names, labels_k[:n_keys], "head \\ key"),
+    fig=fig,
+    key="gen",
+    what=f"attention rows of step {step}",
+)
+state.share_box(NAMES)
