@@ -142,7 +142,8 @@ def pooled_rows(
     """Pool a (..., n_rows, n_cols) matrix fetched in row chunks; never holds it all at once.
 
     ``get_rows(slice)`` returns (..., rows, n_cols). Chunks follow the row bins, so each bin is
-    reduced inside one chunk. Returns (pooled, row_edges, col_edges).
+    reduced inside one chunk; a chunk has about ``chunk_cells`` cells per leading index (e.g.
+    per head). Returns (pooled, row_edges, col_edges).
     """
     row_e, col_e = bin_edges(n_rows, max_side), bin_edges(n_cols, max_side)
     per_bin = max(1, math.ceil(n_rows / len(row_e)))
@@ -174,8 +175,8 @@ def payload_bytes(fig: go.Figure) -> int:
 def _colour(z: np.ndarray, log: bool) -> np.ndarray:
     if not log:
         return z
-    floor = 10.0**LOG_FLOOR_EXP
-    return np.log10(np.maximum(z, floor)).astype(np.float32)
+    out = np.log10(np.maximum(z, 10.0**LOG_FLOOR_EXP)).astype(np.float32)
+    return np.clip(out, LOG_FLOOR_EXP, 0.0, out=out)
 
 
 def _coloraxis(colorscale: str, log: bool, zmax: float | None, title: str = "weight") -> dict:

@@ -1,0 +1,218 @@
+"""Pure figure builders: facets, labels, escaping, downsampling and the browser payload budget."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from attnviz import figures as F
+
+
+def causal(n: int, heads: int = 1, seed: int = 0) -> np.ndarray:
+    """Random causal attention (heads, n, n): rows sum to 1, nothing above the diagonal."""
+    rng = np.random.default_rng(seed)
+    a = np.tril(rng.random((heads, n, n), dtype=np.float32) + 1e-3)
+    return (a / a.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def spec(fig) -> dict:
+    return json.loads(fig.to_json())
+
+
+def test_figures_do_not_import_streamlit():
+    code = "import attnviz.figures, sys; assert 'streamlit' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_token_labels_keep_positions_and_stay_distinct():
+    labels = F.token_labels(["bank", "of", "the", "bank"])
+    assert labels == ["(0) bank", "(1) of", "(2) the", "(3) bank"]
+    assert F.token_labels(["a", "b"], positions=[3, 7]) == ["(3) a", "(7) b"]
+    fig = F.head_heatmap(causal(4)[0], labels)
+    heat = spec(fig)["data"][0]
+    assert heat["x"] == heat["y"] == labels and len(set(heat["x"])) == 4  # repeated "bank" not merged
+    assert spec(fig)["layout"]["xaxis"]["type"] == "category"
+
+
+def test_labels_and_titles_are_escaped():
+    labels = F.token_labels(["<b>x</b>", "a&b", "<br>"])
+    fig = F.head_heatmap(causal(3)[0], labels, title="<i>model</i>")
+    s = spec(fig)
+    heat = s["data"][0]
+    assert heat["x"] == ["(0) &lt;b&gt;x&lt;/b&gt;", "(1) a&amp;b", "(2) &lt;br&gt;"]
+    assert "<b>" not in json.dumps(heat["x"]) and "<br>" not in json.dumps(heat["y"])
+    assert s["layout"]["title"]["text"] == "&lt;i&gt;model&lt;/i&gt;"
+    grid = F.head_grid(causal(3, heads=2), labels, titles=["<b>h0</b>", "h1"])
+    assert "&lt;b&gt;h0&lt;/b&gt;" in [a["text"] for a in spec(grid)["layout"]["annotations"]]
+
+
+def test_hover_names_query_key_and_weight():
+    heat = spec(F.head_heatmap(causal(3)[0], F.token_labels(list("abc"))))["data"][0]
+    assert "query %{y}" in heat["hovertemplate"] and "key %{x}" in heat["hovertemplate"]
+    assert "weight %{z" in heat["hovertemplate"]
+
+
+def test_grid_has_one_heatmap_per_head_grouped_by_kv_head():
+    kv = [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    fig = F.head_grid(causal(6, heads=9), F.token_labels(list("abcdef")), kv_heads=kv)
+    s = spec(fig)
+    heats = [t for t in s["data"] if t["type"] == "heatmap"]
+    assert len(heats) == 9
+    titles = [a["text"] for a in s["layout"]["annotations"]]
+    assert titles[4] == "head 4 · kv 1"
+    # one KV group per row: 3 columns, so head 3 starts the second row (its x axis is the 4th)
+    assert heats[3]["xaxis"] == "x4" and heats[2]["xaxis"] == "x3"
+    assert {t["coloraxis"] for t in heats} == {"coloraxis"}  # one shared colour scale
+
+
+def test_grid_without_gqa_wraps_at_four_columns():
+    fig = F.head_grid(causal(5, heads=12), F.token_labels(list("abcde")))
+    assert len(fig.data) == 12
+    assert fig.layout.annotations[4].text == "head 4"
+
+
+def test_log_colour_transforms_z_and_labels_the_colour_bar():
+    p = causal(4)[0]
+    s = spec(F.head_heatmap(p, F.token_labels(list("abcd")), log=True))
+    z = np.array(F._colour(p, True))
+    assert z.min() >= F.LOG_FLOOR_EXP and z.max() <= 0
+    bar = s["layout"]["coloraxis"]["colorbar"]
+    assert bar["ticktext"][-1] == "1" and bar["ticktext"][0] == f"1e{F.LOG_FLOOR_EXP}"
+    assert "log₁₀" in s["data"][0]["hovertemplate"]
+
+
+def test_bin_edges_cover_every_position():
+    for n, bins in [(10, 3), (7, 7), (5, 9), (4096, 128), (1000, 999)]:
+        e = F.bin_edges(n, bins)
+        assert e[0] == 0 and len(e) == min(n, bins) and np.all(np.diff(e) > 0) and e[-1] < n
+
+
+def test_pool_max_and_mean_match_blocks():
+    a = np.arange(36, dtype=np.float32).reshape(6, 6)
+    rows, cols = np.array([0, 2, 4]), np.array([0, 3])
+    m = F.pool(a, rows, cols, "max")
+    assert m.shape == (3, 2) and m[0, 0] == a[:2, :3].max() and m[2, 1] == a[4:, 3:].max()
+    mean = F.pool(a, rows, cols, "mean")
+    assert mean[1, 1] == pytest.approx(a[2:4, 3:].mean())
+    with pytest.raises(ValueError):
+        F.pool(a, rows, cols, "median")
+
+
+def test_downsampling_keeps_a_single_strong_weight_visible():
+    p = np.zeros((1000, 1000), dtype=np.float32)
+    p[777, 3] = 1.0
+    pooled, re, ce = F.downsample(p, 100)
+    assert pooled.shape == (100, 100) and pooled.max() == 1.0
+    r, c = np.unravel_index(pooled.argmax(), pooled.shape)
+    assert re[r] <= 777 < (re[r + 1] if r + 1 < len(re) else 1000) and ce[c] <= 3
+
+
+def test_pooled_rows_equals_pooling_the_whole_matrix():
+    p = causal(300, heads=3)
+    calls = []
+
+    def get_rows(sl: slice) -> np.ndarray:
+        calls.append(sl)
+        return p[:, sl]
+
+    pooled, re, ce = F.pooled_rows(get_rows, 300, 300, 64, chunk_cells=3 * 300 * 20)
+    whole = F.pool(p, re, ce, "max")
+    np.testing.assert_array_equal(pooled, whole)
+    assert len(calls) > 1 and all(sl.stop - sl.start <= 60 for sl in calls)  # 20 x 300 cells a chunk
+
+
+def test_bin_labels_name_the_positions_of_each_bin():
+    labels = F.token_labels(["the", "bank", "of", "the", "river"])
+    assert F.bin_labels(labels, np.array([0, 2, 4])) == ["(0–1) the…", "(2–3) of…", "(4) river"]
+    assert F.bin_labels(labels, np.arange(5)) == labels
+
+
+def test_single_head_pools_above_its_cell_budget():
+    n = 2000
+    p = causal(n)[0]
+    fig = F.head_heatmap(p, F.token_labels(["t"] * n))
+    z = fig.data[0].z
+    assert np.asarray(z).size <= F.SINGLE_MAX_CELLS
+    assert "max-pooled" in fig.layout.title.text
+    assert len(set(fig.data[0].x)) == len(fig.data[0].x)  # bin labels stay distinct
+
+
+def test_explorer_view_payload_under_5_mb_at_4096_tokens():
+    """What the explorer sends for one view at N=4096: the grid (9 heads pooled) and the single
+    head's row window (keys pooled); together under 5 MB."""
+    n, heads = 4096, 9
+    labels = F.token_labels([f"tok{i}" for i in range(n)])
+    rng = np.random.default_rng(0)
+    side = F.grid_side(heads)
+    grid_in = rng.random((heads, side, side), dtype=np.float32)  # as pooled_rows returns it
+    edges = F.bin_edges(n, side)
+    grid = F.head_grid(grid_in, F.bin_labels(labels, edges), kv_heads=[h // 3 for h in range(heads)])
+    w = F.SINGLE_MAX_CELLS // F.SINGLE_MAX_KEYS
+    window = rng.random((w, n), dtype=np.float32)
+    single = F.head_heatmap(window, labels[:w], labels)
+    total = F.payload_bytes(grid) + F.payload_bytes(single)
+    assert total < F.PAYLOAD_LIMIT, total
+    assert F.payload_bytes(single) < 3_500_000
+
+
+def test_mosaic_of_30_layers_by_9_heads_fits_the_budget():
+    layers, heads, n = 30, 9, 4096
+    side = F.mosaic_side(layers, heads)
+    images = np.random.default_rng(1).random((layers, heads, side, side), dtype=np.float32)
+    labels = F.bin_labels(F.token_labels(["w"] * n), F.bin_edges(n, side))
+    fig = F.model_mosaic(images, q_labels=labels, k_labels=labels)
+    assert F.payload_bytes(fig) < 3_000_000
+    s = spec(fig)
+    heat = s["data"][0]
+    assert len(set(heat["x"])) == len(heat["x"]) and len(set(heat["y"])) == len(heat["y"])
+    # 30 layers > 9 heads: layers run across, tiles are square
+    assert s["layout"]["xaxis"]["ticktext"][-1] == "L29" and s["layout"]["yaxis"]["ticktext"][-1] == "H8"
+    assert s["layout"]["yaxis"]["scaleanchor"] == "x"
+
+
+def test_mosaic_hover_names_layer_head_and_tokens():
+    images = causal(3, heads=2)[None].repeat(2, axis=0)  # (2 layers, 2 heads, 3, 3)
+    labels = F.token_labels(list("a<c"))
+    fig = F.model_mosaic(images, kv_heads=[0, 0], q_labels=labels, k_labels=labels, layers_across=False)
+    heat = spec(fig)["data"][0]
+    assert heat["y"][1] == "layer 0 · query (1) &lt;"
+    assert heat["x"][0] == "head 0 · kv 0 · key (0) a"
+
+
+def test_metric_heatmap_puts_layers_across():
+    v = np.arange(12.0).reshape(4, 3)  # (layer, head)
+    s = spec(F.metric_heatmap(v, "entropy"))
+    heat = s["data"][0]
+    assert np.asarray(heat["z"]["bdata"] if isinstance(heat["z"], dict) else heat["z"]).size
+    assert heat["x"] == [f"layer {i}" for i in range(4)] and heat["y"] == ["head 0", "head 1", "head 2"]
+
+
+def test_diverging_grid_is_centred_on_zero():
+    d = causal(4, heads=2) - causal(4, heads=2, seed=1)
+    s = spec(F.head_grid(d, F.token_labels(list("abcd")), diverging=True))
+    axis = s["layout"]["coloraxis"]
+    assert axis["cmid"] == 0 and axis["cmin"] == -axis["cmax"]
+
+
+def test_matrix_heatmap_shows_masked_scores_as_gaps():
+    a = np.array([[1.0, -np.inf], [0.5, -2.0]], dtype=np.float32)
+    fig = F.matrix_heatmap(a, row_labels=["(0) a", "(1) b"], col_labels=["(0) a", "(1) b"])
+    z = np.asarray(fig.data[0].z, dtype=float)
+    assert np.isnan(z[0, 1]) and z[1, 1] == -2.0
+    assert fig.data[0].zmid == 0
+
+
+def test_rows_heatmap_pools_long_key_axes():
+    rows = np.random.default_rng(0).random((9, 5000), dtype=np.float32)
+    fig = F.rows_heatmap(rows, [f"head {h}" for h in range(9)], F.token_labels(["k"] * 5000))
+    assert np.asarray(fig.data[0].z).shape == (9, F.SINGLE_MAX_KEYS)
+
+
+def test_figure_name_is_a_safe_file_stem():
+    assert F.figure_name("smollm2-135m", "L3", "H0") == "attnviz_smollm2-135m_L3_H0"
+    name = F.figure_name("meta-llama/Llama 3", "", "L1")
+    assert "/" not in name and " " not in name and name.startswith("attnviz_meta-llama-Llama-3")
