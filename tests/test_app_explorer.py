@@ -1,0 +1,294 @@
+"""Explorer page (app.py) through Streamlit's AppTest: figures, share links, options, errors.
+
+Most tests run on the tiny random models of tests/tiny.py, which the app serves as
+``tiny:<arch>`` when ATTNVIZ_TEST_MODELS=1. Tests marked slow use the real built-in model.
+Helpers here are imported by the other test_app_* files.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+import attnviz
+from attnviz import figures as F
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "tiny:llama-gqa"
+TEXT = "the bank of the river"
+TIMEOUT = 120
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Tiny test models allowed, no demo mode, no server token, empty process caches."""
+    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
+    for name in ("ATTNVIZ_DEMO", "ATTNVIZ_ALLOWED_MODELS", "ATTNVIZ_MAX_TOKENS", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    st.cache_resource.clear()
+    return monkeypatch
+
+
+def new_app(page: str = "app.py", **params: object) -> AppTest:
+    """A fresh browser session opening a share link to ``page`` (not yet run)."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    for name, value in params.items():
+        at.query_params[name] = str(value)
+    if page != "app.py":
+        at.switch_page(page)
+    return at
+
+
+def specs(at: AppTest) -> list[dict]:
+    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+
+
+def heatmaps(spec: dict) -> list[dict]:
+    return [t for t in spec["data"] if t.get("type") == "heatmap"]
+
+
+def titled(at: AppTest, text: str) -> dict:
+    """The one-trace chart whose title contains ``text``."""
+    found = [s for s in specs(at) if text in (s["layout"].get("title") or {}).get("text", "") + " "]
+    assert found, [(s["layout"].get("title") or {}).get("text") for s in specs(at)]
+    return found[0]
+
+
+def z_of(trace: dict) -> np.ndarray:
+    z = trace["z"]
+    if isinstance(z, dict):  # plotly's base64 typed array
+        shape = tuple(int(s) for s in z["shape"].split(","))
+        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"])).reshape(shape)
+    return np.asarray(z, dtype=float)
+
+
+def ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def labels(text: str, arch: str = "llama-gqa") -> list[str]:
+    import tiny
+
+    res = attnviz.extract(tiny.loaded(arch), text)
+    return [html.escape(s, quote=False) for s in res.tokens.labels]
+
+
+# -- what the page shows -----------------------------------------------------------------------
+
+
+def test_grid_has_one_heatmap_per_head_and_token_axes(env):
+    at = new_app(model=TINY, text=TEXT).run()
+    ok(at)
+    grid = specs(at)[0]
+    assert len(heatmaps(grid)) == 4  # tiny llama: 4 query heads
+    titles = [a["text"] for a in grid["layout"]["annotations"]]
+    assert titles[:4] == ["head 0 · kv 0", "head 1 · kv 0", "head 2 · kv 1", "head 3 · kv 1"]
+    head = titled(at, "layer 0 · head 0 ")
+    trace = heatmaps(head)[0]
+    assert trace["y"] == trace["x"] == labels(TEXT)
+    assert np.allclose(z_of(trace).sum(-1), 1.0, atol=1e-5)
+    import tiny
+
+    assert list(at.dataframe[0].value["token"]) == list(
+        attnviz.extract(tiny.loaded("llama-gqa"), TEXT).tokens.display
+    )
+
+
+@pytest.mark.slow
+def test_default_view_is_the_builtin_model_on_the_bank_sentence(env):
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    ok(at)
+    assert at.text_area(key="text").value == "the financial bank is located on river bank"
+    assert at.selectbox(key="model_choice").value == attnviz.DEFAULT_MODEL
+    shown = at.selectbox(key="model_choice").options  # "name — description", built-ins first
+    assert [o.split(" — ")[0] for o in shown[:2]] == list(attnviz.BUILTIN_MODELS)
+    grid = specs(at)[0]
+    assert len(heatmaps(grid)) == 9  # SmolLM2: 9 query heads, 3 KV heads
+    assert [a["text"] for a in grid["layout"]["annotations"]][4] == "head 4 · kv 1"
+    trace = heatmaps(titled(at, "smollm2-135m · layer 0 · head 0 "))[0]
+    assert trace["y"][:3] == ["(0) the", "(1) financial", "(2) bank"] and trace["y"][7] == "(7) bank"
+    assert at.query_params["model"] == "smollm2-135m" and at.query_params["layer"] == "0"
+
+
+def test_share_link_restores_layer_head_and_options(env):
+    at = new_app(model=TINY, text=TEXT, layer=2, head=3, cmap="Magma", log=1).run()
+    ok(at)
+    assert not at.warning
+    assert at.slider(key="layer").value == 2 and at.selectbox(key="head").value == 3
+    assert at.selectbox(key="cmap").value == "Magma" and at.toggle(key="log").value is True
+    head = titled(at, "layer 2 · head 3 ")
+    assert "log" in heatmaps(head)[0]["hovertemplate"]
+    assert at.query_params["layer"] == "2" and at.query_params["head"] == "3"
+    assert "layer=2" in at.code[-1].value and "head=3" in at.code[-1].value  # the share link
+
+
+def test_the_url_follows_the_widgets(env):
+    at = new_app(model=TINY, text=TEXT).run()
+    at.slider(key="layer").set_value(1).run()
+    at.selectbox(key="head").set_value(2).run()
+    ok(at)
+    assert at.query_params["layer"] == "1" and at.query_params["head"] == "2"
+    assert at.query_params["model"] == TINY and at.query_params["text"] == TEXT
+    titled(at, "layer 1 · head 2 ")
+
+
+def test_layer_head_and_colour_changes_never_rerun_the_model(env):
+    calls = []
+    real = attnviz.extract
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    env.setattr(attnviz, "extract", counting)
+    at = new_app(model=TINY, text="a quick brown fox").run()
+    for change in (
+        lambda: at.slider(key="layer").set_value(2),
+        lambda: at.selectbox(key="head").set_value(1),
+        lambda: at.selectbox(key="cmap").set_value("Blues"),
+        lambda: at.toggle(key="log").set_value(True),
+        lambda: at.toggle(key="hide").set_value(True),
+    ):
+        change().run()
+        ok(at)
+    assert calls == ["a quick brown fox"]
+    titled(at, "layer 2 · head 1 ")
+
+
+def test_bad_link_values_warn_and_fall_back(env):
+    at = new_app(model=TINY, text=TEXT, layer=99, head="x", cmap="<b>", log="maybe").run()
+    assert not at.exception
+    warnings = " ".join(w.value for w in at.warning)
+    assert "Layer 99 is out of range (0–2); showing layer 2" in warnings
+    assert "`head` value 'x' is not valid" in warnings and "`cmap`" in warnings and "`log`" in warnings
+    titled(at, "layer 2 · head 0 ")  # still serving, with valid values
+    assert at.query_params["layer"] == "2" and at.query_params["cmap"] == "Viridis"
+
+
+def test_html_in_the_text_is_shown_literally(env):
+    at = new_app(model=TINY, text="<b>x</b>").run()
+    ok(at)
+    trace = heatmaps(titled(at, "layer 0 · head 0 "))[0]
+    assert trace["x"] == labels("<b>x</b>")
+    assert any("&lt;" in s for s in trace["x"]) and not any("<" in s for s in trace["x"])
+    assert "<" in "".join(at.dataframe[0].value["token"])  # the token table shows it as typed
+
+
+def test_bad_model_shows_an_error_and_the_app_keeps_serving(env):
+    at = new_app(model="a b!! c", text=TEXT).run()
+    assert not at.exception
+    assert "not a built-in model, a Hub id" in at.error[0].value
+    assert at.text_area(key="text").value == TEXT  # the page still renders its controls
+    at.text_input(key="model_custom").set_value(TINY).run()
+    ok(at)
+    titled(at, "layer 0 · head 0 ")
+
+
+def test_too_long_text_says_what_to_do(env):
+    env.setenv("ATTNVIZ_MAX_TOKENS", "8")
+    at = new_app(model=TINY, text="the bank of the river " * 5).run()
+    assert not at.exception
+    assert "Shorten the text" in at.error[0].value
+
+
+def test_hide_special_tokens_drops_them_and_renormalises(env):
+    at = new_app(model=TINY, text=TEXT, hide=1).run()
+    ok(at)
+    trace = heatmaps(titled(at, "layer 0 · head 0 "))[0]
+    assert trace["x"] == labels(TEXT)[1:]  # "(0) <s>" hidden, positions kept
+    assert np.allclose(z_of(trace).sum(-1), 1.0, atol=1e-5)
+
+
+def test_without_the_sink_drops_key_zero_and_renormalises(env):
+    at = new_app(model=TINY, text=TEXT, nosink=1).run()
+    ok(at)
+    trace = heatmaps(titled(at, "layer 0 · head 0 "))[0]
+    assert trace["x"] == labels(TEXT)[1:] and trace["y"] == labels(TEXT)
+    sums = z_of(trace).sum(-1)
+    assert sums[0] == 0 and np.allclose(sums[1:], 1.0, atol=1e-5)  # causal row 0 had only the sink
+
+
+def test_chat_template_tokens_are_marked_and_can_be_hidden(env):
+    at = new_app(model=TINY, text=TEXT, chat=1).run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert table["chat template"].any() and "<|im_start|>" in list(table["token"])
+    at.toggle(key="hide").set_value(True).run()
+    trace = heatmaps(titled(at, "layer 0 · head 0 "))[0]
+    assert not any("im_start" in s for s in trace["x"])
+
+
+def test_encoder_decoder_offers_encoder_decoder_and_cross(env):
+    at = new_app(model="tiny:bart", text=TEXT).run()
+    ok(at)
+    assert at.segmented_control(key="stack").options == ["encoder", "decoder", "cross (decoder → encoder)"]
+    at.segmented_control(key="stack").set_value("cross").run()
+    ok(at)
+    trace = heatmaps(titled(at, "cross"))[0]
+    import tiny
+
+    res = attnviz.extract(tiny.loaded("bart"), TEXT)
+    assert trace["x"] == [html.escape(s, quote=False) for s in res.tokens.labels]  # keys: encoder
+    assert trace["y"] == [html.escape(s, quote=False) for s in res.decoder_tokens.labels]  # queries
+    assert at.query_params["stack"] == "cross"
+
+
+def test_long_text_pools_the_grid_and_windows_the_head_under_5_mb(env):
+    text = " ".join(["the bank of the river", "a quick brown fox jumps over the lazy dog"] * 45)
+    at = new_app(model=TINY, text=text).run()
+    ok(at)
+    n = len(labels(text))
+    assert n > 700
+    assert at.slider(key="row0").max > 0  # a query-row window
+    total = sum(len(e.proto.spec) for e in at.get("plotly_chart"))
+    assert total < F.PAYLOAD_LIMIT, total
+    grid = specs(at)[0]
+    assert len(heatmaps(grid)[0]["x"]) <= F.GRID_MAX_SIDE
+    at.slider(key="row0").set_value(100).run()
+    ok(at)
+    trace = heatmaps(titled(at, "layer 0 · head 0 "))[0]
+    assert trace["y"][0] == labels(text)[100]
+
+
+def test_downloads_and_png_name(env):
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    assert [b.label for b in at.get("download_button")] == ["⬇ NPZ", "⬇ CSV", "⬇ HTML"]
+    config = json.loads(at.get("plotly_chart")[1].proto.config)
+    assert config["toImageButtonOptions"]["filename"] == "attnviz_tiny-llama-gqa_L1_H2"
+
+
+def test_export_helpers_round_trip():
+    from ui import export
+
+    probs = np.array([[1.0, 0.0], [0.25, 0.75]], dtype=np.float32)
+    data = np.load(io.BytesIO(export.npz_bytes(attention=probs, tokens=np.array(["(0) a", "(1) <b>"]))))
+    np.testing.assert_array_equal(data["attention"], probs)
+    csv = export.csv_text(probs, ["(0) a", "(1) <b>"], ["(0) a", "(1) <b>"], "query \\ key")
+    assert csv.splitlines()[0] == "query \\ key,(0) a,(1) <b>" and csv.splitlines()[2] == "(1) <b>,0.25,0.75"
+    fig = F.head_heatmap(probs, ["(0) a", "(1) b"])
+    page = export.html_bytes(fig)
+    assert b"<html>" in page and b"plotly" in page.lower() and len(page) > 1_000_000  # plotly.js inside
+
+
+def test_the_token_stays_out_of_the_url_and_the_cache_key(env):
+    secret = "hf_attnviz_test_secret_123"
+    at = new_app(model=TINY, text=TEXT).run()
+    at.text_input(key="hf_token").set_value(secret).run()
+    ok(at)
+    assert secret not in json.dumps(dict(at.query_params)) and secret not in at.code[-1].value
+    import tiny
+
+    from ui import models
+
+    key = models.result_key(tiny.loaded("llama-gqa"), secret, TEXT, chat=False)
+    assert secret not in repr(key) and models.token_key(secret) in key  # a keyed digest only
