@@ -27,14 +27,18 @@ TEXT = "the bank of the river"
 TIMEOUT = 120
 
 
-@pytest.fixture
-def env(monkeypatch):
+def prepare(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """Tiny test models allowed, no demo mode, no server token, empty process caches."""
     monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
     for name in ("ATTNVIZ_DEMO", "ATTNVIZ_ALLOWED_MODELS", "ATTNVIZ_MAX_TOKENS", "HF_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     st.cache_resource.clear()
     return monkeypatch
+
+
+@pytest.fixture
+def env(monkeypatch):
+    return prepare(monkeypatch)
 
 
 def new_app(page: str = "app.py", **params: object) -> AppTest:

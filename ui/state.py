@@ -264,7 +264,7 @@ def commit(names: Sequence[str]) -> dict[str, str]:
     params = values(names)
     if st.query_params.to_dict() != params:
         st.query_params.from_dict(params)
-    st.session_state[_WRITTEN] = params
+    st.session_state[_WRITTEN] = dict(params)
     return params
 
 
