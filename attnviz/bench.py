@@ -127,7 +127,8 @@ def _measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tu
     return statistics.median(times), max(peaks)
 
 
-def _ids(lm: LoadedModel, n: int) -> list[int]:
+def ids_of_length(lm: LoadedModel, n: int) -> list[int]:
+    """Exactly n token ids of plain repeated words."""
     words = (WORDS * (n // len(WORDS) + 2))[: n + 8]
     ids = lm.tokenizer(" ".join(words))["input_ids"]
     while len(ids) < n:
@@ -184,7 +185,7 @@ def bench_model(lm: LoadedModel, sizes: list[int], repeats: int) -> list[Row]:
     rows = []
     device = lm.device
     for n in sizes:
-        ids = _ids(lm, n)
+        ids = ids_of_length(lm, n)
         _floor(lm, ids[:32])()  # warm-up
         floor_s, floor_mem = _measure(_floor(lm, ids), device, repeats)
         fast_s, fast_mem = _measure(_first_layer(lm, ids, "fast"), device, repeats)
@@ -275,20 +276,28 @@ def run_bench(args) -> int:
     return 0
 
 
-def write_markdown(path: Path, rows: list[Row], machine: str, sizes: list[int]) -> None:
-    """Replace the measured section of docs/benchmarks.md (text outside the markers is kept)."""
-    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    table = "\n".join(_line(r) for r in rows)
-    block = (
-        f"{start}\nMeasured {stamp} on {machine}; `python -m attnviz bench --sizes "
-        f"{','.join(map(str, sizes))}`. Medians; peak = memory above the loaded model "
-        f"(CPU: resident set, sampled every 2 ms; CUDA: max_memory_allocated).\n\n{HEADER}\n{table}\n{end}"
-    )
-    old = path.read_text() if path.exists() else "# Benchmarks\n\n"
+def replace_section(path: Path, name: str, body: str) -> None:
+    """Replace the text between <!-- name:start --> and <!-- name:end --> in a Markdown file
+    (appended if missing); everything outside the markers is kept."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{body}\n{end}"
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
     if start in old and end in old:
         new = old[: old.index(start)] + block + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new)
+
+
+def write_markdown(path: Path, rows: list[Row], machine: str, sizes: list[int]) -> None:
+    """Replace the measured section of docs/benchmarks.md."""
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    table = "\n".join(_line(r) for r in rows)
+    replace_section(
+        path,
+        "bench",
+        f"Measured {stamp} on {machine}; `python -m attnviz bench --sizes "
+        f"{','.join(map(str, sizes))}`. Medians; peak = memory above the loaded model "
+        f"(CPU: resident-set high-water mark; CUDA: max_memory_allocated).\n\n{HEADER}\n{table}",
+    )

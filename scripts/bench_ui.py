@@ -1,0 +1,90 @@
+"""UI benchmark: server time to redraw the explorer after a head change, and payload per view.
+
+    .venv/bin/python scripts/bench_ui.py [--sizes 128,1024,4096] [--repeats 3] [--no-write]
+
+Runs app.py in Streamlit's AppTest (the real script, in-process) on the built-in smollm2-135m.
+The first run extracts (cached); then the head selector changes `--repeats` times and each rerun is
+timed: that is the server's work for a head change (the model never reruns). Payload = bytes of
+the Plotly figure JSON the view sends to the browser. Results go into docs/benchmarks.md between
+the ui markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import attnviz  # noqa: E402
+from attnviz.bench import ids_of_length, replace_section  # noqa: E402
+
+
+def text_of(lm: attnviz.LoadedModel, n: int) -> str:
+    return lm.tokenizer.decode(ids_of_length(lm, n))
+
+
+def payload(at: AppTest) -> int:
+    return sum(len(c.proto.spec) for c in at.get("plotly_chart"))
+
+
+def measure(text: str, repeats: int) -> tuple[float, float, int, int]:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=900)
+    at.query_params["model"] = "smollm2-135m"
+    at.query_params["text"] = text
+    t0 = time.perf_counter()
+    at.run()
+    first = time.perf_counter() - t0
+    if at.exception:
+        raise RuntimeError(at.exception[0].value)
+    times = []
+    for i in range(repeats):
+        at.selectbox(key="head").set_value((i + 1) % 9)
+        t0 = time.perf_counter()
+        at.run()
+        times.append(time.perf_counter() - t0)
+        if at.exception:
+            raise RuntimeError(at.exception[0].value)
+    charts = at.get("plotly_chart")
+    return first, statistics.median(times), payload(at), len(charts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="128,1024,4096")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    lm = attnviz.load_model("smollm2-135m", device="cpu")
+    header = (
+        "| N tokens | first view (load + extract + draw) | redraw after a head change (median) | "
+        "payload of the view (figure JSON) | figures |\n|---|---|---|---|---|"
+    )
+    lines = []
+    sys.stdout.write(header + "\n")
+    for n in [int(s) for s in args.sizes.split(",")]:
+        first, redraw, size, charts = measure(text_of(lm, n), args.repeats)
+        line = f"| {n} | {first:.2f} s | {redraw:.3f} s | {size / 2**20:.2f} MB | {charts} |"
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        lines.append(line)
+    if not args.no_write:
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        replace_section(
+            args.out,
+            "ui",
+            f"Measured {stamp} with `python scripts/bench_ui.py` (AppTest, in-process, CPU, "
+            f"smollm2-135m, median of {args.repeats} head changes).\n\n{header}\n" + "\n".join(lines),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
