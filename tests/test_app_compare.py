@@ -1,0 +1,75 @@
+"""Compare page through AppTest: two texts on one model, one text on two models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_app_explorer import TEXT, TINY, heatmaps, new_app, ok, prepare, specs, titled, z_of
+
+PAGE = "pages/3_Compare.py"
+OTHER_TEXT = "the bank of the lazy dog"
+
+
+@pytest.fixture
+def env(monkeypatch):
+    return prepare(monkeypatch)
+
+
+def test_two_texts_rank_the_heads_that_changed_most(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, text2=OTHER_TEXT).run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert len(table) == 3 * 4
+    change = table["change (TV)"].to_numpy()
+    assert np.all(np.diff(change) <= 1e-9) and change[0] > 0  # most changed first
+    assert change.min() >= 0 and change.max() <= 1
+    top = specs(at)[0]
+    assert top["layout"]["title"]["text"].startswith("Top")
+    # A, B and A - B grids: one heatmap per head each; the difference is centred on 0
+    grids = [s for s in specs(at) if len(heatmaps(s)) == 4]
+    assert len(grids) == 3 and grids[2]["layout"]["coloraxis"]["cmid"] == 0
+
+
+def test_different_lengths_compare_the_common_prefix_and_say_so(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, text2=TEXT + " bank").run()
+    ok(at)
+    note = at.info[0].value
+    assert "compared (the common length)" in note and "causal" in note
+    a = z_of(heatmaps(titled(at, "A"))[0])
+    d = z_of(heatmaps(specs(at)[-1])[0])
+    # causal rows of a shared prefix are identical: nothing changed
+    assert np.allclose(d, 0, atol=1e-6) and a.shape == d.shape
+    assert np.allclose(at.dataframe[0].value["change (TV)"].to_numpy(), 0, atol=1e-6)
+
+
+def test_differing_tokens_are_labelled_a_bar_b(env):
+    at = new_app(PAGE, model=TINY, text="the bank of the river", text2="the bank of the lazy dog").run()
+    ok(at)
+    labels = heatmaps(titled(at, "A"))[0]["x"]
+    assert any(" | " in s for s in labels)
+
+
+def test_selecting_a_row_shows_that_head(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, text2=OTHER_TEXT).run()
+    table = at.dataframe[0].value
+    at.session_state["change_table"] = {"selection": {"rows": [3], "columns": []}}
+    at.run()
+    ok(at)
+    layer, head = int(table["layer"].iloc[3]), int(table["head"].iloc[3])
+    assert at.slider(key="layer").value == layer and at.selectbox(key="head").value == head
+    assert any(f"**Head {head}, layer {layer}**" in m.value for m in at.markdown)
+
+
+def test_two_models_with_the_same_layout(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, cmp="two models", model2="tiny:qwen3").run()
+    ok(at)
+    assert "same" in at.info[0].value  # same tokenizer: every weight compared one to one
+    assert at.query_params["model2"] == "tiny:qwen3"
+    assert len(at.dataframe[0].value) == 12
+
+
+def test_two_models_with_different_layouts_explain_why_not(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, cmp="two models", model2="tiny:gemma2").run()
+    assert not at.exception
+    assert "same layout" in at.error[0].value
+    assert at.text_area(key="text").value == TEXT  # the page keeps serving

@@ -1,0 +1,74 @@
+"""Generation page through AppTest: generate k tokens and step through their attention rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_app_explorer import TEXT, TINY, heatmaps, new_app, ok, prepare, specs, z_of
+
+import attnviz
+
+PAGE = "pages/4_Generation.py"
+
+
+@pytest.fixture
+def env(monkeypatch):
+    return prepare(monkeypatch)
+
+
+def engine(k: int, arch: str = "llama-gqa"):
+    import tiny
+
+    return attnviz.extract(tiny.loaded(arch), TEXT, generate=k)
+
+
+def test_each_step_shows_the_new_tokens_row_per_head(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, k=4).run()
+    ok(at)
+    res = engine(4)
+    gen = [i for i, g in enumerate(res.tokens.generated) if g]
+    assert len(at.select_slider(key="gstep").options) == len(gen)
+    at.select_slider(key="gstep").set_value(3).run()
+    ok(at)
+    heads = specs(at)[0]
+    trace = heatmaps(heads)[0]
+    assert trace["y"] == [f"head {h} · kv {h // 2}" for h in range(4)]
+    q = gen[2]
+    assert len(trace["x"]) == q + 1  # causal: keys up to the new token
+    np.testing.assert_allclose(z_of(trace), res.layer(0, rows=slice(q, q + 1))[:, 0, : q + 1], atol=1e-6)
+    assert f"query ({q})" in heads["layout"]["title"]["text"]
+    assert at.query_params["gstep"] == "3" and at.query_params["k"] == "4"
+
+
+def test_predicting_position_row_and_layer_means(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, k=3, gstep=2, grow="predicting position", layer=1).run()
+    ok(at)
+    res = engine(3)
+    q = [i for i, g in enumerate(res.tokens.generated) if g][1] - 1
+    trace = heatmaps(specs(at)[0])[0]
+    np.testing.assert_allclose(z_of(trace), res.layer(1, rows=slice(q, q + 1))[:, 0, : q + 1], atol=1e-6)
+    layers = heatmaps(specs(at)[1])[0]
+    assert layers["y"] == ["layer 0", "layer 1", "layer 2"]
+    assert [b.label for b in at.get("download_button")] == ["⬇ NPZ", "⬇ CSV", "⬇ HTML"]
+
+
+def test_step_out_of_range_in_a_link_falls_back(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, k=2, gstep=9).run()
+    assert not at.exception
+    assert any("Step 9 is out of range" in w.value for w in at.warning)
+
+
+def test_encoders_cannot_generate_and_say_so(env):
+    at = new_app(PAGE, model="tiny:bert", text=TEXT).run()
+    assert not at.exception
+    assert "does not generate text" in at.error[0].value
+
+
+def test_encoder_decoder_generates_on_the_decoder(env):
+    at = new_app(PAGE, model="tiny:bart", text=TEXT, k=3).run()
+    ok(at)
+    assert at.segmented_control(key="stack").options[:2] == ["decoder", "cross"]
+    at.segmented_control(key="stack").set_value("cross").run()
+    ok(at)
+    trace = heatmaps(specs(at)[0])[0]
+    assert len(trace["x"]) == engine(3, "bart").n_tokens  # cross: every encoder token is a key
