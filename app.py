@@ -1,10 +1,13 @@
 """Explorer: type a sentence, pick a model, see every head of a layer and one head up close."""
 
+import contextlib
+
 import numpy as np
 import streamlit as st
 
 from attnviz import figures as F
 from ui import attention, export, models, sidebar, state
+from ui.text import md
 
 NAMES = ("model", "text", "chat", "stack", "layer", "head", "cmap", "log", "hide", "nosink", "row0")
 STACK_NAMES = {
@@ -20,7 +23,7 @@ choice = sidebar.sidebar()
 st.title("Attention explorer")
 lm, res, key = sidebar.load_and_extract(choice, NAMES)
 st.caption(
-    f"**{lm.spec}** · {models.describe_layout(lm)} · {res.n_tokens} tokens · "
+    f"**{md(lm.spec)}** · {models.describe_layout(lm)} · {res.n_tokens} tokens · "
     f"{res.path} path, extracted in {res.seconds:.2f} s"
 )
 
@@ -41,7 +44,7 @@ with st.expander(f"Tokens ({res.n_tokens})", expanded=False):
 
 @st.fragment
 def view() -> None:
-    """Layer, head and colour controls redraw only this part; the model never reruns."""
+    """Layer and colour controls redraw only this part; the model never reruns."""
     stacks = list(res.stacks)
     stack = state.choose("stack", stacks, "attention")
     if len(stacks) > 1:
@@ -50,10 +53,9 @@ def view() -> None:
         )
     n_layers, n_heads = res.n_layers(stack), res.n_heads
     state.clamp("layer", 0, n_layers - 1, "layer")
-    state.clamp("head", 0, n_heads - 1, "head")
     kv = attention.kv_heads(res, stack)
 
-    c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
+    c1, c2, c3 = st.columns([4, 3, 3])
     with c1:
         layer = (
             st.slider("Layer", 0, n_layers - 1, key="layer")
@@ -61,16 +63,9 @@ def view() -> None:
             else st.number_input("Layer", 0, 0, key="layer")
         )
     with c2:
-        head = st.selectbox(
-            "Head",
-            list(range(n_heads)),
-            key="head",
-            format_func=lambda h: F.head_title(h, kv[h] if kv else None),
-        )
-    with c3:
         cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
         log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
-    with c4:
+    with c3:
         hide = st.toggle(
             "Hide special tokens",
             key="hide",
@@ -89,17 +84,13 @@ def view() -> None:
         st.info("Every token is hidden by the options above; turn 'Hide special tokens' off.")
         state.share_box(NAMES)
         return
-    notes = []
-    if hide and res.axes(stack)[0].hidden.any():
-        notes.append("special/template tokens hidden, rows renormalised")
-    if nosink:
-        notes.append("key 0 dropped, rows renormalised (a causal row 0 has nothing left and shows 0)")
-    name = F.figure_name(lm.spec, stack if stack != "self" else "", f"L{layer}")
 
     left, right = st.columns([1, 1], gap="medium")
     with left:
-        side = F.grid_side(n_heads)
-        pooled, q_lab, k_lab = attention.grid(res, key, layer, v, ax, side)
+        side = F.grid_side(n_heads, n_tokens=max(len(ax.q_idx), len(ax.k_idx)))
+        big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
+        with st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext():
+            pooled, q_lab, k_lab = attention.grid(res, key, layer, v, ax, side)
         pooled_note = (
             f" · max-pooled to {pooled.shape[1]}×{pooled.shape[2]}"
             if pooled.shape[1:] != (len(ax.q_idx), len(ax.k_idx))
@@ -109,51 +100,70 @@ def view() -> None:
         if kv:
             st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
         grid_fig = F.head_grid(pooled, q_lab, k_lab, kv_heads=kv, colorscale=cmap, log=log)
+        name = F.figure_name(lm.spec, stack if stack != "self" else "", f"L{layer}")
         export.chart(grid_fig, name, key="grid_chart")
-
     with right:
-        n_q, n_k = len(ax.q_idx), len(ax.k_idx)
-        w = attention.window_rows(n_q, n_k)
-        sel = slice(None)
-        if w < n_q:
-            row0 = state.clamp("row0", 0, n_q - w, "first query row")
-            row0 = st.slider(
-                f"Query rows shown ({w} at a time; the text has {n_q})", 0, n_q - w, key="row0", step=1
-            )
-            sel = slice(row0, row0 + w)
-        probs = attention.head_rows(res, layer, head, v, ax, sel)
-        q_lab1 = ax.q_labels[sel]
-        title = f"{lm.spec} · layer {layer} · {F.head_title(head, kv[head] if kv else None)}"
-        if stack != "self":
-            title += f" · {stack}"
-        head_fig = F.head_heatmap(probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, log=log)
-        head_name = F.figure_name(lm.spec, stack if stack != "self" else "", f"L{layer}", f"H{head}")
-        export.chart(head_fig, head_name, key="head_chart")
-        if notes:
-            st.caption("; ".join(notes).capitalize() + ".")
+        head_view(stack, layer, v, ax, kv, cmap, log)
 
-        def npz() -> bytes:
-            full = attention.head_rows(res, layer, head, v, ax)
-            return export.npz_bytes(
-                attention=full,
-                query_positions=ax.q_idx,
-                key_positions=ax.k_idx,
-                query_tokens=np.array([lab for lab in ax.q_labels]),
-                key_tokens=np.array(ax.k_labels),
-                model=lm.spec,
-                layer=layer,
-                head=head,
-                stack=stack,
-            )
 
-        export.downloads(
-            head_name,
-            npz=npz,
-            csv=lambda: export.csv_text(probs, q_lab1, ax.k_labels, "query \\ key"),
-            fig=head_fig,
+@st.fragment
+def head_view(stack, layer, v, ax, kv, cmap, log) -> None:
+    """The head selector and the single-head view: a head change redraws only this part."""
+    n_heads = res.n_heads
+    state.clamp("head", 0, n_heads - 1, "head")
+    n_q, n_k = len(ax.q_idx), len(ax.k_idx)
+    w = attention.window_rows(n_q, n_k)
+    c1, c2 = st.columns([1, 1])
+    with c1:
+        head = st.selectbox(
+            "Head",
+            list(range(n_heads)),
             key="head",
-            what=f"weights of layer {layer}, head {head}",
+            format_func=lambda h: F.head_title(h, kv[h] if kv else None),
         )
+    sel = slice(None)
+    if w < n_q:
+        state.clamp("row0", 0, n_q - w, "first query row")
+        with c2:
+            row0 = st.slider(f"Query rows ({w} of {n_q} at a time)", 0, n_q - w, key="row0", step=1)
+        sel = slice(row0, row0 + w)
+    probs = attention.head_rows(res, layer, head, v, ax, sel)
+    q_lab1 = ax.q_labels[sel]
+    title = f"{lm.spec} · layer {layer} · {F.head_title(head, kv[head] if kv else None)}"
+    if stack != "self":
+        title += f" · {stack}"
+    head_fig = F.head_heatmap(probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, log=log)
+    head_name = F.figure_name(lm.spec, stack if stack != "self" else "", f"L{layer}", f"H{head}")
+    export.chart(head_fig, head_name, key="head_chart")
+    notes = []
+    if v.hide and res.axes(stack)[0].hidden.any():
+        notes.append("special/template tokens hidden, rows renormalised")
+    if v.nosink:
+        notes.append("key 0 dropped, rows renormalised (a causal row 0 has nothing left and shows 0)")
+    if notes:
+        st.caption("; ".join(notes).capitalize() + ".")
+
+    def npz() -> bytes:
+        return export.npz_bytes(
+            attention=attention.head_rows(res, layer, head, v, ax),
+            query_positions=ax.q_idx,
+            key_positions=ax.k_idx,
+            query_tokens=np.array(ax.q_labels),
+            key_tokens=np.array(ax.k_labels),
+            model=lm.spec,
+            layer=layer,
+            head=head,
+            stack=stack,
+        )
+
+    export.downloads(
+        head_name,
+        npz=npz,
+        csv=lambda: export.csv_text(probs, q_lab1, ax.k_labels, "query \\ key"),
+        fig=head_fig,
+        key="head",
+        what=f"weights of layer {layer}, head {head}",
+    )
     state.share_box(NAMES)
 
 

@@ -157,9 +157,16 @@ def pooled_rows(
     return np.concatenate(parts, axis=-2), row_e, col_e
 
 
-def grid_side(n_heads: int, max_cells: int = GRID_MAX_CELLS, max_side: int = GRID_MAX_SIDE) -> int:
-    """Pixels per side of each head in a grid so that all heads fit ``max_cells``."""
-    return max(8, min(max_side, int(math.sqrt(max_cells / max(1, n_heads)))))
+def grid_side(
+    n_heads: int, max_cells: int = GRID_MAX_CELLS, max_side: int = GRID_MAX_SIDE, n_tokens: int | None = None
+) -> int:
+    """Pixels per side of each head in a grid so that all heads fit ``max_cells``. With
+    ``n_tokens`` given, a text of up to ``max_side`` tokens stays unpooled while the grid is
+    within twice the budget (pooling 128 tokens into 115 bins would only blur them)."""
+    side = max(8, min(max_side, int(math.sqrt(max_cells / max(1, n_heads)))))
+    if n_tokens is not None and side < n_tokens <= max_side and n_heads * n_tokens**2 <= 2 * max_cells:
+        return n_tokens
+    return side
 
 
 def payload_bytes(fig: go.Figure) -> int:
@@ -283,7 +290,7 @@ def head_grid(
     k_labels = q_labels if k_labels is None else k_labels
     n_h = layer_probs.shape[0]
     heads = list(range(n_h)) if heads is None else [int(h) for h in heads]
-    side = grid_side(n_h, max_cells)
+    side = grid_side(n_h, max_cells, n_tokens=max(layer_probs.shape[-2:]))
     pooled, re, ce = downsample(layer_probs, side, side, "mean" if diverging else "max")
     ql, kl = bin_labels(q_labels, re), bin_labels(k_labels, ce)
     if cols is None:

@@ -7,6 +7,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from ui import attention, export, models, sidebar, state
+from ui.text import md
 
 NAMES = ("model", "text", "chat", "stack", "cmap", "log", "metric")
 
@@ -15,7 +16,7 @@ choice = sidebar.sidebar()
 
 st.title("Model overview")
 lm, res, key = sidebar.load_and_extract(choice, NAMES)
-st.caption(f"**{lm.spec}** · {models.describe_layout(lm)} · {res.n_tokens} tokens")
+st.caption(f"**{md(lm.spec)}** · {models.describe_layout(lm)} · {res.n_tokens} tokens")
 
 stacks = list(res.stacks)
 stack = state.choose("stack", stacks, "attention")

@@ -8,6 +8,7 @@ import streamlit as st
 from attnviz import figures as F
 from attnviz.reference import walkthrough as W
 from ui import export, models, sidebar, state, steps
+from ui.text import md
 
 NAMES = (
     "model", "text", "chat", "mode", "layer", "head", "wstep", "change",
@@ -124,7 +125,7 @@ if lm is None:
 lay = lm.layout
 if lay.kind == "encoder-decoder":
     st.error(
-        f"{choice.spec} is an encoder-decoder model; the walkthrough covers decoder and encoder "
+        f"{md(choice.spec)} is an encoder-decoder model; the walkthrough covers decoder and encoder "
         f"models ({', '.join(W.SUPPORTED)}). Pick smollm2-135m or minilm-l6, or use the toy mode."
     )
     sidebar.stop(NAMES)
@@ -144,7 +145,7 @@ with c2:
 chat = choice.chat and lm.has_chat_template
 max_tokens = min(W.DEFAULT_MAX_TOKENS, models.config().max_tokens)
 wt = None
-with models.guarded(f"recomputing layer {layer} of {choice.spec}", choice.token):
+with models.guarded(f"recomputing layer {layer} of {md(choice.spec)}", choice.token, (choice.spec,)):
     key = (lm.spec, models.token_key(choice.token), choice.text, chat, layer)
     with st.spinner(f"Recomputing layer {layer} step by step…", show_time=True):
         wt = models.cached(
@@ -159,7 +160,7 @@ if wt is None:
 labels = F.token_labels(wt.tokens.display)
 n_tok = len(labels)
 st.caption(
-    f"**{lm.spec}** · layer {layer} · {models.describe_layout(lm)} · {n_tok} tokens · "
+    f"**{md(lm.spec)}** · layer {layer} · {models.describe_layout(lm)} · {n_tok} tokens · "
     f"recomputed in float32 on the CPU in {wt.seconds:.2f} s"
 )
 m1, m2, m3 = st.columns(3)
@@ -176,7 +177,7 @@ with m2:
 with m3:
     parity("max |Δ| output vs model", wt.max_abs_diff_output, f"Our W_o output against {wt.compared_output}.")
 
-with st.expander(f"Shape table for {lm.spec} ({n_tok} tokens)", expanded=False):
+with st.expander(f"Shape table for {md(lm.spec)} ({n_tok} tokens)", expanded=False):
     st.dataframe(shape_rows(lay, n_tok), hide_index=True)
 
 st.subheader("Step by step")
@@ -208,7 +209,7 @@ explain = {
 change = st.segmented_control("Change", state.CHANGES, key="change", required=True)
 changed = available.get(change)
 if changed is None:
-    st.info(f"'{change}' does not apply to {lm.spec}: {why_not.get(change, 'not available')}.")
+    st.info(f"'{change}' does not apply to {md(lm.spec)}: {why_not.get(change, 'not available')}.")
 else:
     st.caption(explain[change])
     if change == "ungrouped K/V" and cf is not None and cf.ungrouped_kv_heads:

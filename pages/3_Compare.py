@@ -5,6 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from ui import attention, compare, export, models, sidebar, state
+from ui.text import md
 
 NAMES = ("model", "text", "chat", "cmp", "text2", "model2", "stack", "layer", "head", "cmap")
 TOP = 15
@@ -17,12 +18,12 @@ mode = st.segmented_control("Compare", state.COMPARE_MODES, key="cmp", required=
 if mode == "two texts":
     st.text_area("Text B", key="text2", height=80, max_chars=state.MAX_TEXT_CHARS)
     spec_b, text_b = choice.spec, str(state.get("text2"))
-    st.caption(f"Model: **{choice.spec}**. A is the sidebar's text, B the text above.")
+    st.caption(f"Model: **{md(choice.spec)}**. A is the sidebar's text, B the text above.")
 else:
     spec_b = sidebar.model_picker("model2", key="model2_choice", custom_key="model2_custom", label="Model B")
     text_b = choice.text
     st.caption(
-        f"Model A: **{choice.spec}** (sidebar), model B above; both read the sidebar's text. The two "
+        f"Model A: **{md(choice.spec)}** (sidebar), model B above; both read the sidebar's text. The two "
         "need the same layout (layers × heads), e.g. a base model and its instruct version."
     )
 
@@ -40,7 +41,7 @@ la, lb = lm_a.layout, lm_b.layout
 shape_a = (la.n_layers, la.n_decoder_layers, la.n_heads, la.stacks)
 if shape_a != (lb.n_layers, lb.n_decoder_layers, lb.n_heads, lb.stacks):
     st.error(
-        f"{lm_a.spec} has {la.n_layers} layers × {la.n_heads} heads and {lm_b.spec} has "
+        f"{md(lm_a.spec)} has {la.n_layers} layers × {la.n_heads} heads and {md(lm_b.spec)} has "
         f"{lb.n_layers} × {lb.n_heads}: heads can only be compared between models of the same layout. "
         "Pick two models of the same size (e.g. a base and an instruct version), or compare two texts."
     )
@@ -111,11 +112,11 @@ name_a = lm_a.spec if mode == "two models" else "A"
 name_b = lm_b.spec if mode == "two models" else "B"
 ca, cb = st.columns(2)
 with ca:
-    st.markdown(f"**{name_a}** · layer {layer}")
+    st.markdown(f"**{md(name_a)}** · layer {layer}")
     fig_a = F.head_grid(ga, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=F.GRID_MAX_CELLS // 2)
     export.chart(fig_a, F.figure_name("compare", lm_a.spec, "A", f"L{layer}"), key="grid_a")
 with cb:
-    st.markdown(f"**{name_b}** · layer {layer}")
+    st.markdown(f"**{md(name_b)}** · layer {layer}")
     fig_b = F.head_grid(gb, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=F.GRID_MAX_CELLS // 2)
     export.chart(fig_b, F.figure_name("compare", lm_b.spec, "B", f"L{layer}"), key="grid_b")
 st.markdown(f"**A − B** · layer {layer} (red: more weight in A, blue: more in B)")

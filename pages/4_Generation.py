@@ -5,6 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from ui import attention, export, models, sidebar, state
+from ui.text import md
 
 NAMES = ("model", "text", "chat", "k", "stack", "gstep", "layer", "grow", "cmap", "log")
 
@@ -25,7 +26,7 @@ if choice.spec:
     lm0 = models.load(choice.spec, choice.token)
     if lm0 is not None and lm0.layout.kind == "encoder":
         st.error(
-            f"{choice.spec} is an encoder ({lm0.layout.model_type}): it does not generate text. "
+            f"{md(choice.spec)} is an encoder ({lm0.layout.model_type}): it does not generate text. "
             "Pick a decoder such as smollm2-135m, or an encoder-decoder model."
         )
         sidebar.stop(NAMES)

@@ -296,3 +296,21 @@ def test_the_token_stays_out_of_the_url_and_the_cache_key(env):
 
     key = models.result_key(tiny.loaded("llama-gqa"), secret, TEXT, chat=False)
     assert secret not in repr(key) and models.token_key(secret) in key  # a keyed digest only
+
+
+def test_markdown_in_links_and_model_names_is_shown_literally(env):
+    phish = "[log in](http://127.0.0.1:9/phish)"
+    at = new_app(model=TINY, text=TEXT, layer=phish).run()
+    warning = at.warning[0].value
+    assert "](" not in warning and "\\[log in\\]" in warning and "http\\://" in warning
+    at = new_app(model=phish, text=TEXT).run()
+    error = at.error[0].value
+    assert "not a built-in model" in error and "](" not in error and "http\\://" in error
+
+
+def test_md_escapes_only_markdown():
+    from ui.text import md, md_in
+
+    assert md("-1") == "-1" and md("a.b") == "a.b"
+    assert md("**x** [a](b) $y$ <i> :red[z]") == "\\*\\*x\\*\\* \\[a\\]\\(b\\) \\$y\\$ \\<i\\> \\:red\\[z\\]"
+    assert md_in("model 'a*b' not found (try gpt2)", "a*b") == "model 'a\\*b' not found (try gpt2)"

@@ -216,3 +216,10 @@ def test_figure_name_is_a_safe_file_stem():
     assert F.figure_name("smollm2-135m", "L3", "H0") == "attnviz_smollm2-135m_L3_H0"
     name = F.figure_name("meta-llama/Llama 3", "", "L1")
     assert "/" not in name and " " not in name and name.startswith("attnviz_meta-llama-Llama-3")
+
+
+def test_grid_side_keeps_short_texts_unpooled():
+    assert F.grid_side(9) == 115
+    assert F.grid_side(9, n_tokens=128) == 128  # 9 x 128^2 cells: within twice the budget
+    assert F.grid_side(9, n_tokens=129) == 115
+    assert F.grid_side(32, n_tokens=128) == F.grid_side(32) < 128

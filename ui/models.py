@@ -31,6 +31,7 @@ import attnviz
 from attnviz import AttentionResult, AttnvizError, LoadedModel
 from attnviz.gate import InferenceGate
 from attnviz.settings import Settings, settings
+from ui.text import md, md_in
 
 log = logging.getLogger("attnviz.ui")
 
@@ -64,22 +65,23 @@ def scrub(text: str, token: str | None) -> str:
 
 
 @contextlib.contextmanager
-def guarded(what: str, token: str | None = None) -> Iterator[list[BaseException]]:
+def guarded(what: str, token: str | None = None, user: tuple[str, ...] = ()) -> Iterator[list[BaseException]]:
     """Run a block; an `AttnvizError` shows ``st.error`` with its message (which says what to
-    do), anything else a generic message; the page goes on. Yields a list that holds the error."""
+    do), anything else a generic message; the page goes on. ``user`` strings (a model name)
+    are shown literally, never as Markdown. Yields a list that holds the error."""
     caught: list[BaseException] = []
     try:
         yield caught
     except AttnvizError as err:
         caught.append(err)
-        st.error(scrub(str(err), token), icon="⚠️")
+        st.error(md_in(scrub(str(err), token), *user), icon=":material/error:")
     except Exception as err:  # noqa: BLE001 - the app must keep serving
         caught.append(err)
         log.error("unexpected error while %s: %s", what, scrub(traceback.format_exc(), token))
         st.error(
             f"Something unexpected went wrong while {what} ({type(err).__name__}). The app is still "
             "running: try again, shorten the text, or pick another model. Details are in the server log.",
-            icon="⚠️",
+            icon=":material/error:",
         )
 
 
@@ -158,7 +160,7 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
     (already shown)."""
     spec = spec.strip()
     key = (spec, token_key(token))
-    with guarded(f"loading {spec!r}", token):
+    with guarded(f"loading {md(spec)}", token, (spec,)):
         config().check_model(spec)
         if key in _ready():
             with st.spinner(f"Loading {spec}…", show_time=True):
@@ -257,7 +259,7 @@ def extract(
     if hit is not None:
         return hit, key
     what = f"generating {generate} tokens with {lm.spec}" if generate else f"running {lm.spec} on the text"
-    with guarded(what, token):
+    with guarded(md(what), token, (lm.spec, text)):
         with st.spinner(f"{what.capitalize()}…", show_time=True), _turn():
             res = attnviz.extract(lm, text, chat=chat, generate=generate, max_tokens=config().max_tokens)
         cache.put(key, res, res.nbytes)

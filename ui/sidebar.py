@@ -10,6 +10,7 @@ import streamlit as st
 
 import attnviz
 from ui import models, state
+from ui.text import md
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = (
@@ -58,7 +59,9 @@ def _seed_model_widgets(param: str, key: str, custom_key: str, choices: Sequence
         ss[custom_key] = spec
     else:
         if spec:
-            st.warning(f"Model {spec!r} is not offered on this server; showing {choices[0]!r}.")
+            st.warning(
+                f"Model {md(repr(spec))} is not offered on this server; showing {md(repr(choices[0]))}."
+            )
         ss[key] = choices[0]
         state.put(param, choices[0])
 
@@ -149,7 +152,9 @@ def load_and_extract(choice: Choice, names: Sequence[str], *, generate: int = 0)
         stop(names)
     chat = choice.chat
     if chat and not lm.has_chat_template:
-        st.warning(f"{choice.spec} has no chat template; showing the plain text. Turn the chat option off.")
+        st.warning(
+            f"{md(choice.spec)} has no chat template; showing the plain text. Turn the chat option off."
+        )
         chat = False
     res, key = models.extract(lm, choice.text, token=choice.token, chat=chat, generate=generate)
     if res is None:

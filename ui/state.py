@@ -21,6 +21,7 @@ import streamlit as st
 import attnviz
 from attnviz.figures import COLORSCALES
 from attnviz.metrics import METRICS
+from ui.text import md
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
 MAX_TEXT_CHARS = 60_000
@@ -176,8 +177,8 @@ def start(names: Sequence[str], page: str) -> None:
             except ValueError as err:
                 shown = raw if len(raw) <= 40 else raw[:40] + "…"
                 st.warning(
-                    f"The link's `{n}` value {shown!r} is not valid ({err}); "
-                    f"showing {PARAMS[n].dump(store.get(n, PARAMS[n].default))!r} instead."
+                    f"The link's `{n}` value {md(repr(shown))} is not valid ({err}); "
+                    f"showing {md(repr(PARAMS[n].dump(store.get(n, PARAMS[n].default))))} instead."
                 )
                 continue
             store[n] = value
@@ -228,7 +229,9 @@ def choose(name: str, options: Sequence[str], what: str) -> str:
     if value in options:
         return value
     if value not in ("", None):
-        st.warning(f"{what.capitalize()} {value!r} is not available here; showing {options[0]!r}.")
+        st.warning(
+            f"{what.capitalize()} {md(repr(value))} is not available here; showing {md(repr(options[0]))}."
+        )
     put(name, options[0])
     return options[0]
 
