@@ -56,12 +56,13 @@ st.info(p.note, icon=":material/info:")
 pair_key = (key_a, key_b, stack)
 
 # -- the heads that changed most ---------------------------------------------------------------
-scores = compare.change_scores(res_a, res_b, stack, p.m, pair_key)
+with st.spinner("Comparing every head…", show_time=True):
+    scores = compare.change_scores(res_a, res_b, stack, p.m, pair_key)
+    ent_a, _ = attention.head_metrics(lm_a, res_a, key_a, stack, induction=False, token=choice.token)
+    ent_b, _ = attention.head_metrics(lm_b, res_b, key_b, stack, induction=False, token=choice.token)
 n_layers, n_heads = scores.shape
 kv = attention.kv_heads(res_a, stack)
 order = np.argsort(-scores, axis=None, kind="stable")
-ent_a, _ = attention.head_metrics(lm_a, res_a, key_a, stack, induction=False, token=choice.token)
-ent_b, _ = attention.head_metrics(lm_b, res_b, key_b, stack, induction=False, token=choice.token)
 d_ent = ent_b.entropy - ent_a.entropy
 st.subheader("Heads that changed most")
 left, right = st.columns([2, 3])
