@@ -9,7 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 import attnviz
-from ui import models, state
+from ui import logs, models, state
 from ui.text import md
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +38,7 @@ class Choice:
 def page(title: str, names: Sequence[str], icon: str = ":material/search:") -> None:
     """Page config, then the URL/state start for this page's parameters."""
     st.set_page_config(page_title=f"{title} · attnviz", page_icon=icon, layout="wide")
+    logs.configure()
     state.start(names, page=title)
 
 
