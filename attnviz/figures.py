@@ -330,8 +330,8 @@ def head_grid(
     else:
         axis = _coloraxis(colorscale, log, zmax if zmax is not None else _max(pooled))
     show_ticks = len(ql) <= 16
-    fig.update_xaxes(type="category", showticklabels=False, tickangle=-60)
-    fig.update_yaxes(type="category", autorange="reversed", showticklabels=False)
+    fig.update_xaxes(type="category", showticklabels=False, ticks="", tickangle=-60)
+    fig.update_yaxes(type="category", autorange="reversed", showticklabels=False, ticks="")
     if show_ticks:  # token labels on the left column and under the bottom facet of each column
         for i in range(n_h):
             r, c = i // cols + 1, i % cols + 1

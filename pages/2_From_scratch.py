@@ -31,7 +31,7 @@ mode = st.segmented_control("Mode", state.SCRATCH_MODES, key="mode", required=Tr
 def parity(label: str, value: float, help_text: str) -> None:
     ok = math.isfinite(value) and value < TOLERANCE
     mark = "✓" if ok else ("n/a" if not math.isfinite(value) else "⚠")
-    shown = f"{value:.1e} {mark}" if math.isfinite(value) else "n/a"
+    shown = "n/a" if not math.isfinite(value) else ("0 (exact) ✓" if value == 0 else f"{value:.1e} {mark}")
     st.metric(label, shown, help=help_text)
 
 
