@@ -10,6 +10,7 @@ from ui import attention, export, models, sidebar, state
 from ui.text import md
 
 NAMES = ("model", "text", "chat", "stack", "cmap", "log", "metric")
+SHORT = {"previous_token": "prev. token", "diagonal": "self", "gqa_coherence": "GQA coherence"}
 
 sidebar.page("Model overview", NAMES, ":material/grid_view:")
 choice = sidebar.sidebar()
@@ -121,8 +122,8 @@ table = {
     "layer": [r["layer"] for r in rows],
     "head": [r["head"] for r in rows],
     "kv head": [r["kv_head"] for r in rows],
-    **{m: [round(float(r[m]), 4) for r in rows] for m in present},
     "open": [explorer_link(int(r["layer"]), int(r["head"])) for r in rows],
+    **{m: [round(float(r[m]), 4) for r in rows] for m in present},
 }
 st.caption("Click a column to sort. Select a row and open it in the explorer, or follow its link.")
 picked = st.dataframe(
@@ -135,7 +136,10 @@ picked = st.dataframe(
     column_config={
         "open": st.column_config.LinkColumn("open", display_text="explorer ↗"),
         **{
-            m: st.column_config.NumberColumn(attention.METRIC_NAMES.get(m, m), format="%.3f") for m in present
+            m: st.column_config.NumberColumn(
+                SHORT.get(m, m), help=attention.METRIC_NAMES.get(m, m), format="%.3f"
+            )
+            for m in present
         },
     },
 )
@@ -146,7 +150,10 @@ if selected:
 else:
     layer_sel, head_sel = int(rows[0]["layer"]), int(rows[0]["head"])
 if st.button(
-    f"Open layer {layer_sel}, head {head_sel} in the explorer", key="open_head", type="primary", icon="🔍"
+    f"Open layer {layer_sel}, head {head_sel} in the explorer",
+    key="open_head",
+    type="primary",
+    icon=":material/open_in_new:",
 ):
     params = state.commit(NAMES)
     params.update({"stack": stack, "layer": str(layer_sel), "head": str(head_sel)})
