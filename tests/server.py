@@ -11,7 +11,9 @@ is killed (group and all) on exit. Nothing listens beyond 127.0.0.1.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -22,6 +24,8 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "test-output"
@@ -49,6 +53,7 @@ class Server:
     url: str
     proc: subprocess.Popen
     log_path: Path
+    diag_path: Path | None = None  # set with streamlit_server(diag=True)
 
     @property
     def pid(self) -> int:
@@ -65,6 +70,20 @@ class Server:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def diag(self, timeout: float = 30) -> dict:
+        """Ask the server (started with ``diag=True``) what it holds: live AttentionResults, the
+        UI caches' entries and bytes, Streamlit sessions (active and kept after disconnect)."""
+        assert self.diag_path is not None, "start the server with diag=True"
+        before = self.diag_path.stat().st_mtime_ns if self.diag_path.exists() else 0
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.diag_path.exists() and self.diag_path.stat().st_mtime_ns != before:
+                with contextlib.suppress(json.JSONDecodeError):
+                    return json.loads(self.diag_path.read_text())
+            time.sleep(0.1)
+        raise TimeoutError("the server did not answer the diagnostics signal")
 
     def get(self, path: str, timeout: float = 10) -> tuple[int, str]:
         try:
@@ -89,6 +108,42 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# Loaded into a test server (never the app) as sitecustomize when diag=True: SIGUSR1 writes what
+# the process holds to $ATTNVIZ_TEST_DIAG.
+DIAG_HOOK = """
+import json, os, signal, sys
+
+
+def _dump(signum, frame):
+    import gc
+
+    out = {}
+    models = sys.modules.get("ui.models")
+    if models is not None:
+        for name, cache in (("results", models.results_cache()), ("derived", models._derived())):
+            out[name] = {"entries": len(cache), "mib": cache.total_bytes / 2**20}
+    try:
+        from streamlit.runtime import Runtime
+
+        mgr = Runtime.instance()._session_mgr
+        out["sessions_active"] = len(mgr.list_active_sessions())
+        out["sessions_kept"] = len(mgr.list_sessions())
+    except Exception as err:  # noqa: BLE001 - diagnostics only
+        out["sessions_error"] = repr(err)
+    gc.collect()
+    result_type = getattr(sys.modules.get("attnviz.result"), "AttentionResult", None)
+    if result_type is not None:
+        out["results_alive"] = sum(1 for o in gc.get_objects() if isinstance(o, result_type))
+    path = os.environ["ATTNVIZ_TEST_DIAG"]
+    with open(path + ".tmp", "w") as f:
+        json.dump(out, f)
+    os.replace(path + ".tmp", path)
+
+
+signal.signal(signal.SIGUSR1, _dump)
+"""
+
+
 @contextlib.contextmanager
 def streamlit_server(
     script: str = "app.py",
@@ -97,12 +152,25 @@ def streamlit_server(
     args: tuple[str, ...] = (),
     name: str = "server",
     startup_timeout: float = 120,
+    diag: bool = False,
 ) -> Iterator[Server]:
-    """Start ``streamlit run script`` on a free loopback port; yield once /_stcore/health is ok."""
+    """Start ``streamlit run script`` on a free loopback port; yield once /_stcore/health is ok.
+
+    ``diag=True`` loads `DIAG_HOOK` into the server process so that `Server.diag` works."""
     port = free_port()
     logs = OUTPUT / "server-logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{name}.log"
+    full_env = server_env(env)
+    diag_path = None
+    if diag:
+        hook_dir = OUTPUT / "diag-hook" / name
+        hook_dir.mkdir(parents=True, exist_ok=True)
+        (hook_dir / "sitecustomize.py").write_text(DIAG_HOOK)
+        diag_path = hook_dir / "diag.json"
+        diag_path.unlink(missing_ok=True)
+        full_env["PYTHONPATH"] = os.pathsep.join([str(hook_dir), full_env["PYTHONPATH"]])
+        full_env["ATTNVIZ_TEST_DIAG"] = str(diag_path)
     cmd = [
         sys.executable, "-m", "streamlit", "run", script,
         "--server.address", "127.0.0.1",
@@ -116,12 +184,12 @@ def streamlit_server(
         proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env=server_env(env),
+            env=full_env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    server = Server(f"http://127.0.0.1:{port}", proc, log_path)
+    server = Server(f"http://127.0.0.1:{port}", proc, log_path, diag_path)
     try:
         deadline = time.monotonic() + startup_timeout
         while True:
@@ -216,3 +284,68 @@ def alerts(page) -> list[str]:
     return page.eval_on_selector_all(
         '[data-testid="stAlert"], [data-testid="stException"]', "els => els.map(e => e.innerText)"
     )
+
+
+# -- a headless Streamlit client: one script run over the websocket, no browser ------------------
+@dataclass
+class Run:
+    """What one script run sent back: alerts (error/warning/info bodies), Plotly figures
+    (parsed JSON), exceptions, the finish status and the wall time."""
+
+    status: str
+    alerts: list[str]
+    figures: list[dict]
+    exceptions: list[str]
+    seconds: float
+
+
+def run_session(url: str, query: str, *, timeout: float = 180) -> Run:
+    """Open a fresh session on the server, run the main page with ``query`` (a URL query string,
+    as a share link carries it) and collect the elements until the run finishes."""
+    return next(iter_session(url, [query], timeout=timeout))
+
+
+def iter_session(url: str, queries: list[str], *, timeout: float = 180) -> Iterator[Run]:
+    """One session (one websocket) that opens each query string in turn, like one visitor pasting
+    one link after another; yields a `Run` per query."""
+    from streamlit.proto import BackMsg_pb2, ForwardMsg_pb2
+    from websockets.sync.client import connect
+
+    ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
+    with connect(ws_url, subprotocols=["streamlit"], open_timeout=30, max_size=2**28) as ws:
+        for query in queries:
+            back = BackMsg_pb2.BackMsg()
+            back.rerun_script.query_string = query
+            back.rerun_script.page_script_hash = ""
+            alerts_, figures, exceptions = [], [], []
+            t0 = time.monotonic()
+            ws.send(back.SerializeToString())
+            while True:
+                msg = ForwardMsg_pb2.ForwardMsg()
+                msg.ParseFromString(ws.recv(timeout=timeout))
+                kind = msg.WhichOneof("type")
+                if kind == "delta" and msg.delta.WhichOneof("type") == "new_element":
+                    el = msg.delta.new_element
+                    which = el.WhichOneof("type")
+                    if which == "alert":
+                        alerts_.append(el.alert.body)
+                    elif which == "plotly_chart":
+                        figures.append(json.loads(el.plotly_chart.spec))
+                    elif which == "exception":
+                        exceptions.append(f"{el.exception.type}: {el.exception.message}")
+                elif kind == "script_finished":
+                    status = ForwardMsg_pb2.ForwardMsg.ScriptFinishedStatus.Name(msg.script_finished)
+                    if status != "FINISHED_EARLY_FOR_RERUN":
+                        break
+            yield Run(status, alerts_, figures, exceptions, time.monotonic() - t0)
+
+
+def figure_array(value) -> np.ndarray:
+    """A Plotly JSON array: a plain list, or a typed-array spec ``{"dtype", "bdata", "shape"}``."""
+    if isinstance(value, dict) and "bdata" in value:
+        arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        if shape:
+            arr = arr.reshape([int(s) for s in str(shape).split(",")])
+        return arr
+    return np.asarray(value)
