@@ -240,14 +240,23 @@ def _package_folder(package: str) -> Path:
 _convert_lock = threading.Lock()
 
 
+def _converted(target: Path) -> bool:
+    return (target / "config.json").exists() and any(target.glob("*.safetensors"))
+
+
+def needs_conversion(spec: str) -> bool:
+    """True when loading ``spec`` first converts it (SmolLM2's GGUF, once per cache folder)."""
+    return spec.strip() == "smollm2-135m" and not _converted(cache_dir() / "smollm2-135m")
+
+
 def _smollm_folder() -> Path:
     """SmolLM2 de-quantized from the shipped GGUF into a safetensors folder, once."""
     target = cache_dir() / "smollm2-135m"
-    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+    if _converted(target):
         return target
     gguf_dir = _package_folder(_SMOLLM_PACKAGE)
     with _convert_lock:
-        if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+        if _converted(target):
             return target
         t0 = time.perf_counter()
         log.info("converting %s to safetensors in %s (once)", _SMOLLM_GGUF, target)

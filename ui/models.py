@@ -30,6 +30,7 @@ import streamlit as st
 import attnviz
 from attnviz import AttentionResult, AttnvizError, LoadedModel
 from attnviz.gate import InferenceGate
+from attnviz.loading import needs_conversion
 from attnviz.settings import Settings, settings
 from ui.text import md, md_in
 
@@ -134,14 +135,6 @@ def _turn() -> Iterator[None]:
         yield
 
 
-def _needs_conversion(spec: str) -> bool:
-    if spec != "smollm2-135m":
-        return False
-    from attnviz.loading import cache_dir
-
-    return not (cache_dir() / "smollm2-135m" / "config.json").exists()
-
-
 def describe_layout(lm: LoadedModel) -> str:
     lay = lm.layout
     text = f"{lay.model_type} · {lay.kind} · {lay.n_layers} layers × {lay.n_heads} heads"
@@ -170,7 +163,7 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
             try:
                 source = "tiny test model" if spec.startswith("tiny:") else _source(spec)
                 status.write(f"Model: `{spec}` ({source}).")
-                if _needs_conversion(spec):
+                if needs_conversion(spec):
                     status.write(
                         "First run of the built-in SmolLM2: de-quantizing its GGUF file into "
                         "~/.cache/attnviz (about 25 s, only once)."
