@@ -13,14 +13,41 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from server import alerts, charts, chromium, streamlit_server, wait_idle
+from server import alerts, charts, chromium, figure_array, run_session, streamlit_server, wait_idle
 
 import attnviz
 
 pytestmark = pytest.mark.slow
 
-SESSIONS = 8
-WORDS = ("apple", "river", "music", "garden", "window", "doctor", "summer", "pencil")  # one token each
+SESSIONS = 8  # browser sessions at once
+HEADLESS_SESSIONS = 24  # websocket sessions at once (no browser: the server is the bottleneck)
+# Single tokens in SmolLM2's vocabulary (checked in test_headless_sessions...).
+WORDS = [
+    "apple",
+    "river",
+    "music",
+    "garden",
+    "window",
+    "doctor",
+    "summer",
+    "pencil",
+    "table",
+    "mountain",
+    "coffee",
+    "letter",
+    "forest",
+    "bridge",
+    "candle",
+    "rabbit",
+    "silver",
+    "ocean",
+    "engine",
+    "basket",
+    "ticket",
+    "island",
+    "jacket",
+    "market",
+]
 
 
 def text_of(word: str) -> str:
@@ -98,6 +125,44 @@ def test_eight_sessions_each_see_only_their_own_text(server, sessions, smollm):
         assert np.abs(shown - expected).max() <= 1e-4
     assert server.alive()
     print(f"{SESSIONS} sessions finished after {', '.join(f'{s.seconds:.1f}' for s in sessions)} s")
+
+
+def test_headless_sessions_at_once_see_only_their_own_text(server, smollm, sessions):
+    """24 sessions over the websocket at the same moment (threads), each with its own word, layer
+    and head: every head heatmap has its own word and no other, and equals the engine's attention."""
+    assert len(WORDS) >= HEADLESS_SESSIONS
+    for word in WORDS:
+        assert len(attnviz.tokenize(smollm, text_of(word))[0]) == len(
+            attnviz.tokenize(smollm, text_of("x"))[0]
+        )
+    runs: dict[int, object] = {}
+    start = threading.Barrier(HEADLESS_SESSIONS, timeout=60)
+
+    def visit(i: int) -> None:
+        query = urllib.parse.urlencode({"text": text_of(WORDS[i]), "layer": i % 30, "head": i % 9})
+        start.wait()
+        runs[i] = run_session(server.url, query)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=visit, args=(i,)) for i in range(HEADLESS_SESSIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    wall = time.monotonic() - t0
+    assert len(runs) == HEADLESS_SESSIONS, "some sessions never finished"
+    for i, run in sorted(runs.items()):
+        assert run.status == "FINISHED_SUCCESSFULLY" and not run.exceptions, run
+        heads = [t for f in run.figures for t in f["data"] if t.get("type") == "heatmap"]
+        head = heads[-1]  # the single-head view is drawn last
+        labels = " ".join(head["x"]) + " " + " ".join(head["y"])
+        assert re.search(rf"\) {WORDS[i]}\b", labels), labels
+        others = [w for w in WORDS if w != WORDS[i] and re.search(rf"\) {w}\b", labels)]
+        assert not others, f"session {i} shows {others}"
+        expected = attnviz.extract(smollm, text_of(WORDS[i])).head(i % 30, i % 9)
+        shown = figure_array(head["z"]).astype(np.float64).reshape(expected.shape)
+        assert np.abs(shown - expected).max() <= 1e-4
+    print(f"{HEADLESS_SESSIONS} websocket sessions at once: all finished in {wall:.1f} s")
 
 
 def test_server_logs_one_line_per_extraction(server, sessions):
