@@ -240,14 +240,14 @@ def chromium() -> Iterator[object]:
 # -- page helpers --------------------------------------------------------------------------------
 APP_READY_JS = """() => {
   const app = document.querySelector('[data-testid="stApp"]');
-  if (!app) return false;
-  const running = document.querySelector('[data-testid="stStatusWidget"]');
-  return !running || !/Running|Stop/.test(running.innerText);
+  if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
+  return !document.querySelector('[data-testid="stSkeleton"], [data-testid="stStatusWidgetRunningIcon"]');
 }"""
 
 
-def wait_idle(page, timeout_ms: int = 120_000, settle_ms: int = 600) -> None:
-    """Wait until the script run is over (no 'Running…' status widget), twice, to skip reruns."""
+def wait_idle(page, timeout_ms: int = 120_000, settle_ms: int = 400) -> None:
+    """Wait until the script run is over and lazy elements (Plotly) are drawn; twice, so that a
+    rerun the first run triggers (URL sync, fragments) is waited for as well."""
     page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
     for _ in range(2):
         page.wait_for_timeout(settle_ms)
@@ -297,6 +297,7 @@ class Run:
     figures: list[dict]
     exceptions: list[str]
     seconds: float
+    widgets: list[dict]  # {"type", "label", "options" (selectbox), "password" (text_input)}
 
 
 def run_session(url: str, query: str, *, timeout: float = 180) -> Run:
@@ -317,7 +318,7 @@ def iter_session(url: str, queries: list[str], *, timeout: float = 180) -> Itera
             back = BackMsg_pb2.BackMsg()
             back.rerun_script.query_string = query
             back.rerun_script.page_script_hash = ""
-            alerts_, figures, exceptions = [], [], []
+            alerts_, figures, exceptions, widgets = [], [], [], []
             t0 = time.monotonic()
             ws.send(back.SerializeToString())
             while True:
@@ -333,11 +334,21 @@ def iter_session(url: str, queries: list[str], *, timeout: float = 180) -> Itera
                         figures.append(json.loads(el.plotly_chart.spec))
                     elif which == "exception":
                         exceptions.append(f"{el.exception.type}: {el.exception.message}")
+                    elif which in ("selectbox", "text_input", "text_area", "slider"):
+                        w = getattr(el, which)
+                        widgets.append(
+                            {
+                                "type": which,
+                                "label": w.label,
+                                "options": list(w.options) if which == "selectbox" else [],
+                                "password": which == "text_input" and w.type == w.PASSWORD,
+                            }
+                        )
                 elif kind == "script_finished":
                     status = ForwardMsg_pb2.ForwardMsg.ScriptFinishedStatus.Name(msg.script_finished)
                     if status != "FINISHED_EARLY_FOR_RERUN":
                         break
-            yield Run(status, alerts_, figures, exceptions, time.monotonic() - t0)
+            yield Run(status, alerts_, figures, exceptions, time.monotonic() - t0, widgets)
 
 
 def figure_array(value) -> np.ndarray:

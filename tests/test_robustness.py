@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import urllib.parse
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,7 +78,6 @@ CASES: tuple[Case, ...] = (
         "AttnvizError",
         r"(?i)unicode|surrogate",
         (E,),
-        xfail="tokenize() lets the tokenizer's TypeError through; it must raise an AttnvizError",
     ),
     Case("html-bold", "`<b>x</b>`", OK, "literal `<b>`, no element", (E, A, B)),
     Case("html-script", "`<script>alert(1)</script>`", OK, "literal, never executed", (E, A, B)),
@@ -783,6 +783,124 @@ def test_app(case: Case, lm, folders, monkeypatch, caplog):
     assert SECRET not in everything and SECRET not in json.dumps(dict(at.query_params))
     assert "Traceback" not in everything
     recover(at)
+
+
+# -- safe defaults: tokens ---------------------------------------------------------------------
+def test_a_token_typed_in_one_session_is_never_used_by_another(monkeypatch, tmp_path):
+    """Session A types a token and loads a gated model; session B asks for the same model without a
+    token and must get the gated error (its own load with no token), not A's cached model. The
+    token is in no URL, message, log line or file."""
+    import tiny
+
+    from ui import models
+
+    calls: list[tuple[str, str | None]] = []
+
+    def fake_load(spec, *, token=None, **kwargs):
+        calls.append((spec, token))
+        if token != SECRET:
+            raise attnviz.GatedModel(
+                f"{spec!r} is gated: accept its licence on huggingface.co and give a token"
+            )
+        return tiny.loaded("llama-gqa")
+
+    monkeypatch.setattr(attnviz, "load_model", fake_load)
+    gated = "attnviz-test/gated-model"
+    a = new_app(monkeypatch, {"model": gated}).run()
+    assert any("is gated" in t for t in texts(a, "error"))
+    a.text_input(key="hf_token").set_value(SECRET).run()
+    assert not a.exception and not a.error, texts(a, "error")
+    assert chart_specs(a)
+    b = new_app(monkeypatch, {"model": gated}).run()
+    assert any("is gated" in t for t in texts(b, "error")), "session B got session A's gated model"
+    assert calls == [(gated, None), (gated, SECRET), (gated, None)], calls
+    for at in (a, b):
+        assert SECRET not in json.dumps(dict(at.query_params))
+        shown = texts(at, "error") + texts(at, "warning") + texts(at, "markdown") + texts(at, "caption")
+        assert not any(SECRET in t for t in shown)
+        assert not any(SECRET in str(k) for k in models.results_cache()._items)
+    for folder in (Path.home() / ".streamlit", attnviz.loading.cache_dir(), ROOT / "test-output"):
+        for f in folder.rglob("*") if folder.exists() else ():
+            if f.is_file() and f.stat().st_size < 50 * 2**20:
+                assert SECRET.encode() not in f.read_bytes(), f"the token was written to {f}"
+
+
+def test_token_comes_from_the_environment_when_none_is_typed(monkeypatch):
+    seen: dict = {}
+
+    def capture(*args, **kwargs):
+        seen.update(kwargs)
+        raise GatedRepoError("401", response=http_response(401))
+
+    monkeypatch.setattr(tf.AutoConfig, "from_pretrained", capture)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    with pytest.raises(attnviz.GatedModel) as info:
+        attnviz.load_model("meta-llama/Llama-3.2-1B")
+    assert seen["token"] == SECRET and SECRET not in str(info.value)
+
+
+# -- safe defaults: the running server ---------------------------------------------------------
+def test_streamlit_config_keeps_xsrf_and_cors_and_hides_tracebacks():
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert cfg.get("server", {}).get("enableXsrfProtection", True) is True
+    assert cfg.get("server", {}).get("enableCORS", True) is True
+    assert cfg.get("client", {}).get("showErrorDetails") in ("none", "type"), "tracebacks would reach users"
+    shown = subprocess.run(
+        [sys.executable, "-m", "streamlit", "config", "show"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert not re.search(r"^enable(XsrfProtection|CORS) = false", shown, re.M)
+    assert re.search(r'^showErrorDetails = "(none|type)"', shown, re.M)
+
+
+@pytest.fixture(scope="module")
+def demo_server():
+    from server import streamlit_server
+
+    with streamlit_server(name="robustness-demo", env={"ATTNVIZ_DEMO": "1"}) as s:
+        yield s
+
+
+@pytest.mark.slow
+def test_running_server_has_xsrf_on_and_refuses_foreign_origins(demo_server):
+    import urllib.request
+
+    req = urllib.request.Request(
+        demo_server.url + "/_stcore/health", headers={"Origin": "http://evil.example"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+        assert "_streamlit_xsrf=" in (r.headers.get("Set-Cookie") or ""), "XSRF protection is off"
+        assert r.headers.get("Access-Control-Allow-Origin") in (None, ""), "CORS lets any origin in"
+    preflight = urllib.request.Request(
+        demo_server.url + "/_stcore/health",
+        method="OPTIONS",
+        headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "GET"},
+    )
+    with urllib.request.urlopen(preflight, timeout=10) as r:
+        assert r.headers.get("Access-Control-Allow-Origin") in (None, "")
+
+
+@pytest.mark.slow
+def test_demo_server_offers_only_allowed_models_and_no_token_field(demo_server):
+    """A traversal link on the public demo: a warning, the allowed model instead, no free model
+    field and no token field; then the server answers the next link."""
+    from server import run_session
+
+    run = run_session(demo_server.url, urllib.parse.urlencode({"model": "../..", "text": VALID}))
+    assert run.status == "FINISHED_SUCCESSFULLY" and not run.exceptions, run
+    assert any("not offered on this server" in a for a in run.alerts), run.alerts
+    pickers = [w for w in run.widgets if w["type"] == "selectbox" and w["label"] == "Model"]
+    assert pickers and all(o.split(" ")[0] in attnviz.BUILTIN_MODELS for o in pickers[0]["options"]), pickers
+    assert not [w for w in run.widgets if w["type"] == "text_input"], run.widgets  # no Hub id / path / token
+    assert run.figures, "no chart for the allowed model"
+    again = run_session(demo_server.url, urllib.parse.urlencode({"text": "the river bank"}))
+    assert again.status == "FINISHED_SUCCESSFULLY" and again.figures and not again.exceptions
 
 
 # -- engine: safe defaults and logging ----------------------------------------------------------
