@@ -222,20 +222,23 @@ def test_one_load_for_many_simultaneous_sessions(monkeypatch):
 def test_switching_models_frees_the_old_one(monkeypatch):
     """The model cache is bounded (ui.models.MAX_MODELS): after switching through more models than
     that, the first model object is garbage (weakref dead), and with CUDA its memory is back."""
+    import tiny
+    import transformers
     from streamlit.testing.v1 import AppTest
 
     from ui import models
 
     monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
     loaded: list[weakref.ref] = []
-    real = models._load_uncached
 
-    def tracking(spec, token):
-        lm = real(spec, token)
-        loaded.append(weakref.ref(lm.model))
-        return lm
+    def fresh(spec, token):
+        """A new tiny model per load (not tests/tiny.py's cached one), so only the app holds it."""
+        arch = spec.removeprefix("tiny:")
+        model = transformers.AutoModelForCausalLM.from_config(tiny.configs()[arch]).eval()
+        loaded.append(weakref.ref(model))
+        return attnviz.wrap_model(model, tiny.tokenizer(), spec=spec)
 
-    monkeypatch.setattr(models, "_load_uncached", tracking)
+    monkeypatch.setattr(models, "_load_uncached", fresh)
     models._cached_model.clear()
     at = AppTest.from_file(str(models.__file__).replace("ui/models.py", "app.py"), default_timeout=120)
     order = ["tiny:llama-gqa", "tiny:qwen3", "tiny:mistral-sliding", "tiny:gemma2"][: models.MAX_MODELS + 1]
@@ -247,13 +250,9 @@ def test_switching_models_frees_the_old_one(monkeypatch):
     del at
     gc.collect()
     assert len(loaded) == len(order)
-    # tests/tiny.py keeps its own functools.cache of the raw models; drop that reference too.
-    import tiny
-
-    tiny.model.cache_clear()
-    gc.collect()
     assert loaded[0]() is None, "the first model is still referenced after switching away"
     assert loaded[-1]() is not None, "the current model should stay cached"
+    models._cached_model.clear()
 
 
 @pytest.mark.gpu

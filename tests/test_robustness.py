@@ -624,6 +624,10 @@ def _gated_patch(ctx: Ctx) -> None:
 def _oom_patch(ctx: Ctx) -> None:
     import tiny
 
+    from ui import models
+
+    models._cached_model.clear()  # the app must load tiny.model("llama-gqa"), the patched one
+
     def forward(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
