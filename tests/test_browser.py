@@ -150,11 +150,6 @@ PAYLOADS = {
     "html-entity": "&lt;b&gt; &amp; &#60;s&#62;",
 }
 LINKS = {"link-markdown": {"layer": PHISH}, "model-markdown": {"model": PHISH}}
-AUTOLINK = (
-    "app fix: ui.text.md escapes Markdown but a bare http:// URL in a user value is still autolinked "
-    "(GFM) in st.warning/st.error; and for a model, the st.status label 'Could not load <spec>' in "
-    "ui.models.load is not escaped at all, so [log in](url) becomes a link"
-)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +199,13 @@ def test_text_that_looks_like_markup_shows_literally(server, page, tokenizer, ca
 
 
 @pytest.mark.parametrize(
-    "case_id", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=AUTOLINK)) for c in LINKS]
+    "case_id",
+    [
+        pytest.param(
+            c, marks=[pytest.mark.xfail(strict=True, reason=BY_ID[c].app_xfail)] if BY_ID[c].app_xfail else []
+        )
+        for c in LINKS
+    ],
 )
 def test_markdown_in_a_link_parameter_is_not_rendered(server, page, case_id):
     assert "browser" in BY_ID[case_id].levels

@@ -159,3 +159,11 @@ def test_dockerignore_keeps_local_state_and_secrets_out():
     }
     for must in (".git", ".venv", "test-output", ".env", ".streamlit/secrets.toml", "**/*.safetensors"):
         assert must in ignored, f"{must} is not in .dockerignore"
+
+
+def test_the_warmup_the_image_runs_exists():
+    """`RUN python -m attnviz warmup` must be a real subcommand (it bakes the built-ins in)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnviz", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "warmup" in proc.stdout, proc.stdout + proc.stderr
