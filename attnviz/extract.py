@@ -12,7 +12,7 @@ import torch
 from .capture import IMPLEMENTATION, CapturedAttention, recording
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
 from .layout import Stack
-from .loading import LoadedModel
+from .loading import LoadedModel, is_out_of_memory
 from .result import AttentionResult
 from .tokens import Tokens
 
@@ -181,14 +181,13 @@ def extract_ids(
                 captured = _group(lm, rec.calls)
             else:
                 eager = _run_eager(lm, inputs)
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+        if not is_out_of_memory(err):
+            raise
         _free()
         raise OutOfMemory(
             f"{len(ids)} tokens did not fit in memory on {lm.device}; shorten the text or use the fast path"
         ) from None
-    except MemoryError:
-        _free()
-        raise OutOfMemory(f"{len(ids)} tokens did not fit in memory; shorten the text") from None
     tokens = Tokens.build(tok, ids, template=template, generated=generated)
     decoder_tokens = None
     if dec_ids is not None:

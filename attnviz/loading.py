@@ -305,12 +305,29 @@ def classify_spec(spec: str) -> str:
     )
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """torch.OutOfMemoryError on GPUs; on CPU a failed allocation is a plain RuntimeError."""
+    if isinstance(err, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and (
+        "can't allocate memory" in text or "out of memory" in text.lower()
+    )
+
+
 def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
     """Turn Hub / loading exceptions into messages that say what to do (never include the token)."""
     name = type(err).__name__
     text = str(err)
     if token:
         text = text.replace(token, "***")
+    if "trust_remote_code" in text or "contains custom code" in text:
+        return NotAllowed(
+            f"{spec!r} ships its own Python code, which this server does not run; pick a model "
+            "supported by transformers, or (server side, if you trust it) set ATTNVIZ_TRUST_REMOTE_CODE=1"
+        )
+    if is_out_of_memory(err):
+        return OutOfMemory(f"{spec!r} does not fit in memory; try a smaller model or a GPU")
     if name == "GatedRepoError" or "gated" in text.lower() or "401" in text or "403" in text:
         return GatedModel(
             f"{spec!r} is gated: accept its licence on huggingface.co and give a token "
@@ -437,11 +454,9 @@ def load_model(
     try:
         model = _auto_class(layout.kind, config).from_pretrained(where, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code(), **hub_kwargs)
-    except torch.OutOfMemoryError:
-        raise OutOfMemory(f"{spec!r} does not fit in memory; try a smaller model or a GPU") from None
     except AttnvizError:
         raise
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:  # noqa: BLE001 - translated (out of memory, Hub errors) with the fix
         raise _hub_error(spec, err, token) from None
     if dev.type != "cuda":
         model.to(dev)

@@ -166,8 +166,6 @@ CASES: tuple[Case, ...] = (
         "NotAllowed",
         r"ATTNVIZ_TRUST_REMOTE_CODE",
         (E, A),
-        xfail="the message is transformers' 'contains custom code...' with a local path; "
-        "_hub_error must map it to NotAllowed naming ATTNVIZ_TRUST_REMOTE_CODE=1",
     ),
     Case(
         "remote-code-known-type",
@@ -217,8 +215,6 @@ CASES: tuple[Case, ...] = (
         "OutOfMemory",
         r"did not fit in memory",
         (E,),
-        xfail="torch's CPU allocator raises RuntimeError(\"DefaultCPUAllocator: can't allocate memory\"); "
-        "extract() must map it to OutOfMemory",
     ),
     # -- share links and widgets (app only; the engine never sees these) ---------------------
     Case(
