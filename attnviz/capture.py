@@ -97,21 +97,30 @@ def attention_scores(
     resolved). ``mask``/``position_bias`` must be sliced to the same query rows; ``q_offset`` is
     the absolute position of the first query row (for the implicit causal mask).
     """
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    # Every step after the matmul works in place on its fresh output: one (heads, q, k) buffer.
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+        scores.div_(softcap).tanh_().mul_(softcap)
     if position_bias is not None:
-        scores = scores + position_bias
+        scores.add_(position_bias)
     if mask is not None:
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
         else:
-            scores = scores + mask
+            scores.add_(mask)
     elif is_causal and scores.shape[-2] + q_offset > 1:
         q_pos = torch.arange(scores.shape[-2], device=scores.device) + q_offset
         k_pos = torch.arange(scores.shape[-1], device=scores.device)
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], torch.finfo(scores.dtype).min)
+        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], torch.finfo(scores.dtype).min)
     return scores
+
+
+def softmax_fp32(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim in float32, in place when ``scores`` is already float32
+    (same result as ``torch.softmax(scores, -1, dtype=torch.float32)``, without 3 more buffers)."""
+    s = scores if scores.dtype == torch.float32 else scores.float()
+    s.sub_(s.amax(dim=-1, keepdim=True)).exp_()
+    return s.div_(s.sum(dim=-1, keepdim=True))
 
 
 def _eager_output(module, query, key, value, mask, scaling, softcap, position_bias, is_causal):
@@ -134,6 +143,7 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
             is_causal=is_causal,
             q_offset=start,
         )
+        # torch's own softmax, as eager: later layers then see eager's hidden states bit for bit
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out.append(torch.matmul(probs, value))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous()

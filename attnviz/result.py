@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .capture import CapturedAttention, attention_scores
+from .capture import CapturedAttention, attention_scores, softmax_fp32
 from .errors import BadIndex
 from .layout import AttentionLayout, Stack
 from .tokens import Tokens
@@ -52,7 +52,7 @@ def probs_from_capture(
         is_causal=cap.is_causal,
         q_offset=start,
     )
-    return torch.softmax(scores.float(), dim=-1)
+    return softmax_fp32(scores)
 
 
 @dataclass(eq=False)
