@@ -1,10 +1,16 @@
-"""Explorer: type a sentence, pick a model, see every head of a layer and one head up close."""
+"""Explorer: type a sentence, pick a model, see every head of a layer and one head up close.
+
+The fragments and the download callables get a `models.ResultRef` and fetch the result when they
+run: Streamlit keeps them (and this page's globals) for the session's lifetime, so a result in
+a global or a closure would stay alive outside the bounded result cache.
+"""
 
 import contextlib
 
 import numpy as np
 import streamlit as st
 
+from attnviz import AttentionResult
 from attnviz import figures as F
 from ui import attention, export, models, sidebar, state
 from ui.text import md
@@ -19,32 +25,36 @@ STACK_NAMES = {
 
 sidebar.page("Explorer", NAMES)
 choice = sidebar.sidebar()
-
 st.title("Attention explorer")
-lm, res, key = sidebar.load_and_extract(choice, NAMES)
-st.caption(
-    f"**{md(lm.spec)}** · {models.describe_layout(lm)} · {res.n_tokens} tokens · "
-    f"{res.path} path, extracted in {res.seconds:.2f} s"
-)
 
-with st.expander(f"Tokens ({res.n_tokens})", expanded=False):
-    toks = res.tokens
-    st.dataframe(
-        {
-            "position": list(range(len(toks))),
-            "token": list(toks.display),
-            "id": list(toks.ids),
-            "special": list(toks.special),
-            "chat template": list(toks.template),
-        },
-        hide_index=True,
-        height=min(400, 36 + 35 * len(toks)),
+
+def summary(res: AttentionResult) -> None:
+    """The model line and the token table."""
+    st.caption(
+        f"**{md(res.model_name)}** · {models.describe_layout(res.layout)} · {res.n_tokens} tokens · "
+        f"{res.path} path, extracted in {res.seconds:.2f} s"
     )
+    with st.expander(f"Tokens ({res.n_tokens})", expanded=False):
+        toks = res.tokens
+        st.dataframe(
+            {
+                "position": list(range(len(toks))),
+                "token": list(toks.display),
+                "id": list(toks.ids),
+                "special": list(toks.special),
+                "chat template": list(toks.template),
+            },
+            hide_index=True,
+            height=min(400, 36 + 35 * len(toks)),
+        )
 
 
 @st.fragment
-def view() -> None:
+def view(ref: models.ResultRef) -> None:
     """Layer and colour controls redraw only this part; the model never reruns."""
+    res = models.result(ref)
+    if res is None:
+        return
     stacks = list(res.stacks)
     stack = state.choose("stack", stacks, "attention")
     if len(stacks) > 1:
@@ -90,7 +100,7 @@ def view() -> None:
         side = F.grid_side(n_heads, n_tokens=max(len(ax.q_idx), len(ax.k_idx)))
         big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
         with st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext():
-            pooled, q_lab, k_lab = attention.grid(res, key, layer, v, ax, side)
+            pooled, q_lab, k_lab = attention.grid(res, ref.key, layer, v, ax, side)
         pooled_note = (
             f" · max-pooled to {pooled.shape[1]}×{pooled.shape[2]}"
             if pooled.shape[1:] != (len(ax.q_idx), len(ax.k_idx))
@@ -100,15 +110,18 @@ def view() -> None:
         if kv:
             st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
         grid_fig = F.head_grid(pooled, q_lab, k_lab, kv_heads=kv, colorscale=cmap, log=log)
-        name = F.figure_name(lm.spec, stack if stack != "self" else "", f"L{layer}")
+        name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}")
         export.chart(grid_fig, name, key="grid_chart")
     with right:
-        head_view(stack, layer, v, ax, kv, cmap, log)
+        head_view(ref, stack, layer, v, ax, kv, cmap, log)
 
 
 @st.fragment
-def head_view(stack, layer, v, ax, kv, cmap, log) -> None:
+def head_view(ref: models.ResultRef, stack, layer, v, ax, kv, cmap, log) -> None:
     """The head selector and the single-head view: a head change redraws only this part."""
+    res = models.result(ref)
+    if res is None:
+        return
     n_heads = res.n_heads
     state.clamp("head", 0, n_heads - 1, "head")
     n_q, n_k = len(ax.q_idx), len(ax.k_idx)
@@ -127,13 +140,19 @@ def head_view(stack, layer, v, ax, kv, cmap, log) -> None:
         with c2:
             row0 = st.slider(f"Query rows ({w} of {n_q} at a time)", 0, n_q - w, key="row0", step=1)
         sel = slice(row0, row0 + w)
-    probs = attention.head_rows(res, layer, head, v, ax, sel)
     q_lab1 = ax.q_labels[sel]
-    title = f"{lm.spec} · layer {layer} · {F.head_title(head, kv[head] if kv else None)}"
+    title = f"{ref.name} · layer {layer} · {F.head_title(head, kv[head] if kv else None)}"
     if stack != "self":
         title += f" · {stack}"
-    head_fig = F.head_heatmap(probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, log=log)
-    head_name = F.figure_name(lm.spec, stack if stack != "self" else "", f"L{layer}", f"H{head}")
+
+    def figure(probs: np.ndarray):
+        return F.head_heatmap(probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, log=log)
+
+    def rows_now(rows: slice = sel) -> np.ndarray:  # for the downloads: fetched when clicked
+        return attention.head_rows(models.result_now(ref), layer, head, v, ax, rows)
+
+    head_fig = figure(attention.head_rows(res, layer, head, v, ax, sel))
+    head_name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}", f"H{head}")
     export.chart(head_fig, head_name, key="head_chart")
     notes = []
     if v.hide and res.axes(stack)[0].hidden.any():
@@ -143,28 +162,32 @@ def head_view(stack, layer, v, ax, kv, cmap, log) -> None:
     if notes:
         st.caption("; ".join(notes).capitalize() + ".")
 
-    def npz() -> bytes:
-        return export.npz_bytes(
-            attention=attention.head_rows(res, layer, head, v, ax),
+    export.downloads(
+        head_name,
+        npz=lambda: export.npz_bytes(
+            attention=rows_now(slice(None)),
             query_positions=ax.q_idx,
             key_positions=ax.k_idx,
             query_tokens=np.array(ax.q_labels),
             key_tokens=np.array(ax.k_labels),
-            model=lm.spec,
+            model=ref.name,
             layer=layer,
             head=head,
             stack=stack,
-        )
-
-    export.downloads(
-        head_name,
-        npz=npz,
-        csv=lambda: export.csv_text(probs, q_lab1, ax.k_labels, "query \\ key"),
-        fig=head_fig,
+        ),
+        csv=lambda: export.csv_text(rows_now(), q_lab1, ax.k_labels, "query \\ key"),
+        fig=lambda: figure(rows_now()),
         key="head",
         what=f"weights of layer {layer}, head {head}",
     )
     state.share_box(NAMES)
 
 
-view()
+def main() -> None:
+    """The model and the result stay locals of this run; the fragments get the ref."""
+    _, res, ref = sidebar.load_and_extract(choice, NAMES)
+    summary(res)
+    view(ref)
+
+
+main()

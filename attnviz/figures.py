@@ -8,6 +8,9 @@ Nothing here imports Streamlit; pages call ``st.plotly_chart(fig)``. Conventions
   label each bin ``"(i–j) token…"``.
 - Every label and title built from user text is HTML-escaped (``<``, ``>``, ``&``): Plotly
   renders ``<b>`` and ``<br>`` in labels, and a token must be shown literally.
+- Short token axes label every token (Plotly thins category ticks to every other one); long
+  ones keep Plotly's thinning. The hover always names both tokens.
+- Titles sit above the plot area under a top margin that leaves room for the mode bar.
 - Payload is bounded: a heatmap cell costs about 6.7 bytes in the JSON the browser gets
   (base64 float32), so the builders pool down to ``GRID_MAX_CELLS`` / ``SINGLE_MAX_CELLS`` /
   ``MOSAIC_MAX_CELLS`` cells; one page view stays under 5 MB at any sequence length.
@@ -38,6 +41,8 @@ SINGLE_MAX_CELLS = 400_000  # one head at full resolution up to 632 x 632 tokens
 SINGLE_MAX_KEYS = 1024  # key columns of a row window before keys are pooled
 MOSAIC_MAX_CELLS = 300_000  # every layer x head of a model at once (~2 MB)
 LOG_FLOOR_EXP = -5  # log colour: weights below 1e-5 share the lowest colour
+ALL_TICKS_MAX = 48  # token axes with up to this many labels show every one
+TITLE_MARGIN = 76  # px above the plot area: the mode bar (~30 px) and the title below it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,6 +88,40 @@ def bin_labels(labels: Sequence[str], edges: np.ndarray) -> list[str]:
 def head_title(head: int, kv_head: int | None = None) -> str:
     """ "head 4 · kv 1" (GQA) or "head 4"."""
     return f"head {head}" if kv_head is None else f"head {head} · kv {kv_head}"
+
+
+def token_ticks(labels: Sequence[str]) -> dict:
+    """Axis settings that show every label of a short category axis (``labels`` as given to
+    the trace, i.e. escaped); {} for a long one, which Plotly thins."""
+    n = len(labels)
+    if n == 0 or n > ALL_TICKS_MAX:
+        return {}
+    size = 12 if n <= 16 else (10 if n <= 32 else 9)
+    return dict(tickmode="array", tickvals=list(labels), ticktext=list(labels), tickfont=dict(size=size))
+
+
+def index_ticks(values: Sequence[str], max_labels: int = 16) -> tuple[list[str], list[str]]:
+    """(tickvals, ticktext) for a numbered category axis (layers): every 1st, 2nd, 5th, 10th ...
+    value so that at most ``max_labels`` show, labelled with their index."""
+    n = len(values)
+    step = next((s for s in (1, 2, 5, 10, 20, 50, 100, 200) if n / s <= max_labels), max(1, n // max_labels))
+    picked = list(range(0, n, step))
+    return [values[i] for i in picked], [str(i) for i in picked]
+
+
+def _title(text: str, size: int = 14) -> dict:
+    """A left-aligned title just above the plot area (clear of the mode bar on the right)."""
+    return dict(
+        text=text,
+        x=0,
+        xref="paper",
+        xanchor="left",
+        y=1,
+        yref="paper",
+        yanchor="bottom",
+        pad=dict(b=10),
+        font=dict(size=size),
+    )
 
 
 def figure_name(*parts: object) -> str:
@@ -244,22 +283,25 @@ def head_heatmap(
         q_labels, k_labels = bin_labels(q_labels, re), bin_labels(k_labels, ce)
         note = f" (max-pooled to {probs.shape[0]}×{probs.shape[1]})"
     z = _colour(probs, log)
+    x, y = [escape(s) for s in k_labels], [escape(s) for s in q_labels]
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            x=[escape(s) for s in k_labels],
-            y=[escape(s) for s in q_labels],
+            x=x,
+            y=y,
             coloraxis="coloraxis",
             hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{_weight_hover(log)}<extra></extra>",
         )
     )
     fig.update_layout(
-        title=dict(text=escape(title) + note),
+        title=_title(escape(title) + note),
         coloraxis=_coloraxis(colorscale, log, zmax if zmax is not None else _max(probs)),
         height=height,
-        margin=dict(l=10, r=10, t=50, b=10),
-        xaxis=dict(type="category", title=dict(text="key"), tickangle=-60, constrain="domain"),
-        yaxis=dict(type="category", title=dict(text="query"), autorange="reversed"),
+        margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),
+        xaxis=dict(
+            type="category", title=dict(text="key"), tickangle=-60, constrain="domain", **token_ticks(x)
+        ),
+        yaxis=dict(type="category", title=dict(text="query"), autorange="reversed", **token_ticks(y)),
     )
     return fig
 
@@ -332,6 +374,10 @@ def head_grid(
     show_ticks = len(ql) <= 16
     fig.update_xaxes(type="category", showticklabels=False, ticks="", tickangle=-60)
     fig.update_yaxes(type="category", autorange="reversed", showticklabels=False, ticks="")
+    if show_ticks:
+        small = dict(size=11 if len(ql) <= 8 else 9)
+        fig.update_xaxes(**{**token_ticks(x), "tickfont": small})
+        fig.update_yaxes(**{**token_ticks(y), "tickfont": small})
     if show_ticks:  # token labels on the left column and under the bottom facet of each column
         for i in range(n_h):
             r, c = i // cols + 1, i % cols + 1
@@ -342,7 +388,7 @@ def head_grid(
     fig.update_layout(
         coloraxis=axis,
         height=max(260, rows * facet_px + (120 if show_ticks else 60)),
-        margin=dict(l=10, r=10, t=40, b=10),
+        margin=dict(l=10, r=10, t=56, b=10),
         showlegend=False,
     )
     fig.update_annotations(font_size=12)
@@ -471,8 +517,11 @@ def metric_heatmap(
     layers = [f"layer {i}" for i in range(n_l)]
     short_h = [f"H{h}" if head_names is None else head_names[h].replace("kv ", "KV") for h in range(n_h)]
     z, x, y = (values.T, layers, heads) if layers_across else (values, heads, layers)
-    xt, yt = (
-        ([str(i) for i in range(n_l)], short_h) if layers_across else (short_h, [f"L{i}" for i in range(n_l)])
+    layer_vals, layer_text = index_ticks(layers)  # every 1st/2nd/5th layer, horizontal
+    xv, xt, yv, yt = (
+        (layer_vals, layer_text, y, short_h)
+        if layers_across
+        else (x, short_h, layer_vals, [f"L{t}" for t in layer_text])
     )
     fig = go.Figure(
         go.Heatmap(
@@ -490,11 +539,19 @@ def metric_heatmap(
     )
     rows = len(y)
     fig.update_layout(
-        title=dict(text=escape(name), font=dict(size=14)),
-        height=height or min(900, max(180, 16 * rows + 110)),
-        margin=dict(l=10, r=10, t=40, b=10),
-        xaxis=dict(type="category", tickmode="array", tickvals=x, ticktext=xt, title=dict(text="layer")),
-        yaxis=dict(type="category", autorange="reversed", tickmode="array", tickvals=y, ticktext=yt),
+        title=_title(escape(name)),
+        height=height or min(900, max(200, 16 * rows + 140)),
+        margin=dict(l=10, r=10, t=56, b=10),
+        xaxis=dict(
+            type="category",
+            tickmode="array",
+            tickvals=xv,
+            ticktext=xt,
+            tickangle=0,
+            tickfont=dict(size=12),
+            title=dict(text="layer" if layers_across else "head"),
+        ),
+        yaxis=dict(type="category", autorange="reversed", tickmode="array", tickvals=yv, ticktext=yt),
     )
     return fig
 
@@ -517,22 +574,23 @@ def rows_heatmap(
         rows, _, ce = downsample(rows, rows.shape[0], max_cols, "max")
         k_labels = bin_labels(k_labels, ce)
         note = f" (keys max-pooled to {rows.shape[1]})"
+    x, y = [escape(s) for s in k_labels], [escape(s) for s in row_labels]
     fig = go.Figure(
         go.Heatmap(
             z=_colour(rows, log),
-            x=[escape(s) for s in k_labels],
-            y=[escape(s) for s in row_labels],
+            x=x,
+            y=y,
             coloraxis="coloraxis",
             hovertemplate=f"%{{y}}<br>key %{{x}}<br>{_weight_hover(log)}<extra></extra>",
         )
     )
     fig.update_layout(
-        title=dict(text=escape(title) + note),
+        title=_title(escape(title) + note),
         coloraxis=_coloraxis(colorscale, log, _max(rows)),
-        height=max(220, 28 * len(row_labels) + 160),
-        margin=dict(l=10, r=10, t=50, b=10),
-        xaxis=dict(type="category", title=dict(text="key"), tickangle=-60),
-        yaxis=dict(type="category", autorange="reversed"),
+        height=max(240, 28 * len(row_labels) + 190),
+        margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),
+        xaxis=dict(type="category", title=dict(text="key"), tickangle=-60, **token_ticks(x)),
+        yaxis=dict(type="category", autorange="reversed", **token_ticks(y)),
     )
     if highlight is not None and 0 <= highlight < len(k_labels):
         fig.add_vline(x=highlight, line=dict(color="red", width=1, dash="dot"))
@@ -565,11 +623,12 @@ def matrix_heatmap(
     finite = z[np.isfinite(z)]
     signed = finite.size and float(finite.min()) < 0
     bound = float(np.abs(finite).max()) if finite.size else 1.0
+    x, y = [escape(s) for s in cols_l], [escape(s) for s in rows_l]
     fig = go.Figure(
         go.Heatmap(
             z=z,
-            x=[escape(s) for s in cols_l],
-            y=[escape(s) for s in rows_l],
+            x=x,
+            y=y,
             colorscale=colorscale or (DIVERGING if signed else "Viridis"),
             zmid=0.0 if signed else None,
             zmin=-bound if signed else None,
@@ -578,12 +637,22 @@ def matrix_heatmap(
             hovertemplate="row %{y}<br>col %{x}<br>%{z:.4g}<extra></extra>",
         )
     )
+    long_cols = col_labels is not None and any(len(s) > 4 for s in cols_l)  # tokens, not "d12"
     fig.update_layout(
-        title=dict(text=escape(title)),
+        title=_title(escape(title)),
         height=height,
-        margin=dict(l=10, r=10, t=40, b=10),
-        xaxis=dict(type="category", title=dict(text=escape(x_title))),
-        yaxis=dict(type="category", title=dict(text=escape(y_title)), autorange="reversed"),
+        margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),
+        xaxis=dict(
+            type="category",
+            title=dict(text=escape(x_title)),
+            **(dict(tickangle=-60, **token_ticks(x)) if long_cols else {}),
+        ),
+        yaxis=dict(
+            type="category",
+            title=dict(text=escape(y_title)),
+            autorange="reversed",
+            **(token_ticks(y) if row_labels is not None else {}),
+        ),
     )
     return fig
 
@@ -601,10 +670,10 @@ def bar_chart(
         )
     )
     fig.update_layout(
-        title=dict(text=escape(title)),
-        height=max(220, 22 * len(labels) + 100),
-        margin=dict(l=10, r=10, t=40, b=10),
-        xaxis=dict(title=dict(text=escape(x_title))),
+        title=_title(escape(title)),
+        height=max(240, 22 * len(labels) + 130),
+        margin=dict(l=10, r=20, t=56, b=10),
+        xaxis=dict(title=dict(text=escape(x_title)), automargin=True),
         yaxis=dict(type="category", autorange="reversed"),
     )
     return fig

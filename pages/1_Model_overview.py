@@ -16,148 +16,170 @@ sidebar.page("Model overview", NAMES, ":material/grid_view:")
 choice = sidebar.sidebar()
 
 st.title("Model overview")
-lm, res, key = sidebar.load_and_extract(choice, NAMES)
-st.caption(f"**{md(lm.spec)}** · {models.describe_layout(lm)} · {res.n_tokens} tokens")
 
-stacks = list(res.stacks)
-stack = state.choose("stack", stacks, "attention")
-c1, c2, c3 = st.columns([2, 2, 3])
-with c1:
-    if len(stacks) > 1:
-        stack = st.segmented_control("Attention", stacks, key="stack", required=True)
-    cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
-with c2:
-    log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
-    induction = st.toggle(
-        "Induction probe",
-        value=True,
-        key="induction",
-        help="Also run the model on 50 random tokens repeated twice and score every head on copying "
-        "the token after the earlier occurrence (induction heads).",
-    )
-n_layers, n_heads = res.n_layers(stack), res.n_heads
-kv = attention.kv_heads(res, stack)
-view = attention.View(stack=stack)
-ax = attention.axes(res, view)
 
-# -- every head at once -----------------------------------------------------------------------
-st.subheader(f"Every head: {n_layers} layers × {n_heads} heads")
-side = F.mosaic_side(n_layers, n_heads)
-tiles, bar = [], None
-q_bins, k_bins = ax.q_labels, ax.k_labels
-for layer in range(n_layers):
-    if bar is None and len(ax.q_idx) > 256:
-        bar = st.progress(0.0, text="Pooling the layers…")
-    pooled, q_bins, k_bins = attention.grid(res, key, layer, view, ax, side)
-    tiles.append(pooled)
+def main() -> None:
+    """The page body: the model and the result stay locals of this run (widget format functions
+    outlive it and hold the page's globals; see app.py)."""
+    lm, res, ref = sidebar.load_and_extract(choice, NAMES)
+    st.caption(f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)} · {res.n_tokens} tokens")
+
+    stacks = list(res.stacks)
+    stack = state.choose("stack", stacks, "attention")
+    c1, c2, _ = st.columns([2, 2, 3])
+    with c1:
+        if len(stacks) > 1:
+            stack = st.segmented_control("Attention", stacks, key="stack", required=True)
+        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+    with c2:
+        log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
+        induction = st.toggle(
+            "Induction probe",
+            value=True,
+            key="induction",
+            help="Also run the model on 50 random tokens repeated twice and score every head on copying "
+            "the token after the earlier occurrence (induction heads).",
+        )
+    every_head(lm.spec, res, ref.key, stack, cmap, log)
+    hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=choice.token)
+    if hm is None:
+        sidebar.stop(NAMES)
+    head_finder(hm, stack)
+    state.share_box(NAMES)
+
+
+def every_head(spec: str, res, key: tuple, stack: str, cmap: str, log: bool) -> None:
+    """The mosaic of every layer x head."""
+    n_layers, n_heads = res.n_layers(stack), res.n_heads
+    kv = attention.kv_heads(res, stack)
+    view = attention.View(stack=stack)
+    ax = attention.axes(res, view)
+    st.subheader(f"Every head: {n_layers} layers × {n_heads} heads")
+    side = F.mosaic_side(n_layers, n_heads)
+    tiles, bar = [], None
+    q_bins, k_bins = ax.q_labels, ax.k_labels
+    for layer in range(n_layers):
+        if bar is None and len(ax.q_idx) > 256:
+            bar = st.progress(0.0, text="Pooling the layers…")
+        pooled, q_bins, k_bins = attention.grid(res, key, layer, view, ax, side)
+        tiles.append(pooled)
+        if bar is not None:
+            bar.progress((layer + 1) / n_layers, text=f"Pooling layer {layer + 1} of {n_layers}…")
     if bar is not None:
-        bar.progress((layer + 1) / n_layers, text=f"Pooling layer {layer + 1} of {n_layers}…")
-if bar is not None:
-    bar.empty()
-images = np.stack(tiles)
-pooled_note = "" if images.shape[-2:] == (len(ax.q_idx), len(ax.k_idx)) else f", max-pooled to {side}×{side}"
-across = "Columns: layers, rows: heads" if n_layers > n_heads else "Rows: layers, columns: heads"
-st.caption(f"{across}. Each tile is one head's attention pattern (queries down, keys across){pooled_note}.")
-mosaic = F.model_mosaic(images, colorscale=cmap, log=log, kv_heads=kv, q_labels=q_bins, k_labels=k_bins)
-export.chart(
-    mosaic, F.figure_name(lm.spec, stack if stack != "self" else "", "all_heads"), key="mosaic_chart"
-)
-
-# -- head statistics ---------------------------------------------------------------------------
-st.subheader("Head statistics")
-hm = None
-with models.guarded("computing the head statistics", choice.token):
-    with st.spinner("Computing the head statistics…", show_time=True):
-        hm, note = attention.head_metrics(lm, res, key, stack, induction=induction, token=choice.token)
-    if note:
-        st.caption(note)
-if hm is None:
-    sidebar.stop(NAMES)
-
-present = list(hm.metrics)
-kv_coh = hm.kv_coherence()
-cols = st.columns(2)
-for i, m in enumerate(present):
-    values, names = hm.values(m), None
-    if m == "gqa_coherence" and kv_coh is not None:
-        values = kv_coh  # one value per KV group: its query heads' agreement
-        names = [f"kv {g}" for g in range(values.shape[1])]
-    bounded = m != "distance"
-    fig = F.metric_heatmap(
-        values,
-        attention.METRIC_NAMES.get(m, m),
-        kv_heads=kv,
-        head_names=names,
-        colorscale=cmap,
-        zmin=0.0 if bounded else None,
-        zmax=1.0 if bounded else None,
+        bar.empty()
+    images = np.stack(tiles)
+    pooled_note = (
+        "" if images.shape[-2:] == (len(ax.q_idx), len(ax.k_idx)) else f", max-pooled to {side}×{side}"
     )
-    with cols[i % 2]:
-        export.chart(fig, F.figure_name(lm.spec, stack if stack != "self" else "", m), key=f"metric_{m}")
-
-# -- head finder -------------------------------------------------------------------------------
-st.subheader("Head finder")
-metric = state.choose("metric", present, "metric")
-metric = st.selectbox(
-    "Sort by", present, key="metric", format_func=lambda m: attention.METRIC_NAMES.get(m, m)
-)
-rows = sorted(hm.to_rows(), key=lambda r: -float(r[metric]))
+    across = "Columns: layers, rows: heads" if n_layers > n_heads else "Rows: layers, columns: heads"
+    st.caption(
+        f"{across}. Each tile is one head's attention pattern (queries down, keys across){pooled_note}."
+    )
+    mosaic = F.model_mosaic(images, colorscale=cmap, log=log, kv_heads=kv, q_labels=q_bins, k_labels=k_bins)
+    export.chart(
+        mosaic, F.figure_name(spec, stack if stack != "self" else "", "all_heads"), key="mosaic_chart"
+    )
 
 
-def explorer_link(layer: int, head: int) -> str:
-    params = {
-        "model": choice.spec,
-        "text": choice.text if len(choice.text) <= state.MAX_LINK_TEXT else "",
-        "chat": "1" if choice.chat else "0",
-        "stack": stack,
-        "layer": str(layer),
-        "head": str(head),
+def statistics(lm, res, key: tuple, stack: str, cmap: str, *, induction: bool, token: str | None):
+    """One (layer, head) heatmap per statistic; the metrics, or None after an error (shown)."""
+    st.subheader("Head statistics")
+    hm = None
+    with models.guarded("computing the head statistics", token):
+        with st.spinner("Computing the head statistics…", show_time=True):
+            hm, note = attention.head_metrics(lm, res, key, stack, induction=induction, token=token)
+        if note:
+            st.caption(md(note))
+    if hm is None:
+        return None
+    kv = attention.kv_heads(res, stack)
+    present = list(hm.metrics)
+    kv_coh = hm.kv_coherence()
+    cols = st.columns(2)
+    for i, m in enumerate(present):
+        values, names = hm.values(m), None
+        if m == "gqa_coherence" and kv_coh is not None:
+            values = kv_coh  # one value per KV group: its query heads' agreement
+            names = [f"kv {g}" for g in range(values.shape[1])]
+        bounded = m != "distance"
+        fig = F.metric_heatmap(
+            values,
+            attention.METRIC_NAMES.get(m, m),
+            kv_heads=kv,
+            head_names=names,
+            colorscale=cmap,
+            zmin=0.0 if bounded else None,
+            zmax=1.0 if bounded else None,
+        )
+        with cols[i % 2]:
+            export.chart(fig, F.figure_name(lm.spec, stack if stack != "self" else "", m), key=f"metric_{m}")
+    return hm
+
+
+def head_finder(hm, stack: str) -> None:
+    """The heads sorted by a statistic, each with a link to the explorer."""
+    present = list(hm.metrics)
+    st.subheader("Head finder")
+    metric = state.choose("metric", present, "metric")
+    metric = st.selectbox(
+        "Sort by", present, key="metric", format_func=lambda m: attention.METRIC_NAMES.get(m, m)
+    )
+    rows = sorted(hm.to_rows(), key=lambda r: -float(r[metric]))
+
+    def explorer_link(layer: int, head: int) -> str:
+        params = {
+            "model": choice.spec,
+            "text": choice.text if len(choice.text) <= state.MAX_LINK_TEXT else "",
+            "chat": "1" if choice.chat else "0",
+            "stack": stack,
+            "layer": str(layer),
+            "head": str(head),
+        }
+        return "./?" + urllib.parse.urlencode(
+            {k: v for k, v in params.items() if v}, quote_via=urllib.parse.quote
+        )
+
+    table = {
+        "layer": [r["layer"] for r in rows],
+        "head": [r["head"] for r in rows],
+        "kv head": [r["kv_head"] for r in rows],
+        "open": [explorer_link(int(r["layer"]), int(r["head"])) for r in rows],
+        **{m: [round(float(r[m]), 4) for r in rows] for m in present},
     }
-    return "./?" + urllib.parse.urlencode(
-        {k: v for k, v in params.items() if v}, quote_via=urllib.parse.quote
-    )
-
-
-table = {
-    "layer": [r["layer"] for r in rows],
-    "head": [r["head"] for r in rows],
-    "kv head": [r["kv_head"] for r in rows],
-    "open": [explorer_link(int(r["layer"]), int(r["head"])) for r in rows],
-    **{m: [round(float(r[m]), 4) for r in rows] for m in present},
-}
-st.caption("Click a column to sort. Select a row and open it in the explorer, or follow its link.")
-picked = st.dataframe(
-    table,
-    key="head_table",
-    on_select="rerun",
-    selection_mode="single-row",
-    hide_index=True,
-    height=360,
-    column_config={
-        "open": st.column_config.LinkColumn("open", display_text="explorer ↗"),
-        **{
-            m: st.column_config.NumberColumn(
-                SHORT.get(m, m), help=attention.METRIC_NAMES.get(m, m), format="%.3f"
-            )
-            for m in present
+    st.caption("Click a column to sort. Select a row and open it in the explorer, or follow its link.")
+    picked = st.dataframe(
+        table,
+        key="head_table",
+        on_select="rerun",
+        selection_mode="single-row",
+        hide_index=True,
+        height=360,
+        column_config={
+            "open": st.column_config.LinkColumn("open", display_text="explorer ↗"),
+            **{
+                m: st.column_config.NumberColumn(
+                    SHORT.get(m, m), help=attention.METRIC_NAMES.get(m, m), format="%.3f"
+                )
+                for m in present
+            },
         },
-    },
-)
-selected = list(picked.selection.rows) if picked is not None and picked.selection else []
-if selected:
-    row = rows[selected[0]]
-    layer_sel, head_sel = int(row["layer"]), int(row["head"])
-else:
-    layer_sel, head_sel = int(rows[0]["layer"]), int(rows[0]["head"])
-if st.button(
-    f"Open layer {layer_sel}, head {head_sel} in the explorer",
-    key="open_head",
-    type="primary",
-    icon=":material/open_in_new:",
-):
-    params = state.commit(NAMES)
-    params.update({"stack": stack, "layer": str(layer_sel), "head": str(head_sel)})
-    params.pop("metric", None)
-    st.switch_page("app.py", query_params=params)
+    )
+    selected = list(picked.selection.rows) if picked is not None and picked.selection else []
+    if selected:
+        row = rows[selected[0]]
+        layer_sel, head_sel = int(row["layer"]), int(row["head"])
+    else:
+        layer_sel, head_sel = int(rows[0]["layer"]), int(rows[0]["head"])
+    if st.button(
+        f"Open layer {layer_sel}, head {head_sel} in the explorer",
+        key="open_head",
+        type="primary",
+        icon=":material/open_in_new:",
+    ):
+        params = state.commit(NAMES)
+        params.update({"stack": stack, "layer": str(layer_sel), "head": str(head_sel)})
+        params.pop("metric", None)
+        st.switch_page("app.py", query_params=params)
 
-state.share_box(NAMES)
+
+main()

@@ -25,7 +25,6 @@ st.caption(
     "The textbook pipeline — project to Q, K, V, split into heads, scores, scale, mask, softmax, "
     "weighted sum of V, concatenate, W_o — run by hand and checked against the real thing."
 )
-mode = st.segmented_control("Mode", state.SCRATCH_MODES, key="mode", required=True)
 
 
 def parity(label: str, value: float, help_text: str) -> None:
@@ -62,7 +61,7 @@ def step_browser(step_list: list[tuple[str, str, np.ndarray]], layout, labels: l
             col_labels=pic.cols,
             x_title="key" if name in steps.KEY_AXIS_STEPS else "dimension",
             y_title="query" if name in steps.KEY_AXIS_STEPS else "position",
-            height=420,
+            height=500,
         )
         export.chart(fig, F.figure_name("scratch", name, f"H{head}"), key="step_chart")
 
@@ -76,8 +75,8 @@ def shape_rows(layout, n_tokens: int) -> dict:
     }
 
 
-# -- toy mode ----------------------------------------------------------------------------------
-if mode == "toy":
+def toy_mode() -> None:
+    """The textbook MHA with random weights, checked against torch.nn.MultiheadAttention."""
     st.subheader("Toy model: random weights")
     c1, c2, c3, c4 = st.columns(4)
     with c1:
@@ -112,121 +111,140 @@ if mode == "toy":
     head = st.selectbox("Head", list(range(n_heads)), key="head") if n_heads > 1 else 0
     step_list = [(n, steps.TOY_DESCRIPTIONS.get(n, ""), v) for n, v in toy.steps.items()]
     step_browser(step_list, toy.layout, labels, min(int(head), n_heads - 1))
-    state.share_box(NAMES)
-    st.stop()
 
-# -- a real layer ------------------------------------------------------------------------------
-if not choice.spec or not choice.text.strip():
-    st.info("Pick a model and type a text in the sidebar.")
-    sidebar.stop(NAMES)
-lm = models.load(choice.spec, choice.token)
-if lm is None:
-    sidebar.stop(NAMES)
-lay = lm.layout
-if lay.kind == "encoder-decoder":
-    st.error(
-        f"{md(choice.spec)} is an encoder-decoder model; the walkthrough covers decoder and encoder "
-        f"models ({', '.join(W.SUPPORTED)}). Pick smollm2-135m or minilm-l6, or use the toy mode."
-    )
-    sidebar.stop(NAMES)
-state.clamp("layer", 0, lay.n_layers - 1, "layer")
-state.clamp("head", 0, lay.n_heads - 1, "head")
-c1, c2 = st.columns([3, 2])
-with c1:
-    layer = st.slider("Layer", 0, lay.n_layers - 1, key="layer") if lay.n_layers > 1 else 0
-with c2:
-    head = st.selectbox(
-        "Head",
-        list(range(lay.n_heads)),
-        key="head",
-        format_func=lambda h: F.head_title(h, lay.kv_head_of(h) if lay.group_size > 1 else None),
-    )
 
-chat = choice.chat and lm.has_chat_template
-max_tokens = min(W.DEFAULT_MAX_TOKENS, models.config().max_tokens)
-wt = None
-with models.guarded(f"recomputing layer {layer} of {md(choice.spec)}", choice.token, (choice.spec,)):
-    key = (lm.spec, models.token_key(choice.token), choice.text, chat, layer)
-    with st.spinner(f"Recomputing layer {layer} step by step…", show_time=True):
-        wt = models.cached(
-            "walkthrough",
-            key,
-            lambda: W.layer_walkthrough(lm, choice.text, layer, chat=chat, max_tokens=max_tokens),
-            nbytes=lambda w: sum(s.value.nbytes for s in w.steps),
+def real_layer() -> None:
+    """One layer of the sidebar's model recomputed step by step, and the counterfactuals.
+
+    The model and the walkthrough stay locals of this run: widget format functions outlive it
+    and hold the page's globals (see app.py)."""
+    if not choice.spec or not choice.text.strip():
+        st.info("Pick a model and type a text in the sidebar.")
+        sidebar.stop(NAMES)
+    lm = models.load(choice.spec, choice.token)
+    if lm is None:
+        sidebar.stop(NAMES)
+    lay = lm.layout
+    if lay.kind == "encoder-decoder":
+        st.error(
+            f"{md(choice.spec)} is an encoder-decoder model; the walkthrough covers decoder and encoder "
+            f"models ({', '.join(W.SUPPORTED)}). Pick smollm2-135m or minilm-l6, or use the toy mode."
         )
-if wt is None:
-    sidebar.stop(NAMES)
+        sidebar.stop(NAMES)
+    state.clamp("layer", 0, lay.n_layers - 1, "layer")
+    state.clamp("head", 0, lay.n_heads - 1, "head")
+    c1, c2 = st.columns([3, 2])
+    with c1:
+        layer = st.slider("Layer", 0, lay.n_layers - 1, key="layer") if lay.n_layers > 1 else 0
+    with c2:
+        head = st.selectbox(
+            "Head",
+            list(range(lay.n_heads)),
+            key="head",
+            format_func=lambda h: F.head_title(h, lay.kv_head_of(h) if lay.group_size > 1 else None),
+        )
 
-labels = F.token_labels(wt.tokens.display)
-n_tok = len(labels)
-st.caption(
-    f"**{md(lm.spec)}** · layer {layer} · {models.describe_layout(lm)} · {n_tok} tokens · "
-    f"recomputed in float32 on the CPU in {wt.seconds:.2f} s"
-)
-m1, m2, m3 = st.columns(3)
-with m1:
-    parity(
-        "max |Δ| weights vs model",
-        wt.max_abs_diff_probs,
-        "Our softmax(QKᵀ·scale + mask) against the model's own eager attention weights.",
+    chat = choice.chat and lm.has_chat_template
+    max_tokens = min(W.DEFAULT_MAX_TOKENS, models.config().max_tokens)
+    wt = None
+    with models.guarded(f"recomputing layer {layer} of {md(choice.spec)}", choice.token, (choice.spec,)):
+        key = (lm.spec, models.token_key(choice.token), choice.text, chat, layer)
+        with st.spinner(f"Recomputing layer {layer} step by step…", show_time=True):
+            wt = models.cached(
+                "walkthrough",
+                key,
+                lambda: W.layer_walkthrough(lm, choice.text, layer, chat=chat, max_tokens=max_tokens),
+                nbytes=lambda w: sum(s.value.nbytes for s in w.steps),
+            )
+    if wt is None:
+        sidebar.stop(NAMES)
+
+    labels = F.token_labels(wt.tokens.display)
+    n_tok = len(labels)
+    st.caption(
+        f"**{md(lm.spec)}** · layer {layer} · {models.describe_layout(lm.layout)} · {n_tok} tokens · "
+        f"recomputed in float32 on the CPU in {wt.seconds:.2f} s"
     )
-with m2:
-    parity(
-        "max |Δ| concat vs model", wt.max_abs_diff_context, "The concatenated heads against the input of W_o."
-    )
-with m3:
-    parity("max |Δ| output vs model", wt.max_abs_diff_output, f"Our W_o output against {wt.compared_output}.")
+    m1, m2, m3 = st.columns(3)
+    with m1:
+        parity(
+            "max |Δ| weights vs model",
+            wt.max_abs_diff_probs,
+            "Our softmax(QKᵀ·scale + mask) against the model's own eager attention weights.",
+        )
+    with m2:
+        parity(
+            "max |Δ| concat vs model",
+            wt.max_abs_diff_context,
+            "The concatenated heads against the input of W_o.",
+        )
+    with m3:
+        parity(
+            "max |Δ| output vs model", wt.max_abs_diff_output, f"Our W_o output against {wt.compared_output}."
+        )
 
-with st.expander(f"Shape table for {md(lm.spec)} ({n_tok} tokens)", expanded=False):
-    st.dataframe(shape_rows(lay, n_tok), hide_index=True)
+    with st.expander(f"Shape table for {md(lm.spec)} ({n_tok} tokens)", expanded=False):
+        st.dataframe(shape_rows(lay, n_tok), hide_index=True)
 
-st.subheader("Step by step")
-step_list = [(s.name, s.description, s.value) for s in wt.steps]
-step_browser(step_list, lay, labels, int(head))
+    st.subheader("Step by step")
+    step_list = [(s.name, s.description, s.value) for s in wt.steps]
+    step_browser(step_list, lay, labels, int(head))
+    counterfactuals(lm.spec, lay, wt, labels, layer, head)
 
-# -- counterfactuals ---------------------------------------------------------------------------
-st.subheader("Change one ingredient")
-cf = wt.counterfactuals
-available = {
-    "none": wt.probs,
-    "no RoPE": None if cf is None else cf.no_rope,
-    "no mask": None if cf is None else cf.no_mask,
-    "no scaling": None if cf is None else cf.no_scaling,
-    "ungrouped K/V": None if cf is None else cf.ungrouped,
-}
-why_not = {
-    "no RoPE": "this model has no rotary embedding inside attention (positions are added to the input)",
-    "no mask": "this is an encoder: every token already sees every token",
-    "ungrouped K/V": "this model has one K/V head per query head (no GQA)",
-}
-explain = {
-    "none": "The model's real pattern.",
-    "no RoPE": "Queries and keys before the rotary embedding: the scores lose the distance between tokens.",
-    "no mask": "No causal mask: tokens also look at later tokens, which a decoder never sees.",
-    "no scaling": f"Scores not multiplied by {wt.scaling:.4g}: the softmax gets sharper (closer to one key).",
-    "ungrouped K/V": "Query head h reads KV head h % n_kv, not h // group: the learned pairing is lost.",
-}
-change = st.segmented_control("Change", state.CHANGES, key="change", required=True)
-changed = available.get(change)
-if changed is None:
-    st.info(f"'{change}' does not apply to {md(lm.spec)}: {why_not.get(change, 'not available')}.")
+
+def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int) -> None:
+    """The real pattern next to the pattern with one ingredient changed."""
+    st.subheader("Change one ingredient")
+    cf = wt.counterfactuals
+    available = {
+        "none": wt.probs,
+        "no RoPE": None if cf is None else cf.no_rope,
+        "no mask": None if cf is None else cf.no_mask,
+        "no scaling": None if cf is None else cf.no_scaling,
+        "ungrouped K/V": None if cf is None else cf.ungrouped,
+    }
+    why_not = {
+        "no RoPE": "this model has no rotary embedding inside attention (positions are added to the input)",
+        "no mask": "this is an encoder: every token already sees every token",
+        "ungrouped K/V": "this model has one K/V head per query head (no GQA)",
+    }
+    explain = {
+        "none": "The model's real pattern.",
+        "no RoPE": "Queries and keys before the rotary embedding: the scores lose the distance between "
+        "tokens.",
+        "no mask": "No causal mask: tokens also look at later tokens, which a decoder never sees.",
+        "no scaling": f"Scores not multiplied by {wt.scaling:.4g}: the softmax gets sharper (closer to one "
+        "key).",
+        "ungrouped K/V": "Query head h reads KV head h % n_kv, not h // group: the learned pairing is lost.",
+    }
+    change = st.segmented_control("Change", state.CHANGES, key="change", required=True)
+    changed = available.get(change)
+    if changed is None:
+        st.info(f"'{change}' does not apply to {md(spec)}: {why_not.get(change, 'not available')}.")
+    else:
+        st.caption(explain[change])
+        if change == "ungrouped K/V" and cf is not None and cf.ungrouped_kv_heads:
+            read, own = cf.ungrouped_kv_heads[head], lay.kv_head_of(head)
+            st.caption(f"Head {head} reads KV head {read} here instead of {own}.")
+        a, b = st.columns(2)
+        with a:
+            fig = F.head_heatmap(
+                wt.probs[head], labels, title=f"real · layer {layer} · head {head}", height=460
+            )
+            export.chart(fig, F.figure_name(spec, f"L{layer}", f"H{head}"), key="cf_real")
+        with b:
+            fig = F.head_heatmap(
+                changed[head], labels, title=f"{change} · layer {layer} · head {head}", height=460
+            )
+            export.chart(fig, F.figure_name(spec, f"L{layer}", f"H{head}", change), key="cf_changed")
+            if change != "none":
+                diff = float(np.abs(changed[head] - wt.probs[head]).max())
+                st.caption(f"Largest change of a weight in this head: {diff:.3f}.")
+
+
+mode = st.segmented_control("Mode", state.SCRATCH_MODES, key="mode", required=True)
+if mode == "toy":
+    toy_mode()
 else:
-    st.caption(explain[change])
-    if change == "ungrouped K/V" and cf is not None and cf.ungrouped_kv_heads:
-        st.caption(
-            f"Head {head} reads KV head {cf.ungrouped_kv_heads[head]} here instead of {lay.kv_head_of(head)}."
-        )
-    a, b = st.columns(2)
-    with a:
-        fig = F.head_heatmap(wt.probs[head], labels, title=f"real · layer {layer} · head {head}", height=460)
-        export.chart(fig, F.figure_name(lm.spec, f"L{layer}", f"H{head}"), key="cf_real")
-    with b:
-        fig = F.head_heatmap(
-            changed[head], labels, title=f"{change} · layer {layer} · head {head}", height=460
-        )
-        export.chart(fig, F.figure_name(lm.spec, f"L{layer}", f"H{head}", change), key="cf_changed")
-        if change != "none":
-            diff = float(np.abs(changed[head] - wt.probs[head]).max())
-            st.caption(f"Largest change of a weight in this head: {diff:.3f}.")
-
+    real_layer()
 state.share_box(NAMES)

@@ -27,133 +27,191 @@ else:
         "need the same layout (layers × heads), e.g. a base model and its instruct version."
     )
 
-lm_a, res_a, key_a = sidebar.load_and_extract(choice, NAMES)
-if not spec_b or not text_b.strip():
-    st.info("Type text B." if mode == "two texts" else "Pick model B.")
-    sidebar.stop(NAMES)
-lm_b = lm_a if spec_b == choice.spec else models.load(spec_b, choice.token)
-if lm_b is None:
-    sidebar.stop(NAMES)
-res_b, key_b = models.extract(lm_b, text_b, token=choice.token, chat=choice.chat and lm_b.has_chat_template)
-if res_b is None:
-    sidebar.stop(NAMES)
-la, lb = lm_a.layout, lm_b.layout
-shape_a = (la.n_layers, la.n_decoder_layers, la.n_heads, la.stacks)
-if shape_a != (lb.n_layers, lb.n_decoder_layers, lb.n_heads, lb.stacks):
-    st.error(
-        f"{md(lm_a.spec)} has {la.n_layers} layers × {la.n_heads} heads and {md(lm_b.spec)} has "
-        f"{lb.n_layers} × {lb.n_heads}: heads can only be compared between models of the same layout. "
-        "Pick two models of the same size (e.g. a base and an instruct version), or compare two texts."
-    )
-    sidebar.stop(NAMES)
 
-stacks = list(res_a.stacks)
-stack = state.choose("stack", stacks, "attention")
-if len(stacks) > 1:
-    stack = st.segmented_control("Attention", stacks, key="stack", required=True)
-p = compare.pair(res_a, res_b, stack)
-st.info(p.note, icon=":material/info:")
-pair_key = (key_a, key_b, stack)
+def main() -> None:
+    """The page body. Models and results stay locals of this run; the download callables get
+    `models.ResultRef`s (they and the widget format functions outlive the run; see app.py)."""
+    lm_a, res_a, ref_a = sidebar.load_and_extract(choice, NAMES)
+    if not spec_b or not text_b.strip():
+        st.info("Type text B." if mode == "two texts" else "Pick model B.")
+        sidebar.stop(NAMES)
+    lm_b = lm_a if spec_b == choice.spec else models.load(spec_b, choice.token)
+    if lm_b is None:
+        sidebar.stop(NAMES)
+    chat_b = choice.chat and lm_b.has_chat_template
+    res_b, ref_b = models.extract(lm_b, text_b, spec=spec_b, token=choice.token, chat=chat_b)
+    if res_b is None:
+        sidebar.stop(NAMES)
+    la, lb = lm_a.layout, lm_b.layout
+    shape_a = (la.n_layers, la.n_decoder_layers, la.n_heads, la.stacks)
+    if shape_a != (lb.n_layers, lb.n_decoder_layers, lb.n_heads, lb.stacks):
+        st.error(
+            f"{md(lm_a.spec)} has {la.n_layers} layers × {la.n_heads} heads and {md(lm_b.spec)} has "
+            f"{lb.n_layers} × {lb.n_heads}: heads can only be compared between models of the same layout. "
+            "Pick two models of the same size (e.g. a base and an instruct version), or compare two texts."
+        )
+        sidebar.stop(NAMES)
 
-# -- the heads that changed most ---------------------------------------------------------------
-with st.spinner("Comparing every head…", show_time=True):
-    scores = compare.change_scores(res_a, res_b, stack, p.m, pair_key)
-    ent_a, _ = attention.head_metrics(lm_a, res_a, key_a, stack, induction=False, token=choice.token)
-    ent_b, _ = attention.head_metrics(lm_b, res_b, key_b, stack, induction=False, token=choice.token)
-n_layers, n_heads = scores.shape
-kv = attention.kv_heads(res_a, stack)
-order = np.argsort(-scores, axis=None, kind="stable")
-d_ent = ent_b.entropy - ent_a.entropy
-st.subheader("Heads that changed most")
-left, right = st.columns([2, 3])
-with left:
-    top = order[:TOP]
-    bars = F.bar_chart(
-        [float(scores.flat[i]) for i in top],
-        [f"L{i // n_heads} · {F.head_title(i % n_heads, kv[i % n_heads] if kv else None)}" for i in top],
-        title=f"Top {len(top)} heads by change",
-        x_title="mean total variation distance (0 = same, 1 = disjoint)",
-    )
-    export.chart(bars, F.figure_name("compare", lm_a.spec, "top_heads"), key="top_chart")
-with right:
-    table = {
-        "layer": [int(i // n_heads) for i in order],
-        "head": [int(i % n_heads) for i in order],
-        "change (TV)": [round(float(scores.flat[i]), 4) for i in order],
-        "Δ entropy (B − A)": [round(float(d_ent.flat[i]), 4) for i in order],
-    }
-    picked = st.dataframe(
-        table, key="change_table", on_select="rerun", selection_mode="single-row", hide_index=True, height=420
-    )
-    st.caption("Sorted by change; click a column to re-sort. Select a row to show that head below.")
-sel = list(picked.selection.rows) if picked is not None and picked.selection else []
-if sel and st.session_state.get("_cmp_picked") != (pair_key, sel[0]):
-    st.session_state["_cmp_picked"] = (pair_key, sel[0])
-    state.put("layer", int(table["layer"][sel[0]]))
-    state.put("head", int(table["head"][sel[0]]))
+    stacks = list(res_a.stacks)
+    stack = state.choose("stack", stacks, "attention")
+    if len(stacks) > 1:
+        stack = st.segmented_control("Attention", stacks, key="stack", required=True)
+    p = compare.pair(res_a, res_b, stack)
+    st.info(p.note, icon=":material/info:")
+    pair_key = (ref_a.key, ref_b.key, stack)
 
-# -- side by side ------------------------------------------------------------------------------
-st.subheader("Side by side")
-state.clamp("layer", 0, n_layers - 1, "layer")
-state.clamp("head", 0, n_heads - 1, "head")
-c1, c2, c3 = st.columns([3, 2, 2])
-with c1:
-    layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
-with c2:
-    head = st.selectbox(
-        "Head", list(range(n_heads)), key="head", format_func=lambda h: F.head_title(h, kv[h] if kv else None)
-    )
-with c3:
-    cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+    with st.spinner("Comparing every head…", show_time=True):
+        scores = compare.change_scores(res_a, res_b, stack, p.m, pair_key)
+        ent_a, _ = attention.head_metrics(lm_a, res_a, ref_a.key, stack, induction=False, token=choice.token)
+        ent_b, _ = attention.head_metrics(lm_b, res_b, ref_b.key, stack, induction=False, token=choice.token)
+    kv = attention.kv_heads(res_a, stack)
+    heads_changed(scores, ent_b.entropy - ent_a.entropy, kv, lm_a.spec, pair_key)
+    layer, head, cmap = side_by_side(res_a, res_b, stack, p, scores, kv, pair_key, lm_a.spec, lm_b.spec)
+    one_head(ref_a, ref_b, stack, p, layer, head, cmap, float(scores[layer, head]))
+    state.share_box(NAMES)
 
-side = F.grid_side(n_heads, F.GRID_MAX_CELLS // 2)
-ga, gb, gd, bins = compare.grids(res_a, res_b, layer, stack, p, side, pair_key)
-zmax = float(max(ga.max(), gb.max())) or 1.0
-name_a = lm_a.spec if mode == "two models" else "A"
-name_b = lm_b.spec if mode == "two models" else "B"
-ca, cb = st.columns(2)
-with ca:
-    st.markdown(f"**{md(name_a)}** · layer {layer}")
-    fig_a = F.head_grid(ga, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=F.GRID_MAX_CELLS // 2)
-    export.chart(fig_a, F.figure_name("compare", lm_a.spec, "A", f"L{layer}"), key="grid_a")
-with cb:
-    st.markdown(f"**{md(name_b)}** · layer {layer}")
-    fig_b = F.head_grid(gb, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=F.GRID_MAX_CELLS // 2)
-    export.chart(fig_b, F.figure_name("compare", lm_b.spec, "B", f"L{layer}"), key="grid_b")
-st.markdown(f"**A − B** · layer {layer} (red: more weight in A, blue: more in B)")
-fig_d = F.head_grid(gd, bins, kv_heads=kv, diverging=True, max_cells=F.GRID_MAX_CELLS // 2)
-export.chart(fig_d, F.figure_name("compare", lm_a.spec, "diff", f"L{layer}"), key="grid_diff")
 
-st.markdown(f"**Head {head}, layer {layer}**: change {scores[layer, head]:.3f} (TV)")
-ha = compare.block(res_a, layer, stack, p.m)[head] if p.m * p.m <= F.SINGLE_MAX_CELLS else None
-if ha is None:
-    st.caption(
-        "The texts are long: the single-head view shows the pooled grids above; download the full block."
-    )
-else:
-    hb = compare.block(res_b, layer, stack, p.m)[head]
-    h1, h2, h3 = st.columns(3)
-    cells = F.SINGLE_MAX_CELLS // 3
+def heads_changed(scores: np.ndarray, d_ent: np.ndarray, kv, spec: str, pair_key: tuple) -> None:
+    """The most changed heads as bars and all heads in a table; a selected row picks the head
+    shown below."""
+    n_heads = scores.shape[1]
+    order = np.argsort(-scores, axis=None, kind="stable")
+    st.subheader("Heads that changed most")
+    left, right = st.columns([2, 3])
+    with left:
+        top = order[:TOP]
+        bars = F.bar_chart(
+            [float(scores.flat[i]) for i in top],
+            [f"L{i // n_heads} · {F.head_title(i % n_heads, kv[i % n_heads] if kv else None)}" for i in top],
+            title=f"Top {len(top)} heads by change",
+            x_title="TV distance (0 = same, 1 = disjoint)",
+        )
+        export.chart(bars, F.figure_name("compare", spec, "top_heads"), key="top_chart")
+    with right:
+        table = {
+            "layer": [int(i // n_heads) for i in order],
+            "head": [int(i % n_heads) for i in order],
+            "change (TV)": [round(float(scores.flat[i]), 4) for i in order],
+            "Δ entropy (B − A)": [round(float(d_ent.flat[i]), 4) for i in order],
+        }
+        picked = st.dataframe(
+            table,
+            key="change_table",
+            on_select="rerun",
+            selection_mode="single-row",
+            hide_index=True,
+            height=420,
+        )
+        st.caption(
+            "Change: the mean total variation distance between the A and B rows of a head. Sorted by "
+            "change; click a column to re-sort. Select a row to show that head below."
+        )
+    sel = list(picked.selection.rows) if picked is not None and picked.selection else []
+    if sel and st.session_state.get("_cmp_picked") != (pair_key, sel[0]):
+        st.session_state["_cmp_picked"] = (pair_key, sel[0])
+        state.put("layer", int(table["layer"][sel[0]]))
+        state.put("head", int(table["head"][sel[0]]))
+
+
+def side_by_side(res_a, res_b, stack: str, p, scores, kv, pair_key, spec_a: str, spec_b: str):
+    """Layer, head and colour controls, and every head of the layer for A, B and A − B.
+    Returns (layer, head, colour scale)."""
+    n_layers, n_heads = scores.shape
+    st.subheader("Side by side")
+    state.clamp("layer", 0, n_layers - 1, "layer")
+    state.clamp("head", 0, n_heads - 1, "head")
+    c1, c2, c3 = st.columns([3, 2, 2])
+    with c1:
+        layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
+    with c2:
+        head = st.selectbox(
+            "Head",
+            list(range(n_heads)),
+            key="head",
+            format_func=lambda h: F.head_title(h, kv[h] if kv else None),
+        )
+    with c3:
+        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+
+    side = F.grid_side(n_heads, F.GRID_MAX_CELLS // 2)
+    ga, gb, gd, bins = compare.grids(res_a, res_b, layer, stack, p, side, pair_key)
+    zmax = float(max(ga.max(), gb.max())) or 1.0
+    cells = F.GRID_MAX_CELLS // 2
+    ca, cb = st.columns(2)
+    with ca:
+        st.markdown(f"**{md(names(spec_a, spec_b)[0])}** · layer {layer}")
+        fig_a = F.head_grid(ga, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=cells)
+        export.chart(fig_a, F.figure_name("compare", spec_a, "A", f"L{layer}"), key="grid_a")
+    with cb:
+        st.markdown(f"**{md(names(spec_a, spec_b)[1])}** · layer {layer}")
+        fig_b = F.head_grid(gb, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=cells)
+        export.chart(fig_b, F.figure_name("compare", spec_b, "B", f"L{layer}"), key="grid_b")
+    st.markdown(f"**A − B** · layer {layer} (red: more weight in A, blue: more in B)")
+    fig_d = F.head_grid(gd, bins, kv_heads=kv, diverging=True, max_cells=cells)
+    export.chart(fig_d, F.figure_name("compare", spec_a, "diff", f"L{layer}"), key="grid_diff")
+    return layer, head, cmap
+
+
+def names(spec_a: str, spec_b: str) -> tuple[str, str]:
+    """What the two sides are called: the models when two models are compared, else A and B."""
+    return (spec_a, spec_b) if mode == "two models" else ("A", "B")
+
+
+def one_head(ref_a, ref_b, stack: str, p, layer: int, head: int, cmap: str, change: float) -> None:
+    """One head of A and of B next to each other, A − B under them, and the downloads."""
+    st.markdown(f"**Head {head}, layer {layer}**: change {change:.3f} (TV)")
+    if p.m * p.m > F.SINGLE_MAX_CELLS:
+        st.caption(
+            "The texts are long: the single-head view shows the pooled grids above; download the full block."
+        )
+        return
+    name_a, name_b = names(ref_a.name, ref_b.name)
+
+    def heads_now() -> tuple[np.ndarray, np.ndarray]:  # (A, B) of this head, fetched when needed
+        return (
+            compare.block(models.result_now(ref_a), layer, stack, p.m)[head],
+            compare.block(models.result_now(ref_b), layer, stack, p.m)[head],
+        )
+
+    cells = F.SINGLE_MAX_CELLS // 3  # three heads on the page: the payload stays under the budget
+
+    def diff_figure(ha: np.ndarray, hb: np.ndarray):
+        return F.head_grid(
+            (ha - hb)[None], p.labels, titles=["A − B"], diverging=True, max_cells=cells, facet_px=340
+        )
+
+    ha, hb = heads_now()
+    h1, h2 = st.columns(2)
     with h1:
-        f1 = F.head_heatmap(ha, p.labels, title=f"{name_a}", colorscale=cmap, max_cells=cells, height=460)
+        f1 = F.head_heatmap(ha, p.labels, title=name_a, colorscale=cmap, max_cells=cells, height=460)
         export.chart(f1, F.figure_name("compare", "A", f"L{layer}", f"H{head}"), key="head_a")
     with h2:
-        f2 = F.head_heatmap(hb, p.labels, title=f"{name_b}", colorscale=cmap, max_cells=cells, height=460)
+        f2 = F.head_heatmap(hb, p.labels, title=name_b, colorscale=cmap, max_cells=cells, height=460)
         export.chart(f2, F.figure_name("compare", "B", f"L{layer}", f"H{head}"), key="head_b")
+    h3, h4 = st.columns(2)
     with h3:
-        f3 = F.head_grid(
-            (ha - hb)[None], p.labels, titles=["A − B"], diverging=True, max_cells=cells, facet_px=380
+        export.chart(
+            diff_figure(ha, hb), F.figure_name("compare", "diff", f"L{layer}", f"H{head}"), key="head_diff"
         )
-        export.chart(f3, F.figure_name("compare", "diff", f"L{layer}", f"H{head}"), key="head_diff")
-    export.downloads(
-        F.figure_name("compare", lm_a.spec, f"L{layer}", f"H{head}"),
-        npz=lambda: export.npz_bytes(
-            a=ha, b=hb, diff=ha - hb, tokens=np.array(p.labels), layer=layer, head=head
-        ),
-        csv=lambda: export.csv_text(ha - hb, p.labels, p.labels, "A − B: query \\ key"),
-        fig=f3,
-        key="cmp",
-        what="A, B and A − B of this head",
-    )
+    with h4:
+        st.caption("A − B of this head: red where A puts more weight on a key, blue where B does.")
 
-state.share_box(NAMES)
+        def npz() -> bytes:
+            a, b = heads_now()
+            return export.npz_bytes(a=a, b=b, diff=a - b, tokens=np.array(p.labels), layer=layer, head=head)
+
+        def csv() -> str:
+            a, b = heads_now()
+            return export.csv_text(a - b, p.labels, p.labels, "A − B: query \\ key")
+
+        export.downloads(
+            F.figure_name("compare", ref_a.name, f"L{layer}", f"H{head}"),
+            npz=npz,
+            csv=csv,
+            fig=lambda: diff_figure(*heads_now()),
+            key="cmp",
+            what="A, B and A − B of this head",
+        )
+
+
+main()

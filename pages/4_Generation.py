@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from ui import attention, export, models, sidebar, state
-from ui.text import md
+from ui.text import continuation, md
 
 NAMES = ("model", "text", "chat", "k", "stack", "gstep", "layer", "grow", "cmap", "log")
 
@@ -22,123 +22,127 @@ with c2:
         "For each step you see where the new token's query looks, in every head of a layer."
     )
 
-if choice.spec:
-    lm0 = models.load(choice.spec, choice.token)
-    if lm0 is not None and lm0.layout.kind == "encoder":
-        st.error(
-            f"{md(choice.spec)} is an encoder ({lm0.layout.model_type}): it does not generate text. "
-            "Pick a decoder such as smollm2-135m, or an encoder-decoder model."
-        )
+
+def main() -> None:
+    """The page body. The model and the result stay locals of this run: the download callables
+    and the step slider's format function outlive it and hold the page's globals (see app.py)."""
+    if choice.spec:
+        lm = models.load(choice.spec, choice.token)
+        if lm is not None and lm.layout.kind == "encoder":
+            st.error(
+                f"{md(choice.spec)} is an encoder ({md(lm.layout.model_type)}): it does not generate "
+                "text. Pick a decoder such as smollm2-135m, or an encoder-decoder model."
+            )
+            sidebar.stop(NAMES)
+    lm, res, _ = sidebar.load_and_extract(choice, NAMES, generate=int(k))
+
+    stacks = [s for s in res.stacks if s in ("self", "decoder", "cross")]
+    stack = state.choose("stack", stacks, "attention")
+    if len(stacks) > 1:
+        stack = st.segmented_control("Attention", stacks, key="stack", required=True)
+    q_tokens, k_tokens = res.axes(stack)
+    generated = [i for i, g in enumerate(q_tokens.generated) if g]
+    if not generated:
+        st.info("The model stopped at once (it produced its end-of-text token). Try another prompt.")
         sidebar.stop(NAMES)
-lm, res, key = sidebar.load_and_extract(choice, NAMES, generate=int(k))
+    prompt_ids = [t for t, g in zip(q_tokens.ids, q_tokens.generated, strict=True) if not g]
+    n_steps = len(generated)
+    if n_steps < int(k):
+        st.caption(f"The model produced its end-of-text token after {n_steps} tokens.")
 
-stacks = [s for s in res.stacks if s in ("self", "decoder", "cross")]
-stack = state.choose("stack", stacks, "attention")
-if len(stacks) > 1:
-    stack = st.segmented_control("Attention", stacks, key="stack", required=True)
-q_tokens, k_tokens = res.axes(stack)
-generated = [i for i, g in enumerate(q_tokens.generated) if g]
-if not generated:
-    st.info("The model stopped at once (it produced its end-of-text token). Try another prompt.")
-    sidebar.stop(NAMES)
-prompt_ids = [t for t, g in zip(q_tokens.ids, q_tokens.generated, strict=True) if not g]
-n_steps = len(generated)
-if n_steps < int(k):
-    st.caption(f"The model produced its end-of-text token after {n_steps} tokens.")
-
-state.clamp("gstep", 1, n_steps, "step")
-n_layers, n_heads = res.n_layers(stack), res.n_heads
-state.clamp("layer", 0, n_layers - 1, "layer")
-labels_q = F.token_labels(q_tokens.display)
-labels_k = F.token_labels(k_tokens.display)
-step = (
-    st.select_slider(
-        "Step",
-        options=list(range(1, n_steps + 1)),
-        key="gstep",
-        format_func=lambda s: f"{s}: {q_tokens.display[generated[s - 1]]}",
+    state.clamp("gstep", 1, n_steps, "step")
+    n_layers, n_heads = res.n_layers(stack), res.n_heads
+    state.clamp("layer", 0, n_layers - 1, "layer")
+    labels_q = F.token_labels(q_tokens.display)
+    labels_k = F.token_labels(k_tokens.display)
+    step = (
+        st.select_slider(
+            "Step",
+            options=list(range(1, n_steps + 1)),
+            key="gstep",
+            format_func=lambda s: f"{s}: {q_tokens.display[generated[s - 1]]}",
+        )
+        if n_steps > 1
+        else 1
     )
-    if n_steps > 1
-    else 1
-)
-pos = generated[step - 1]
-gen_ids = [q_tokens.ids[i] for i in generated]
-decode = lm.tokenizer.decode
-st.code(
-    decode(gen_ids[:step], skip_special_tokens=False)
-    + " ◀ "
-    + decode(gen_ids[step:], skip_special_tokens=False),
-    language=None,
-    wrap_lines=True,
-)
-st.caption(f"The continuation of the prompt ({len(q_tokens) - n_steps} tokens); ◀ follows step {step}.")
-
-c1, c2, c3, c4 = st.columns([3, 3, 2, 2])
-with c1:
-    layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
-with c2:
-    row = st.segmented_control(
-        "Query row",
-        state.GEN_ROWS,
-        key="grow",
-        required=True,
-        help="'new token': the generated token's own row (what it attends to once it is in the text). "
-        "'predicting position': the row of the token before it, whose output predicted it.",
+    pos = generated[step - 1]
+    spec, prompt = lm.spec, lm.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    with st.container(border=True, key="continuation"):
+        st.markdown(continuation(prompt, [q_tokens.display[i] for i in generated], step - 1))
+    st.caption(
+        f"The prompt ({len(q_tokens) - n_steps} tokens) ▸ the {n_steps} generated tokens; "
+        f"⟦ ⟧ marks step {step}."
     )
-with c3:
-    cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
-with c4:
-    log = st.toggle("Log colour", key="log")
 
-q = pos if row == "new token" else pos - 1
-causal = stack != "cross"
-n_keys = q + 1 if causal else len(k_tokens)
-kv = attention.kv_heads(res, stack)
-rows = res.layer(layer, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys]  # (heads, keys)
-head_names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
-what = "predicting" if row != "new token" else "new token"
-title = f"layer {layer} · query {labels_q[q]} ({what} {q_tokens.display[pos]!r})"
-fig = F.rows_heatmap(
-    rows,
-    head_names,
-    labels_k[:n_keys],
-    title=title,
-    colorscale=cmap,
-    log=log,
-    highlight=q if causal else None,
-)
-name = F.figure_name(lm.spec, f"step{step}", f"L{layer}")
-export.chart(fig, name, key="gen_heads")
+    c1, c2, c3, c4 = st.columns([3, 3, 2, 2])
+    with c1:
+        layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
+    with c2:
+        row = st.segmented_control(
+            "Query row",
+            state.GEN_ROWS,
+            key="grow",
+            required=True,
+            help="'new token': the generated token's own row (what it attends to once it is in the text). "
+            "'predicting position': the row of the token before it, whose output predicted it.",
+        )
+    with c3:
+        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+    with c4:
+        log = st.toggle("Log colour", key="log")
 
-means = np.stack(
-    [res.layer(i, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys].mean(0) for i in range(n_layers)]
-)
-fig_layers = F.rows_heatmap(
-    means,
-    [f"layer {i}" for i in range(n_layers)],
-    labels_k[:n_keys],
-    title=f"every layer, mean over heads · query {labels_q[q]}",
-    colorscale=cmap,
-    log=log,
-)
-with st.expander("Every layer at this step (mean over heads)", expanded=False):
-    export.chart(fig_layers, F.figure_name(lm.spec, f"step{step}", "layers"), key="gen_layers")
+    q = pos if row == "new token" else pos - 1
+    causal = stack != "cross"
+    n_keys = q + 1 if causal else len(k_tokens)
+    kv = attention.kv_heads(res, stack)
+    rows = res.layer(layer, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys]  # (heads, keys)
+    head_names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
+    what = "predicting" if row != "new token" else "new token"
+    title = f"layer {layer} · query {labels_q[q]} ({what} {q_tokens.display[pos]!r})"
+    fig = F.rows_heatmap(
+        rows,
+        head_names,
+        labels_k[:n_keys],
+        title=title,
+        colorscale=cmap,
+        log=log,
+        highlight=q if causal else None,
+    )
+    name = F.figure_name(spec, f"step{step}", f"L{layer}")
+    export.chart(fig, name, key="gen_heads")
 
-export.downloads(
-    name,
-    npz=lambda: export.npz_bytes(
-        heads=rows,
-        layer_means=means,
-        key_tokens=np.array(labels_k[:n_keys]),
-        query=q,
-        step=step,
-        layer=layer,
-        model=lm.spec,
-        prompt=lm.tokenizer.decode(prompt_ids),
-    ),
-    csv=lambda: export.csv_text(rows, head_names, labels_k[:n_keys], "head \\ key"),
-    fig=fig,
-    key="gen",
-    what=f"attention rows of step {step}",
-)
-state.share_box(NAMES)
+    means = np.stack(
+        [res.layer(i, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys].mean(0) for i in range(n_layers)]
+    )
+    fig_layers = F.rows_heatmap(
+        means,
+        [f"layer {i}" for i in range(n_layers)],
+        labels_k[:n_keys],
+        title=f"every layer, mean over heads · query {labels_q[q]}",
+        colorscale=cmap,
+        log=log,
+    )
+    with st.expander("Every layer at this step (mean over heads)", expanded=False):
+        export.chart(fig_layers, F.figure_name(spec, f"step{step}", "layers"), key="gen_layers")
+
+    export.downloads(
+        name,
+        npz=lambda: export.npz_bytes(
+            heads=rows,
+            layer_means=means,
+            key_tokens=np.array(labels_k[:n_keys]),
+            query=q,
+            step=step,
+            layer=layer,
+            model=spec,
+            prompt=prompt,
+        ),
+        csv=lambda: export.csv_text(rows, head_names, labels_k[:n_keys], "head \\ key"),
+        fig=fig,
+        key="gen",
+        what=f"attention rows of step {step}",
+    )
+    state.share_box(NAMES)
+
+
+main()

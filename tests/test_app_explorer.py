@@ -299,18 +299,140 @@ def test_the_token_stays_out_of_the_url_and_the_cache_key(env):
 
 
 def test_markdown_in_links_and_model_names_is_shown_literally(env):
+    """A user value that looks like Markdown shows as inline code: exactly as typed, never a link
+    (GFM autolinks a bare http:// even when it is backslash-escaped)."""
     phish = "[log in](http://127.0.0.1:9/phish)"
     at = new_app(model=TINY, text=TEXT, layer=phish).run()
     warning = at.warning[0].value
-    assert "](" not in warning and "\\[log in\\]" in warning and "http\\://" in warning
+    assert f"value `{phish}` is not valid" in warning and "showing '0' instead" in warning
     at = new_app(model=phish, text=TEXT).run()
     error = at.error[0].value
-    assert "not a built-in model" in error and "](" not in error and "http\\://" in error
+    assert error.startswith(f"`{phish}` is not a built-in model")
+    status = at.status[0].label  # the st.status of the load
+    assert status == f"Could not load `{phish}`", status
 
 
-def test_md_escapes_only_markdown():
-    from ui.text import md, md_in
+def test_md_escapes_markdown_and_breaks_autolinks():
+    from ui.text import JOINER, code, literal, md, md_in
 
-    assert md("-1") == "-1" and md("a.b") == "a.b"
+    assert md("-1") == "-1" and md("a.b") == "a.b" and md("the bank") == "the bank"
     assert md("**x** [a](b) $y$ <i> :red[z]") == "\\*\\*x\\*\\* \\[a\\]\\(b\\) \\$y\\$ \\<i\\> \\:red\\[z\\]"
-    assert md_in("model 'a*b' not found (try gpt2)", "a*b") == "model 'a\\*b' not found (try gpt2)"
+    assert md("http://x.io www.x.io a@b.io").replace(JOINER, "") == "http\\://x.io www.x.io a@b.io"
+    assert "://" not in md("http://x") and "www." not in md("www.x") and "@b" not in md("a@b.io")
+    # code spans: a fence longer than any backtick run inside; padded where a backtick is at an end
+    assert code("a`b") == "``a`b``" and code("`x") == "`` `x ``" and code("two\nlines") == "`two lines`"
+    assert literal("gpt2") == "gpt2" and literal("gpt2", quote=True) == "'gpt2'"
+    assert literal("a*b", quote=True) == "`a*b`" and literal("http://x") == "`http://x`"
+    # quoted values (as {spec!r} writes them) become code; short plain values elsewhere stay as they are
+    assert md_in("model 'a*b' not found (try gpt2)", "a*b") == "model `a*b` not found (try gpt2)"
+    assert md_in("'the' is not the model", "the") == "'the' is not the model"
+    assert md_in("x a*b y", "a*b") == "x a\\*b y"
+
+
+# -- results live in the bounded cache only ----------------------------------------------------
+
+
+def deferred_downloads(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """Record the data callables of download buttons by file name (Streamlit runs them when one
+    is clicked, in a worker thread, long after the run)."""
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    seen: dict[str, object] = {}
+    real = MediaFileManager.add_deferred
+
+    def add_deferred(self, data_callable, mimetype, coordinates, file_name=None, **kwargs):
+        seen[str(file_name)] = data_callable
+        return real(self, data_callable, mimetype, coordinates, file_name, **kwargs)
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", add_deferred)
+    return seen
+
+
+def track_results(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Weak references to every AttentionResult the app extracts from now on."""
+    import weakref
+
+    made: list = []
+    real = attnviz.extract
+
+    def extract(*args, **kwargs):
+        res = real(*args, **kwargs)
+        made.append(weakref.ref(res))
+        return res
+
+    monkeypatch.setattr(attnviz, "extract", extract)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("page", "params"),
+    [
+        ("app.py", {}),
+        ("pages/1_Model_overview.py", {}),
+        ("pages/3_Compare.py", {"text2": "the bank of the lazy dog"}),
+        ("pages/4_Generation.py", {"k": 3}),
+    ],
+)
+def test_no_result_outlives_the_cache(env, page, params):
+    """Streamlit keeps a session's fragments, download callables and widget format functions (and
+    the page globals they reach) for minutes after the visitor leaves. They hold a ResultRef,
+    never a result: once the bounded caches let go, no result is left alive."""
+    import gc
+
+    from ui import models
+
+    made = track_results(env)
+    at = new_app(page, model=TINY, text=TEXT, **params).run()
+    ok(at)
+    assert made
+    models.results_cache()._items.clear()
+    models._derived()._items.clear()
+    gc.collect()
+    alive = [r() for r in made if r() is not None]
+    assert not alive, f"{len(alive)} result(s) held outside the cache"
+
+
+def test_an_evicted_result_is_extracted_again_when_the_view_redraws(env):
+    from ui import models
+
+    at = new_app(model=TINY, text=TEXT).run()
+    models.results_cache()._items.clear()
+    at.selectbox(key="head").set_value(1).run()
+    ok(at)
+    trace = heatmaps(titled(at, "layer 0 · head 1 "))[0]
+    assert np.allclose(z_of(trace).sum(-1), 1.0, atol=1e-5)
+
+
+def test_downloads_fetch_the_result_when_clicked_even_after_an_eviction(env):
+    import tiny
+
+    from ui import models
+
+    seen = deferred_downloads(env)
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    models.results_cache()._items.clear()
+    name = "attnviz_tiny-llama-gqa_L1_H2"
+    data = np.load(io.BytesIO(seen[f"{name}.npz"]()))  # outside the script run, like a click
+    expected = attnviz.extract(tiny.loaded("llama-gqa"), TEXT).head(1, 2)
+    np.testing.assert_allclose(data["attention"], expected, atol=1e-6)
+    assert str(data["model"]) == "tiny-llama-gqa" and int(data["head"]) == 2
+    assert seen[f"{name}.csv"]().splitlines()[0].startswith("query \\ key,(0) ")
+    assert b"plotly" in seen[f"{name}.html"]().lower()
+    assert len(models.results_cache()) == 1  # the re-run went back into the bounded cache
+
+
+def test_share_link_carries_the_page_path(env):
+    at = new_app(model=TINY, text=TEXT).run()
+    assert at.code[-1].value.startswith("/?model=tiny%3Allama-gqa&")  # no browser here: root-relative
+    at = new_app("pages/3_Compare.py", model=TINY, text=TEXT).run()
+    assert at.code[-1].value.startswith("/Compare?model=")
+
+
+def test_share_url_puts_the_path_before_the_query(env):
+    from ui import state
+
+    env.setattr(st.context.__class__, "url", property(lambda self: "http://host:8501"))
+    assert state.share_url({"a": "1"}, path="") == "http://host:8501/?a=1"
+    env.setattr(st.context.__class__, "url", property(lambda self: "http://host:8501/app/Compare"))
+    assert state.share_url({"a": "1"}, path="Compare") == "http://host:8501/app/Compare?a=1"

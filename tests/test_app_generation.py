@@ -72,3 +72,27 @@ def test_encoder_decoder_generates_on_the_decoder(env):
     ok(at)
     trace = heatmaps(specs(at)[0])[0]
     assert len(trace["x"]) == engine(3, "bart").n_tokens  # cross: every encoder token is a key
+
+
+def test_the_text_shows_the_prompt_then_the_tokens_with_the_step_marked(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, k=3, gstep=2).run()
+    ok(at)
+    res = engine(3)
+    gen = [res.tokens.display[i] for i, g in enumerate(res.tokens.generated) if g]
+    shown = next(m.value for m in at.markdown if "▸" in m.value)
+    prompt, tokens = shown.split(" ▸ ")
+    assert TEXT in prompt
+    assert tokens.split(" ")[1] == f"**`⟦{gen[1]}⟧`**"  # step 2: bracketed and bold, as code
+    assert tokens.split(" ")[0] == f"`{gen[0]}`"
+
+
+def test_continuation_markdown_is_text_never_markup():
+    from ui.text import continuation
+
+    out = continuation("see [x](http://e.vil) **b**\n- item", ["`a`", "<i>"], 1)
+    assert "](http://" not in out and "**b**" not in out and "\n" not in out  # one paragraph, no list
+    assert out.endswith(" ↵ - item ▸ `` `a` `` **`⟦<i>⟧`**")
+    assert continuation("x" * 1000, ["y"], 0, max_prompt_chars=10) == "…xxxxxxxxxx ▸ **`⟦y⟧`**"
+    assert continuation("1. a", ["b"], 0).startswith("1\\. a") and continuation("- a", [], 0).startswith(
+        "\\- a"
+    )

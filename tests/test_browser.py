@@ -198,15 +198,7 @@ def test_text_that_looks_like_markup_shows_literally(server, page, tokenizer, ca
     assert "(1) bank" in tick_labels(page)
 
 
-@pytest.mark.parametrize(
-    "case_id",
-    [
-        pytest.param(
-            c, marks=[pytest.mark.xfail(strict=True, reason=BY_ID[c].app_xfail)] if BY_ID[c].app_xfail else []
-        )
-        for c in LINKS
-    ],
-)
+@pytest.mark.parametrize("case_id", list(LINKS))
 def test_markdown_in_a_link_parameter_is_not_rendered(server, page, case_id):
     assert "browser" in BY_ID[case_id].levels
     page.goto(f"{server.url}/?{urllib.parse.urlencode(LINKS[case_id])}")

@@ -226,3 +226,44 @@ def test_grid_side_keeps_short_texts_unpooled():
     assert F.grid_side(9, n_tokens=128) == 128  # 9 x 128^2 cells: within twice the budget
     assert F.grid_side(9, n_tokens=129) == 115
     assert F.grid_side(32, n_tokens=128) == F.grid_side(32) < 128
+
+
+def axis_ticks(axis: dict) -> list[str]:
+    """The tick labels an axis spec asks for (every one, or [] when Plotly chooses)."""
+    return list(axis.get("ticktext") or []) if axis.get("tickmode") == "array" else []
+
+
+def test_short_token_axes_label_every_token_and_long_ones_are_thinned():
+    labels = F.token_labels([f"w{i}" for i in range(8)])
+    head = spec(F.head_heatmap(causal(8)[0], labels))["layout"]
+    assert axis_ticks(head["xaxis"]) == axis_ticks(head["yaxis"]) == labels
+    grid = spec(F.head_grid(causal(8, heads=4), labels))["layout"]
+    for name in ("xaxis", "yaxis", "xaxis4", "yaxis4"):
+        assert axis_ticks(grid[name]) == labels, name
+    rows = spec(F.rows_heatmap(causal(8, heads=3)[:, -1], ["h0", "h1", "h2"], labels))["layout"]
+    assert axis_ticks(rows["xaxis"]) == labels
+    long = F.token_labels([f"w{i}" for i in range(F.ALL_TICKS_MAX + 1)])
+    fig = spec(F.head_heatmap(causal(len(long))[0], long))
+    assert axis_ticks(fig["layout"]["xaxis"]) == [] and fig["data"][0]["x"] == long  # hover keeps all
+
+
+def test_titles_sit_under_the_mode_bar():
+    layout = spec(F.head_heatmap(causal(3)[0], F.token_labels(list("abc")), title="m · layer 0"))["layout"]
+    assert layout["title"]["yref"] == "paper" and layout["title"]["yanchor"] == "bottom"
+    assert layout["margin"]["t"] >= 70  # the mode bar (~30 px) above the title
+
+
+def test_metric_heatmap_labels_every_second_layer_horizontally():
+    layout = spec(F.metric_heatmap(np.random.default_rng(0).random((30, 9)), "entropy"))["layout"]
+    assert layout["xaxis"]["tickangle"] == 0
+    assert layout["xaxis"]["ticktext"] == [str(i) for i in range(0, 30, 2)]
+    small = spec(F.metric_heatmap(np.zeros((6, 4)), "sink"))["layout"]
+    assert small["xaxis"]["ticktext"] == [str(i) for i in range(6)]
+
+
+def test_matrix_heatmap_rotates_token_labels():
+    labels = F.token_labels(["the", "financial", "bank"])
+    layout = spec(F.matrix_heatmap(causal(3)[0], row_labels=labels, col_labels=labels))["layout"]
+    assert layout["xaxis"]["tickangle"] == -60 and axis_ticks(layout["xaxis"]) == labels
+    dims = spec(F.matrix_heatmap(np.ones((3, 8)), row_labels=labels, col_labels=[f"d{j}" for j in range(8)]))
+    assert "tickangle" not in dims["layout"]["xaxis"]

@@ -88,12 +88,6 @@ def test_one_visitor_fifty_texts(server):
     assert held["results_alive"] <= RESULT_CACHE_ENTRIES + 1, REPORT[-1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="app fix: each session keeps its AttentionResult alive outside the bounded cache (the "
-    "@st.fragment view and the deferred download callables close over the page's `res`); Streamlit "
-    "keeps up to 128 disconnected sessions for 2 minutes, so memory grows by one result per visitor",
-)
 def test_fifty_visitors_one_text_each(server):
     """50 sessions (share links opened by 50 people), one after another: memory stays within the
     bound, and live results stay within the cache's entries plus the sessions still connected."""

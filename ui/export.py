@@ -50,11 +50,16 @@ def downloads(
     *,
     npz: Callable[[], bytes],
     csv: Callable[[], str],
-    fig: go.Figure,
+    fig: go.Figure | Callable[[], go.Figure],
     key: str,
     what: str = "attention",
 ) -> None:
-    """Three download buttons (data made only when clicked; no rerun)."""
+    """Three download buttons (data made only when clicked; no rerun).
+
+    The callables outlive the run (Streamlit keeps them until the session ends): they should hold
+    a `ui.models.ResultRef` and small values, never a result (see `ui.models`). ``fig`` may be a
+    callable that rebuilds the figure."""
+    build = fig if callable(fig) else (lambda: fig)
     c1, c2, c3 = st.columns(3)
     c1.download_button(
         "⬇ NPZ",
@@ -76,7 +81,7 @@ def downloads(
     )
     c3.download_button(
         "⬇ HTML",
-        data=lambda: html_bytes(fig),
+        data=lambda: html_bytes(build()),
         file_name=f"{name}.html",
         mime="text/html",
         key=f"{key}_html",

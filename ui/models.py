@@ -5,7 +5,11 @@
   session loaded with its token (a gated model stays gated); the cache key holds only a keyed
   digest of the token, made with a per-process random secret, never the token itself.
 - Results live in a byte-bounded LRU (`ResultCache`), keyed by model, text and options, so
-  changing a layer, head or colour never reruns the model.
+  changing a layer, head or colour never reruns the model. Pages hand around a `ResultRef`, never
+  the result: Streamlit keeps a session's fragments, download callables and widget format
+  functions (and the page globals they reach) for minutes after the visitor leaves, so anything
+  they hold lives outside the cache's bound. `result` / `result_now` fetch it at call time and
+  run the model again after an eviction.
 - ``tiny:<arch>`` specs load the tiny random models of ``tests/tiny.py``; they exist only when
   the environment sets ATTNVIZ_TEST_MODELS=1 (the app tests do).
 """
@@ -23,6 +27,7 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import streamlit as st
@@ -30,9 +35,10 @@ import streamlit as st
 import attnviz
 from attnviz import AttentionResult, AttnvizError, LoadedModel
 from attnviz.gate import InferenceGate
+from attnviz.layout import AttentionLayout
 from attnviz.loading import needs_conversion
 from attnviz.settings import Settings, settings
-from ui.text import md, md_in
+from ui.text import literal, md, md_in
 
 log = logging.getLogger("attnviz.ui")
 
@@ -135,13 +141,14 @@ def _turn() -> Iterator[None]:
         yield
 
 
-def describe_layout(lm: LoadedModel) -> str:
-    lay = lm.layout
-    text = f"{lay.model_type} · {lay.kind} · {lay.n_layers} layers × {lay.n_heads} heads"
+def describe_layout(lay: AttentionLayout) -> str:
+    """One Markdown line: type, kind, layers x heads, KV heads, sizes (the type from the model's
+    config is escaped)."""
+    kind = md(lay.model_type)
+    text = f"{kind} · {lay.kind} · {lay.n_layers} layers × {lay.n_heads} heads"
     if lay.kind == "encoder-decoder":
         text = (
-            f"{lay.model_type} · encoder {lay.n_layers} + decoder {lay.n_decoder_layers} layers"
-            f" × {lay.n_heads} heads"
+            f"{kind} · encoder {lay.n_layers} + decoder {lay.n_decoder_layers} layers × {lay.n_heads} heads"
         )
     if lay.group_size > 1:
         text += f" · {lay.n_kv_heads} KV heads (each shared by {lay.group_size} query heads)"
@@ -153,16 +160,17 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
     (already shown)."""
     spec = spec.strip()
     key = (spec, token_key(token))
+    shown = literal(spec)  # as typed, never Markdown or a link (labels and spinners are Markdown too)
     with guarded(f"loading {md(spec)}", token, (spec,)):
         config().check_model(spec)
         if key in _ready():
-            with st.spinner(f"Loading {spec}…", show_time=True):
+            with st.spinner(f"Loading {shown}…", show_time=True):
                 return _cached_model(spec, key[1], token)
         t0 = time.perf_counter()
-        with st.status(f"Loading {spec}…", expanded=True) as status:
+        with st.status(f"Loading {shown}…", expanded=True) as status:
             try:
                 source = "tiny test model" if spec.startswith("tiny:") else _source(spec)
-                status.write(f"Model: `{spec}` ({source}).")
+                status.write(f"Model: {shown} ({source}).")
                 if needs_conversion(spec):
                     status.write(
                         "First run of the built-in SmolLM2: de-quantizing its GGUF file into "
@@ -171,14 +179,16 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
                 status.write("Reading the config, the weights and the tokenizer…")
                 with _turn():
                     lm = _cached_model(spec, key[1], token)
-                status.write(f"{describe_layout(lm)} on {lm.device}, {str(lm.dtype).removeprefix('torch.')}.")
+                status.write(
+                    f"{describe_layout(lm.layout)} on {lm.device}, {str(lm.dtype).removeprefix('torch.')}."
+                )
                 status.update(
-                    label=f"Loaded {spec} in {time.perf_counter() - t0:.1f} s",
+                    label=f"Loaded {shown} in {time.perf_counter() - t0:.1f} s",
                     state="complete",
                     expanded=False,
                 )
             except BaseException:
-                status.update(label=f"Could not load {spec}", state="error", expanded=False)
+                status.update(label=f"Could not load {shown}", state="error", expanded=False)
                 raise
         _ready().add(key)
         return lm
@@ -242,22 +252,78 @@ def result_key(lm: LoadedModel, token: str | None, text: str, *, chat: bool, gen
     return (lm.spec, token_key(token), text, bool(chat), int(generate), config().max_tokens)
 
 
+@dataclass(frozen=True)
+class ResultRef:
+    """How to get a result back without holding it: what fragments and download callables keep.
+    ``key`` is the result cache's key (a token digest, never the token); ``spec`` is what `load`
+    was given and ``name`` the loaded model's name (for titles); ``token`` is this session's,
+    kept for a re-run after an eviction and left out of ``repr``, equality and hashing."""
+
+    key: tuple
+    spec: str
+    name: str
+    text: str
+    chat: bool
+    generate: int = 0
+    token: str | None = field(default=None, repr=False, compare=False)
+
+
 def extract(
-    lm: LoadedModel, text: str, *, token: str | None = None, chat: bool = False, generate: int = 0
-) -> tuple[AttentionResult, tuple] | tuple[None, None]:
-    """(result, key) from the cache or a fresh run with a spinner; (None, None) after an error."""
+    lm: LoadedModel,
+    text: str,
+    *,
+    spec: str | None = None,
+    token: str | None = None,
+    chat: bool = False,
+    generate: int = 0,
+) -> tuple[AttentionResult, ResultRef] | tuple[None, None]:
+    """(result, ref) from the cache or a fresh run with a spinner; (None, None) after an error.
+    ``spec`` is what `load` was given for ``lm`` (default ``lm.spec``), for a re-run."""
     key = result_key(lm, token, text, chat=chat, generate=generate)
+    ref = ResultRef(key, (spec or lm.spec).strip(), lm.spec, text, bool(chat), int(generate), token)
     cache = results_cache()
     hit = cache.get(key)
     if hit is not None:
-        return hit, key
-    what = f"generating {generate} tokens with {lm.spec}" if generate else f"running {lm.spec} on the text"
-    with guarded(md(what), token, (lm.spec, text)):
-        with st.spinner(f"{what.capitalize()}…", show_time=True), _turn():
+        return hit, ref
+    name = md(lm.spec)
+    what = f"generating {generate} tokens with {name}" if generate else f"running {name} on the text"
+    with guarded(what, token, (lm.spec, text)):
+        with st.spinner(f"{what[0].upper()}{what[1:]}…", show_time=True), _turn():
             res = attnviz.extract(lm, text, chat=chat, generate=generate, max_tokens=config().max_tokens)
         cache.put(key, res, res.nbytes)
-        return res, key
+        return res, ref
     return None, None
+
+
+def result(ref: ResultRef) -> AttentionResult | None:
+    """The result of ``ref`` inside a script run (a page or a fragment): from the cache, or the
+    model runs again with the usual spinner; None after an error (already shown)."""
+    hit = results_cache().get(ref.key)
+    if hit is not None:
+        return hit
+    lm = load(ref.spec, ref.token)
+    if lm is None:
+        return None
+    res, _ = extract(lm, ref.text, spec=ref.spec, token=ref.token, chat=ref.chat, generate=ref.generate)
+    return res
+
+
+def result_now(ref: ResultRef) -> AttentionResult:
+    """The result of ``ref`` outside a script run (a download's data callable runs in a worker
+    thread): no ``st.`` calls; errors raise."""
+    cache = results_cache()
+    hit = cache.get(ref.key)
+    if hit is not None:
+        return hit
+    log.info("result evicted; running %s again for a download", ref.spec)
+    config().check_model(ref.spec)
+    lm = _cached_model(ref.spec, token_key(ref.token), ref.token)
+    with _gate().turn() if config().demo else contextlib.nullcontext():
+        res = attnviz.extract(
+            lm, ref.text, chat=ref.chat, generate=ref.generate, max_tokens=config().max_tokens
+        )
+    cache.put(ref.key, res, res.nbytes)
+    return res
 
 
 def cached(name: str, key: Hashable, build: Callable[[], T], nbytes: Callable[[T], int] | None = None) -> T:

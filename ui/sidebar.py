@@ -10,7 +10,7 @@ import streamlit as st
 
 import attnviz
 from ui import logs, models, state
-from ui.text import md
+from ui.text import literal
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = (
@@ -35,11 +35,22 @@ class Choice:
     token: str | None
 
 
+def url_path(file: str) -> str:
+    """The URL path Streamlit gives a page file: "" for the main script, "Model_overview" for
+    ``pages/1_Model_overview.py`` (the number prefix dropped)."""
+    if not file.startswith("pages/"):
+        return ""
+    stem = Path(file).stem
+    head, _, rest = stem.partition("_")
+    return rest if head.isdigit() and rest else stem
+
+
 def page(title: str, names: Sequence[str], icon: str = ":material/search:") -> None:
     """Page config, then the URL/state start for this page's parameters."""
     st.set_page_config(page_title=f"{title} · attnviz", page_icon=icon, layout="wide")
     logs.configure()
-    state.start(names, page=title)
+    path = next((url_path(file) for file, label, _ in PAGES if label == title), "")
+    state.start(names, page=title, path=path)
 
 
 def _describe(option: str) -> str:
@@ -61,7 +72,8 @@ def _seed_model_widgets(param: str, key: str, custom_key: str, choices: Sequence
     else:
         if spec:
             st.warning(
-                f"Model {md(repr(spec))} is not offered on this server; showing {md(repr(choices[0]))}."
+                f"Model {literal(spec, quote=True)} is not offered on this server; "
+                f"showing {literal(choices[0], quote=True)}."
             )
         ss[key] = choices[0]
         state.put(param, choices[0])
@@ -141,7 +153,9 @@ def stop(names: Sequence[str]) -> None:
 
 
 def load_and_extract(choice: Choice, names: Sequence[str], *, generate: int = 0):
-    """Model + result for the sidebar choice, or stop the page after showing the error."""
+    """(model, result, `models.ResultRef`) for the sidebar choice, or stop the page after showing
+    the error. Keep the model and the result in function locals: callables that outlive the run
+    (fragments, downloads, format functions) hold the page's globals; give them the ref."""
     if not choice.spec:
         st.info("Type a Hugging Face Hub id (like `gpt2`) or a local folder in the sidebar.")
         stop(names)
@@ -154,10 +168,12 @@ def load_and_extract(choice: Choice, names: Sequence[str], *, generate: int = 0)
     chat = choice.chat
     if chat and not lm.has_chat_template:
         st.warning(
-            f"{md(choice.spec)} has no chat template; showing the plain text. Turn the chat option off."
+            f"{literal(choice.spec)} has no chat template; showing the plain text. Turn the chat option off."
         )
         chat = False
-    res, key = models.extract(lm, choice.text, token=choice.token, chat=chat, generate=generate)
+    res, ref = models.extract(
+        lm, choice.text, spec=choice.spec, token=choice.token, chat=chat, generate=generate
+    )
     if res is None:
         stop(names)
-    return lm, res, key
+    return lm, res, ref

@@ -21,7 +21,7 @@ import streamlit as st
 import attnviz
 from attnviz.figures import COLORSCALES
 from attnviz.metrics import METRICS
-from ui.text import md
+from ui.text import literal
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
 MAX_TEXT_CHARS = 60_000
@@ -43,6 +43,7 @@ _WRITTEN = "_attnviz_written"
 _APPLIED = "_attnviz_applied"
 _PAGE = "_attnviz_page"
 _PAGE_CHANGED = "_attnviz_page_changed"
+_PATH = "_attnviz_path"
 
 
 def _bool(raw: str) -> bool:
@@ -151,18 +152,24 @@ def get(name: str) -> Any:
     return _store().get(name, PARAMS[name].default)
 
 
-def start(names: Sequence[str], page: str) -> None:
+def _short(raw: str, limit: int = 40) -> str:
+    return raw if len(raw) <= limit else raw[:limit] + "…"
+
+
+def start(names: Sequence[str], page: str, path: str = "") -> None:
     """Before a page's widgets: apply a new link's parameters and seed the widget keys.
 
     A link is new when the URL differs from what this session last wrote (a fresh session, a
     pasted link, `st.switch_page` with query params). Malformed values show a warning and keep
     the previous value; unknown parameters are ignored. On arriving from another page every
     widget is seeded from the store: Streamlit gives a widget on a new page its default value.
+    ``path`` is the page's URL path ("" for the main page, "Compare" ...), for the share link.
     """
     ss = st.session_state
     store = _store()
     changed = ss.get(_PAGE) != page
     ss[_PAGE] = page
+    ss[_PATH] = path
     ss[_PAGE_CHANGED] = changed
     for n in names:
         store.setdefault(n, PARAMS[n].default)
@@ -175,10 +182,10 @@ def start(names: Sequence[str], page: str) -> None:
             try:
                 value = PARAMS[n].parse(raw)
             except ValueError as err:
-                shown = raw if len(raw) <= 40 else raw[:40] + "…"
+                last_good = PARAMS[n].dump(store.get(n, PARAMS[n].default))
                 st.warning(
-                    f"The link's `{n}` value {md(repr(shown))} is not valid ({err}); "
-                    f"showing {md(repr(PARAMS[n].dump(store.get(n, PARAMS[n].default))))} instead."
+                    f"The link's `{n}` value {literal(_short(raw), quote=True)} is not valid ({err}); "
+                    f"showing {literal(_short(last_good), quote=True)} instead."
                 )
                 continue
             store[n] = value
@@ -230,7 +237,8 @@ def choose(name: str, options: Sequence[str], what: str) -> str:
         return value
     if value not in ("", None):
         st.warning(
-            f"{what.capitalize()} {md(repr(value))} is not available here; showing {md(repr(options[0]))}."
+            f"{what.capitalize()} {literal(value, quote=True)} is not available here; "
+            f"showing {literal(options[0], quote=True)}."
         )
     put(name, options[0])
     return options[0]
@@ -271,14 +279,19 @@ def commit(names: Sequence[str]) -> dict[str, str]:
     return params
 
 
-def share_url(params: dict[str, str]) -> str:
-    """The link to this view: the app's URL when the browser told us, else the query string."""
-    base = ""
+def share_url(params: dict[str, str], path: str | None = None) -> str:
+    """The link to this view, ``<app>/<page path>?<params>`` (``<app>/?…`` on the main page).
+    ``<app>`` comes from the browser (``st.context.url``); without one (tests, bare mode) the link
+    is root-relative. ``path`` defaults to the page's, as given to `start`."""
+    path = st.session_state.get(_PATH, "") if path is None else path.strip("/")
     try:
-        base = st.context.url or ""
-    except Exception:  # noqa: BLE001 - no browser context (tests, bare mode): query string only
-        base = ""
-    return f"{base}?{urllib.parse.urlencode(params, quote_via=urllib.parse.quote)}"
+        url = st.context.url or ""
+    except Exception:  # noqa: BLE001 - no browser context (tests, bare mode): a relative link
+        url = ""
+    root = url.rstrip("/")  # the browser's URL ends with the page's path on other pages
+    if path and root.endswith("/" + path):
+        root = root.removesuffix("/" + path)
+    return f"{root}/{path}?{urllib.parse.urlencode(params, quote_via=urllib.parse.quote)}"
 
 
 def share_box(names: Sequence[str], *, note: str = "") -> None:
