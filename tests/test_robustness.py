@@ -45,15 +45,9 @@ class Case:
     message: str  # regex the message must match (for OK: what is checked instead)
     levels: tuple[str, ...]  # where it is tested: engine, app, browser
     xfail: str = ""  # engine fix still needed (strict xfail until it lands)
-    app_xfail: str = ""  # app fix still needed for the browser check (strict xfail until it lands)
 
 
 E, A, B = "engine", "app", "browser"
-AUTOLINK = (
-    "app fix: ui.text.md escapes Markdown but a bare http:// URL in a user value is still autolinked "
-    "(GFM) in st.warning/st.error; and for a model, the st.status label 'Could not load <spec>' in "
-    "ui.models.load is not escaped at all, so [log in](url) becomes a link"
-)
 CASES: tuple[Case, ...] = (
     # -- text ---------------------------------------------------------------------------------
     Case("text-empty", "empty text", "EmptyInput", r"text is empty; type a sentence", (E, A)),
@@ -231,7 +225,6 @@ CASES: tuple[Case, ...] = (
         "warning",
         r"is not valid",
         (A, B),
-        app_xfail=AUTOLINK,
     ),
     Case(
         "model-markdown",
@@ -239,7 +232,6 @@ CASES: tuple[Case, ...] = (
         "ModelNotFound",
         r"not a built-in",
         (A, B),
-        app_xfail=AUTOLINK,
     ),
 )
 BY_ID = {c.id: c for c in CASES}
@@ -266,8 +258,6 @@ def table() -> str:
         shown = (
             "" if app is None else (app.shows if app.shows == OK else f"{app.shows} `{cell(app.message)}`")
         )
-        if c.app_xfail:
-            shown += " **(browser: fix pending)**"
         rows.append(f"| {c.id} | {c.tried} | {expect} | {shown} | {', '.join(c.levels)} |")
     return "\n".join(rows)
 
