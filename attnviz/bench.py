@@ -11,10 +11,12 @@ runs a Llama-3.2-3B-shaped model (random weights) at 8192 tokens.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -65,7 +67,7 @@ class _PeakRSS:
     """Peak resident memory above the starting point (CPU runs).
 
     On Linux the kernel's high-water mark is reset (clear_refs 5) and read back (VmHWM); with
-    MALLOC_MMAP_THRESHOLD_ fixed (see `run_bench`) large tensors are returned to the OS when
+    MALLOC_MMAP_THRESHOLD_ fixed (see `_cpu_peaks_in_child`) large tensors are returned to the OS when
     freed, so each measurement starts clean. Elsewhere RSS is sampled every 2 ms.
     """
 
@@ -181,7 +183,43 @@ class Row:
     eager_note: str
 
 
-def bench_model(lm: LoadedModel, sizes: list[int], repeats: int) -> list[Row]:
+def _eager_fits(lm: LoadedModel, n: int) -> tuple[bool, str]:
+    need, free = _eager_bytes(lm, n), _available(lm.device)
+    if need > 0.6 * free:
+        return False, f"skipped: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
+    return True, ""
+
+
+def cpu_peaks(lm: LoadedModel, sizes: list[int]) -> dict[int, dict[str, int]]:
+    """Peak extra memory of one run of each method (run under a fixed mmap threshold)."""
+    peaks: dict[int, dict[str, int]] = {}
+    for n in sizes:
+        ids = ids_of_length(lm, n)
+        got = {
+            "floor": _measure(_floor(lm, ids), lm.device, 1)[1],
+            "fast": _measure(_first_layer(lm, ids, "fast"), lm.device, 1)[1],
+        }
+        if _eager_fits(lm, n)[0]:
+            got["eager"] = _measure(_first_layer(lm, ids, "eager"), lm.device, 1)[1]
+        peaks[n] = got
+    return peaks
+
+
+def _cpu_peaks_in_child(sizes: list[int]) -> dict[int, dict[str, int]]:
+    """Peaks measured in a child process whose glibc returns freed tensors to the OS at once
+    (MALLOC_MMAP_THRESHOLD_), so the kernel's high-water mark sees each run's own peak. Times
+    are measured here, with the allocator people actually run."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576"}
+    cmd = [sys.executable, "-m", "attnviz", "bench", "--peaks-only", "--device", "cpu",
+           "--sizes", ",".join(map(str, sizes))]  # fmt: skip
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+
+
+def bench_model(
+    lm: LoadedModel, sizes: list[int], repeats: int, peaks: dict[int, dict[str, int]] | None = None
+) -> list[Row]:
+    """Median times of each method at each N; peaks from ``peaks`` (CPU) or measured (CUDA)."""
     rows = []
     device = lm.device
     for n in sizes:
@@ -189,16 +227,16 @@ def bench_model(lm: LoadedModel, sizes: list[int], repeats: int) -> list[Row]:
         _floor(lm, ids[:32])()  # warm-up
         floor_s, floor_mem = _measure(_floor(lm, ids), device, repeats)
         fast_s, fast_mem = _measure(_first_layer(lm, ids, "fast"), device, repeats)
-        need = _eager_bytes(lm, n)
         eager_s = eager_mem = None
-        note = ""
-        if need > 0.6 * _available(device):
-            note = f"skipped: needs ~{need / 2**30:.0f} GiB, {_available(device) / 2**30:.0f} GiB free"
-        else:
+        fits, note = _eager_fits(lm, n)
+        if fits:
             try:
                 eager_s, eager_mem = _measure(_first_layer(lm, ids, "eager"), device, max(1, repeats - 1))
             except Exception as err:  # noqa: BLE001 - report, keep benchmarking
                 note = f"failed: {type(err).__name__}"
+        if peaks is not None:
+            floor_mem, fast_mem = peaks[n]["floor"], peaks[n]["fast"]
+            eager_mem = peaks[n].get("eager") if eager_s is not None else None
         row = Row(lm.spec, n, floor_s, floor_mem, fast_s, fast_mem, eager_s, eager_mem, note)
         sys.stdout.write(_line(row) + "\n")
         sys.stdout.flush()
@@ -256,15 +294,19 @@ def llama3b_shaped(device: torch.device) -> LoadedModel:
 
 
 def run_bench(args) -> int:
-    if sys.platform == "linux" and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        # Restart with a fixed mmap threshold so freed tensors leave the process (honest peaks).
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576"}
-        os.execve(sys.executable, [sys.executable, "-m", "attnviz", *sys.argv[1:]], env)
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
     device = resolve_device(args.device)
     lm = load_model("smollm2-135m", device=str(device))
+    if args.peaks_only:
+        sys.stdout.write(json.dumps(cpu_peaks(lm, sizes)) + "\n")
+        return 0
+    peaks = None
+    if device.type == "cpu":
+        sys.stdout.write("measuring peak memory in a child process...\n")
+        sys.stdout.flush()
+        peaks = _cpu_peaks_in_child(sizes)
     sys.stdout.write(f"machine: {_machine(device)}\n{HEADER}\n")
-    rows = bench_model(lm, sizes, args.repeats)
+    rows = bench_model(lm, sizes, args.repeats, peaks)
     if device.type == "cuda":
         del lm
         gc.collect()
@@ -298,6 +340,7 @@ def write_markdown(path: Path, rows: list[Row], machine: str, sizes: list[int]) 
         path,
         "bench",
         f"Measured {stamp} on {machine}; `python -m attnviz bench --sizes "
-        f"{','.join(map(str, sizes))}`. Medians; peak = memory above the loaded model "
-        f"(CPU: resident-set high-water mark; CUDA: max_memory_allocated).\n\n{HEADER}\n{table}",
+        f"{','.join(map(str, sizes))}`. Times: medians, default allocator. Peak = memory above the "
+        f"loaded model (CPU: resident-set high-water mark of one run in a child process with a fixed "
+        f"mmap threshold; CUDA: max_memory_allocated).\n\n{HEADER}\n{table}",
     )

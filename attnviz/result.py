@@ -42,6 +42,8 @@ def probs_from_capture(
     if cap.mask is not None:
         m = cap.mask[0]
         mask = (m[head_idx] if m.shape[0] > 1 else m)[:, rows]
+    if mask is None and bias is None and cap.is_causal and q.shape[1] > _CAUSAL_BLOCK:
+        return _causal_blocks(q, k, cap, start)
     scores = attention_scores(
         q,
         k,
@@ -53,6 +55,29 @@ def probs_from_capture(
         q_offset=start,
     )
     return softmax_fp32(scores)
+
+
+_CAUSAL_BLOCK = 512
+
+
+def _causal_blocks(q: torch.Tensor, k: torch.Tensor, cap: CapturedAttention, start: int) -> torch.Tensor:
+    """Causal probabilities block by block of query rows, each against only the keys it can see
+    (about half the work of the full square; the upper triangle stays exactly 0)."""
+    n_q, n_k = q.shape[1], k.shape[1]
+    out = torch.zeros(q.shape[0], n_q, n_k, dtype=torch.float32, device=q.device)
+    for a in range(0, n_q, _CAUSAL_BLOCK):
+        b = min(a + _CAUSAL_BLOCK, n_q)
+        seen = min(start + b, n_k)  # keys 0 .. last row's position
+        scores = attention_scores(
+            q[:, a:b],
+            k[:, :seen],
+            scaling=cap.scaling,
+            softcap=cap.softcap,
+            is_causal=True,
+            q_offset=start + a,
+        )
+        out[:, a:b, :seen] = softmax_fp32(scores)
+    return out
 
 
 @dataclass(eq=False)
