@@ -128,12 +128,7 @@ def head_view(ref: models.ResultRef, stack, layer, v, ax, kv, cmap, log) -> None
     w = attention.window_rows(n_q, n_k)
     c1, c2 = st.columns([1, 1])
     with c1:
-        head = st.selectbox(
-            "Head",
-            list(range(n_heads)),
-            key="head",
-            format_func=lambda h: F.head_title(h, kv[h] if kv else None),
-        )
+        head = attention.head_picker(n_heads, kv)
     sel = slice(None)
     if w < n_q:
         state.clamp("row0", 0, n_q - w, "first query row")

@@ -253,6 +253,16 @@ def _max(z: np.ndarray) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
+def _token_heatmap(
+    z: np.ndarray, row_labels: Sequence[str], k_labels: Sequence[str], *, log: bool, row_name: str = ""
+) -> tuple[go.Figure, list[str], list[str]]:
+    """One heatmap over token labels (escaped: tokens are text, never HTML) sharing the figure's
+    colour axis; returns the figure and the escaped key (x) and row (y) labels."""
+    x, y = [escape(s) for s in k_labels], [escape(s) for s in row_labels]
+    hover = f"{row_name}%{{y}}<br>key %{{x}}<br>{_weight_hover(log)}<extra></extra>"
+    return go.Figure(go.Heatmap(z=z, x=x, y=y, coloraxis="coloraxis", hovertemplate=hover)), x, y
+
+
 def head_heatmap(
     probs: np.ndarray,
     q_labels: Sequence[str],
@@ -282,17 +292,7 @@ def head_heatmap(
         probs, re, ce = downsample(probs, rows_max, cols_max, "max")
         q_labels, k_labels = bin_labels(q_labels, re), bin_labels(k_labels, ce)
         note = f" (max-pooled to {probs.shape[0]}×{probs.shape[1]})"
-    z = _colour(probs, log)
-    x, y = [escape(s) for s in k_labels], [escape(s) for s in q_labels]
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=x,
-            y=y,
-            coloraxis="coloraxis",
-            hovertemplate=f"query %{{y}}<br>key %{{x}}<br>{_weight_hover(log)}<extra></extra>",
-        )
-    )
+    fig, x, y = _token_heatmap(_colour(probs, log), q_labels, k_labels, log=log, row_name="query ")
     fig.update_layout(
         title=_title(escape(title) + note),
         coloraxis=_coloraxis(colorscale, log, zmax if zmax is not None else _max(probs)),
@@ -574,16 +574,7 @@ def rows_heatmap(
         rows, _, ce = downsample(rows, rows.shape[0], max_cols, "max")
         k_labels = bin_labels(k_labels, ce)
         note = f" (keys max-pooled to {rows.shape[1]})"
-    x, y = [escape(s) for s in k_labels], [escape(s) for s in row_labels]
-    fig = go.Figure(
-        go.Heatmap(
-            z=_colour(rows, log),
-            x=x,
-            y=y,
-            coloraxis="coloraxis",
-            hovertemplate=f"%{{y}}<br>key %{{x}}<br>{_weight_hover(log)}<extra></extra>",
-        )
-    )
+    fig, x, y = _token_heatmap(_colour(rows, log), row_labels, k_labels, log=log)
     fig.update_layout(
         title=_title(escape(title) + note),
         coloraxis=_coloraxis(colorscale, log, _max(rows)),

@@ -7,7 +7,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.reference import walkthrough as W
-from ui import export, models, sidebar, state, steps
+from ui import attention, export, models, sidebar, state, steps
 from ui.text import md
 
 NAMES = (
@@ -137,12 +137,8 @@ def real_layer() -> None:
     with c1:
         layer = st.slider("Layer", 0, lay.n_layers - 1, key="layer") if lay.n_layers > 1 else 0
     with c2:
-        head = st.selectbox(
-            "Head",
-            list(range(lay.n_heads)),
-            key="head",
-            format_func=lambda h: F.head_title(h, lay.kv_head_of(h) if lay.group_size > 1 else None),
-        )
+        kv = [lay.kv_head_of(h) for h in range(lay.n_heads)] if lay.group_size > 1 else None
+        head = attention.head_picker(lay.n_heads, kv)
 
     chat = choice.chat and lm.has_chat_template
     max_tokens = min(W.DEFAULT_MAX_TOKENS, models.config().max_tokens)

@@ -124,12 +124,7 @@ def side_by_side(res_a, res_b, stack: str, p, scores, kv, pair_key, spec_a: str,
     with c1:
         layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
     with c2:
-        head = st.selectbox(
-            "Head",
-            list(range(n_heads)),
-            key="head",
-            format_func=lambda h: F.head_title(h, kv[h] if kv else None),
-        )
+        head = attention.head_picker(n_heads, kv)
     with c3:
         cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import streamlit as st
 import torch
 
 from attnviz import AttentionResult
@@ -92,6 +93,13 @@ def kv_heads(res: AttentionResult, stack: str) -> list[int] | None:
     if lay.group_size <= 1 or stack == "cross":
         return None
     return [lay.kv_head_of(h) for h in range(lay.n_heads)]
+
+
+def head_picker(n_heads: int, kv: list[int] | None) -> int:
+    """The head selectbox (key "head"), each head named with the KV head it reads."""
+    return st.selectbox(
+        "Head", list(range(n_heads)), key="head", format_func=lambda h: F.head_title(h, kv[h] if kv else None)
+    )
 
 
 def window_rows(n_q: int, n_k: int) -> int:
