@@ -11,7 +11,6 @@ import torch
 
 from .capture import IMPLEMENTATION, CapturedAttention, recording
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
-from .layout import Stack
 from .loading import LoadedModel, is_out_of_memory
 from .result import AttentionResult
 from .tokens import Tokens
@@ -242,6 +241,3 @@ def _free() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-STACKS: tuple[Stack, ...] = ("self", "encoder", "decoder", "cross")
