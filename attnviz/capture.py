@@ -34,12 +34,13 @@ class CapturedAttention:
     scaling: float
     softcap: float | None = None
     position_bias: torch.Tensor | None = None  # T5-style additive bias (1, heads, q_pos, key_pos)
+    value: torch.Tensor | None = None  # (1, kv_heads, key_pos, d_head), before GQA repetition
 
     @property
     def nbytes(self) -> int:
         return sum(
             t.numel() * t.element_size()
-            for t in (self.query, self.key, self.mask, self.position_bias)
+            for t in (self.query, self.key, self.mask, self.position_bias, self.value)
             if t is not None
         )
 
@@ -51,7 +52,7 @@ class Recorder:
     names: dict[int, str]
     calls: list[CapturedAttention] = field(default_factory=list)
 
-    def record(self, module, query, key, mask, scaling, is_causal, softcap, position_bias) -> None:
+    def record(self, module, query, key, mask, scaling, is_causal, softcap, position_bias, value=None) -> None:
         self.calls.append(
             CapturedAttention(
                 module_name=self.names.get(id(module), type(module).__name__),
@@ -62,6 +63,7 @@ class Recorder:
                 scaling=float(scaling if scaling is not None else query.shape[-1] ** -0.5),
                 softcap=None if softcap is None else float(softcap),
                 position_bias=None if position_bias is None else position_bias.detach(),
+                value=None if value is None else value.detach(),
             )
         )
 
@@ -168,7 +170,7 @@ def attnviz_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     recorder = _ACTIVE.get()
     if recorder is not None:
-        recorder.record(module, query, key, attention_mask, scale, is_causal, softcap, position_bias)
+        recorder.record(module, query, key, attention_mask, scale, is_causal, softcap, position_bias, value)
     if softcap is not None or position_bias is not None:
         # SDPA has no soft-capping, and with a position bias it runs its math kernel anyway:
         # use eager's exact order of operations so later layers see eager's hidden states.

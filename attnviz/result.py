@@ -185,7 +185,7 @@ class AttentionResult:
         total = 0
         for caps in self._captured.values():
             for c in caps:
-                for t in (c.query, c.key, c.mask, c.position_bias):
+                for t in (c.query, c.key, c.mask, c.position_bias, c.value):
                     if t is not None and id(t) not in seen:
                         seen.add(id(t))
                         total += t.numel() * t.element_size()
