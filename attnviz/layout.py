@@ -30,6 +30,26 @@ class AttentionLayout:
     softcap: float | None = None
     n_decoder_layers: int = 0
     stacks: tuple[Stack, ...] = field(default=("self",))
+    # Hybrid models (Jamba, Zamba, Qwen3-Next, ...) have attention in only some blocks: the model's
+    # own block index of each attention layer, in order (empty: attention layer i is block i).
+    attention_layers: tuple[int, ...] = ()
+    n_blocks: int = 0  # all blocks of the (decoder) stack, attention or not (0: same as n_layers)
+
+    def model_layer(self, layer: int) -> int:
+        """The model's own block index of attention layer ``layer`` (they differ in hybrids)."""
+        return self.attention_layers[layer] if self.attention_layers else layer
+
+    def layer_label(self, layer: int) -> str:
+        """How a page names attention layer ``layer``: by the model's own block index."""
+        return f"layer {self.model_layer(layer)}"
+
+    @property
+    def blocks_without_attention(self) -> tuple[int, ...]:
+        """Block indices with no attention map (recurrent / state-space blocks of a hybrid)."""
+        if not self.attention_layers:
+            return ()
+        have = set(self.attention_layers)
+        return tuple(b for b in range(max(self.n_blocks, len(have))) if b not in have)
 
     @property
     def group_size(self) -> int:
