@@ -20,6 +20,7 @@ from .loading import LoadedModel, is_out_of_memory
 from .probe import eager_attentions
 from .result import AttentionResult
 from .tokens import Tokens
+from .verify import VerifyArg, pick_layer, self_check
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ PATHS: tuple[str, ...] = get_args(PathName)
 DEFAULT_MAX_TOKENS = 8192
 _SENTINEL = "\u27e6attnviz\u27e7"
 FAST_METHOD = "fast exact"
+AUTO_VERIFY_TOKENS = 1024  # verify="auto": one layer's (heads, N, N) in eager is cheap up to here
 
 
 def _chat_ids(lm: LoadedModel, text: str) -> tuple[list[int], list[bool]]:
@@ -115,6 +117,7 @@ def extract(
     chat: bool = False,
     generate: int = 0,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    verify: VerifyArg = False,
 ) -> AttentionResult:
     """Attention of ``lm`` on ``text``.
 
@@ -124,9 +127,14 @@ def extract(
     fp32. ``generate=k`` greedily generates k tokens first and returns the attention of prompt +
     generation. Encoder-decoder models without generation feed the decoder the same text shifted
     right (teacher forcing). Texts over ``max_tokens`` tokens are refused, never truncated.
+    ``verify`` (True, "auto" or a layer index) recomputes one layer with transformers' own eager
+    attention on the same layer input and records max |Δ| in ``result.check``; a mismatch above
+    the dtype's tolerance raises. "auto" checks only where it is cheap (<= 1024 tokens).
     """
     ids, template = tokenize(lm, text, chat=chat)
-    return extract_ids(lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens)
+    return extract_ids(
+        lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens, verify=verify
+    )
 
 
 def extract_ids(
@@ -137,6 +145,7 @@ def extract_ids(
     template: list[bool] | None = None,
     generate: int = 0,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    verify: VerifyArg = False,
 ) -> AttentionResult:
     """`extract` on token ids you already have (e.g. the induction probe's repeated random ids)."""
     if path not in PATHS:
@@ -220,7 +229,7 @@ def extract_ids(
             )
     seconds = time.perf_counter() - t0
     log.info("extract model=%s tokens=%d path=%s seconds=%.3f", lm.spec, len(ids), used, seconds)
-    return AttentionResult(
+    result = AttentionResult(
         model_name=lm.spec,
         layout=lm.layout,
         tokens=tokens,
@@ -233,6 +242,12 @@ def extract_ids(
         _recompute=_eager_mode(lm) if layers else None,
         seconds=seconds,
     )
+    if verify == "auto" and (len(ids) > AUTO_VERIFY_TOKENS or used != "fast"):
+        verify = False
+    layer = pick_layer(result, verify)
+    if layer is not None:
+        result.check = self_check(lm.model, result, layer)
+    return result
 
 
 @contextlib.contextmanager

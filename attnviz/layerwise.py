@@ -20,6 +20,7 @@ import torch
 from .probe import AttentionSite
 
 METHOD = "eager exact (one layer at a time)"
+_CACHES = ("past_key_values", "past_key_value", "layer_past", "cache")
 
 
 @dataclass
@@ -63,6 +64,9 @@ def record(
         def fn(_module, args, kwargs):
             calls[name] += 1
             bound = sig.bind(*args, **kwargs)
+            for key in _CACHES:  # a cache the forward filled would be appended to a second time
+                if key in bound.arguments:
+                    bound.arguments[key] = None
             seen.setdefault(name, []).append(bound)
 
         return fn
