@@ -243,11 +243,12 @@ def check(model_type: str, kind: str | None = None) -> Row:
         return Row(model_type, "error", f"eager reference failed: {type(err).__name__}: {str(err)[:160]}")
     worst = 0.0
     for stack, tensors in ref.items():
-        if stack not in res.stacks or len(tensors) != res.n_layers(stack):
+        got = res.n_layers(stack) if stack in res.stacks else 0
+        if got != len(tensors):
             return Row(
                 model_type,
                 "error",
-                f"{stack}: {len(tensors)} eager layers, attnviz has {res.n_layers(stack) if stack in res.stacks else 0}",
+                f"{stack}: {len(tensors)} eager layers, attnviz has {got}",
             )
         for i, t in enumerate(tensors):
             ours = res.layer_tensor(i, stack=stack).cpu()
