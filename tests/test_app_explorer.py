@@ -1,7 +1,7 @@
 """Explorer page (app.py) through Streamlit's AppTest: figures, share links, options, errors.
 
-Most tests run on the tiny random models of tests/tiny.py, which the app serves as
-``tiny:<arch>`` when ATTNVIZ_TEST_MODELS=1. Tests marked slow use the real built-in model.
+Most tests run on the tiny random models of tests/tiny.py, which conftest.py registers with the
+engine as ``tiny:<arch>`` specs. Tests marked slow use the real built-in model.
 Helpers here are imported by the other test_app_* files.
 """
 
@@ -28,8 +28,7 @@ TIMEOUT = 120
 
 
 def prepare(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Tiny test models allowed, no demo mode, no server token, empty process caches."""
-    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
+    """No demo mode, no server token, empty process caches (conftest serves the tiny models)."""
     for name in ("ATTNVIZ_DEMO", "ATTNVIZ_ALLOWED_MODELS", "ATTNVIZ_MAX_TOKENS", "HF_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     st.cache_resource.clear()
@@ -77,6 +76,13 @@ def z_of(trace: dict) -> np.ndarray:
 def ok(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+def engine(text: str, arch: str = "llama-gqa") -> attnviz.AttentionResult:
+    """What the engine gives for ``text`` on the tiny model (the numbers a page must draw)."""
+    import tiny
+
+    return attnviz.extract(tiny.loaded(arch), text)
 
 
 def labels(text: str, arch: str = "llama-gqa") -> list[str]:
@@ -131,6 +137,14 @@ def test_share_link_restores_layer_head_and_options(env):
     assert at.selectbox(key="cmap").value == "Magma" and at.toggle(key="log").value is True
     head = titled(at, "layer 2 · head 3 ")
     assert "log" in heatmaps(head)[0]["hovertemplate"]
+    # the numbers drawn are the engine's layer 2, head 3 (not layer 0 / head 0 under this title)
+    want = engine(TEXT).layer(2)
+    logged = np.log10(np.maximum(want, 1e-5))  # log colour: log10 of the weight, floored at 1e-5
+    np.testing.assert_allclose(z_of(heatmaps(head)[0]), logged[3], atol=1e-5)
+    grid = heatmaps(specs(at)[0])
+    for h in range(4):
+        np.testing.assert_allclose(z_of(grid[h]), logged[h], atol=1e-5)
+    assert np.abs(want[3] - engine(TEXT).layer(0)[0]).max() > 1e-2  # a wrong head would show
     assert at.query_params["layer"] == "2" and at.query_params["head"] == "3"
     assert "layer=2" in at.code[-1].value and "head=3" in at.code[-1].value  # the share link
 
@@ -142,7 +156,8 @@ def test_the_url_follows_the_widgets(env):
     ok(at)
     assert at.query_params["layer"] == "1" and at.query_params["head"] == "2"
     assert at.query_params["model"] == TINY and at.query_params["text"] == TEXT
-    titled(at, "layer 1 · head 2 ")
+    head = titled(at, "layer 1 · head 2 ")
+    np.testing.assert_allclose(z_of(heatmaps(head)[0]), engine(TEXT).layer(1)[2], atol=1e-6)
 
 
 def test_layer_head_and_colour_changes_never_rerun_the_model(env):
