@@ -450,3 +450,45 @@ def test_share_url_puts_the_path_before_the_query(env):
     assert state.share_url({"a": "1"}, path="") == "http://host:8501/?a=1"
     env.setattr(st.context.__class__, "url", property(lambda self: "http://host:8501/app/Compare"))
     assert state.share_url({"a": "1"}, path="Compare") == "http://host:8501/app/Compare?a=1"
+
+
+# -- long texts travel compressed in the link -------------------------------------------------
+
+
+def test_a_compressed_link_restores_the_exact_view(env):
+    """A text over the readable-link length goes into ``tz`` (deflate + base64); opening that link
+    restores the text character for character, the layer, the head and the options, and draws
+    the engine's numbers for them."""
+    from ui.params import ExplorerParams
+
+    text = "the bank " * 240  # 2,160 characters, 482 tokens: compressed, and the tiny model runs it
+    link = (
+        ExplorerParams(model=TINY, text=text, stack="self", layer=1, head=2, cmap="Magma").to_query().params
+    )
+    assert "tz" in link and "text" not in link and len(link["tz"]) < 200
+    at = new_app(**link).run()
+    ok(at)
+    assert at.text_area(key="text").value == text
+    assert at.slider(key="layer").value == 1 and at.selectbox(key="head").value == 2
+    assert at.selectbox(key="cmap").value == "Magma"
+    head = titled(at, "layer 1 · head 2 ")
+    np.testing.assert_allclose(z_of(heatmaps(head)[0]), engine(text).layer(1)[2][:, :], atol=1e-6)
+    assert at.query_params == link  # written back unchanged: the share link is the same link
+    assert f"tz={link['tz']}" in at.code[-1].value and "text=" not in at.code[-1].value
+
+
+def test_a_50000_character_text_survives_its_link(env):
+    """Any text the app accepts fits a link once compressed: 50,000 characters come back exactly
+    (the tiny model refuses that many tokens with its one-line message; the view keeps serving)."""
+    from ui.params import MAX_TEXT_CHARS, ExplorerParams
+
+    words = ["bank", "river", "the", "money", "flows", "near", "a", "quiet", "town", "\n"]
+    rng = np.random.default_rng(0)
+    text = " ".join(words[i] for i in rng.integers(0, len(words), 12_000))[:50_000]
+    assert len(text) == 50_000 <= MAX_TEXT_CHARS
+    link = ExplorerParams(model=TINY, text=text, layer=2, head=1, log=True).to_query().params
+    at = new_app(**link).run()
+    assert not at.exception
+    assert at.text_area(key="text").value == text
+    assert at.query_params == link
+    assert not [w.value for w in at.warning if "link" in w.value]
