@@ -39,7 +39,8 @@ def main() -> None:
     hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=frame.token)
     if hm is None:
         shell.stop()
-    head_finder(hm, stack, ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack))
+    explorer = ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack)
+    head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
     state.share_box()
 
 
@@ -111,9 +112,9 @@ def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool,
     return hm
 
 
-def head_finder(hm, stack: Stack, explorer: ExplorerParams) -> None:
+def head_finder(hm, stack: Stack, explorer: ExplorerParams, kv: list[int] | None) -> None:
     """The heads sorted by a statistic, each with a link to the explorer (``explorer`` with the
-    row's layer and head)."""
+    row's layer and head); the KV head of each only with GQA (``kv``)."""
     present = list(hm.metrics)
     st.subheader("Head finder")
     metric = state.choose("metric", present, "metric")
@@ -130,7 +131,7 @@ def head_finder(hm, stack: Stack, explorer: ExplorerParams) -> None:
     table = {
         "layer": [r["layer"] for r in rows],
         "head": [r["head"] for r in rows],
-        "kv head": [r["kv_head"] for r in rows],
+        **({"kv head": [r["kv_head"] for r in rows]} if kv else {}),  # only where heads share K/V
         **({"open": [explorer_link(int(r["layer"]), int(r["head"])) for r in rows]} if linked else {}),
         **{m: [round(float(r[m]), 4) for r in rows] for m in present},
     }
