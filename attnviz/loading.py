@@ -27,7 +27,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from . import capture
+from . import capture, env
 from .errors import (
     AttnvizError,
     GatedModel,
@@ -62,7 +62,7 @@ def cache_dir() -> Path:
 
 def trust_remote_code() -> bool:
     """Only a server-side environment opt-in enables remote code; never user input."""
-    return os.environ.get("ATTNVIZ_TRUST_REMOTE_CODE", "") == "1"
+    return env.flag("ATTNVIZ_TRUST_REMOTE_CODE")
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -426,7 +426,7 @@ def load_model(
     else:
         where = spec
     if allow_pickle is None:
-        allow_pickle = os.environ.get("ATTNVIZ_ALLOW_PICKLE", "") == "1"
+        allow_pickle = env.flag("ATTNVIZ_ALLOW_PICKLE")
     token = token or os.environ.get("HF_TOKEN") or None
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
