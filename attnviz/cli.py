@@ -239,7 +239,7 @@ def _app(args) -> int:
     script = app_script()
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_flags(script.parent)]
     cmd += [f"--server.port={args.port}", f"--server.address={args.address}"]
-    cmd += [f"--server.headless={'false' if args.browser else 'true'}"]
+    cmd += [f"--server.headless={'false' if args.browser else 'true'}", "--global.developmentMode=false"]
     sys.stderr.write(f"attnviz: serving {script} on http://{args.address}:{args.port}\n")
     try:
         return subprocess.run(cmd, check=False).returncode
