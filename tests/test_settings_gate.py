@@ -45,6 +45,14 @@ def test_demo_allow_list_and_cap_from_env(monkeypatch):
     resolve("gpt2", s)
 
 
+def until(condition, timeout: float = 10.0) -> None:
+    """Wait for ``condition()`` to hold (polling a condition; the outcome never rides on a delay)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.001)
+
+
 def test_gate_is_fifo_and_reports_positions():
     gate = InferenceGate()
     order: list[int] = []
@@ -71,7 +79,7 @@ def test_gate_is_fifo_and_reports_positions():
         t = threading.Thread(target=waiter, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.05)  # enqueue in order
+        until(lambda i=i: gate.waiting == i)  # waiter i is queued before waiter i + 1 starts
     assert gate.waiting == 3
     release.set()
     for t in [t0, *threads]:
