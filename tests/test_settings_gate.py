@@ -35,6 +35,9 @@ def test_demo_allow_list_and_cap_from_env(monkeypatch):
     monkeypatch.setenv("ATTNVIZ_DEMO", "yes")
     monkeypatch.setenv("ATTNVIZ_ALLOWED_MODELS", "smollm2-135m, gpt2")
     monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "nonsense")
+    with pytest.raises(attnviz.AttnvizError, match="ATTNVIZ_MAX_TOKENS='nonsense' is not a whole number"):
+        settings()  # a bad setting stops the server with its name (attnviz.env)
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "")
     s = settings()
     assert s.allowed_models == ("smollm2-135m", "gpt2")
     assert s.max_tokens == DEMO_MAX_TOKENS
