@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, export, models, shell, state
+from ui import attention, export, flow, models, shell, state
 from ui.params import ExplorerParams, OverviewParams
 from ui.text import md
 
@@ -40,6 +40,7 @@ def main() -> None:
     if hm is None:
         shell.stop()
     head_finder(hm, stack, ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack))
+    flow.rollout_section(lm.spec, res, ref.key, stack, cmap, frame.token)
     state.share_box()
 
 
