@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, export, models, shell, state
+from ui import attention, export, flow, models, shell, state
 from ui.params import ExplorerParams, OverviewParams
 from ui.text import md
 
@@ -41,6 +41,7 @@ def main() -> None:
         shell.stop()
     explorer = ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack)
     head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
+    flow.rollout_section(lm.spec, res, ref.key, stack, cmap, frame.token)
     state.share_box()
 
 
