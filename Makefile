@@ -32,7 +32,7 @@ format: dev
 	$(PY) -m ruff check --fix .
 
 typecheck: dev
-	$(PY) -m mypy attnviz
+	$(PY) -m mypy
 
 pytest: dev
 	$(PY) -m pytest
