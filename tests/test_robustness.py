@@ -812,6 +812,7 @@ def test_a_token_typed_in_one_session_is_never_used_by_another(monkeypatch, tmp_
     token is in no URL, message, log line or file."""
     import tiny
 
+    from attnviz import specs
     from ui import models
 
     calls: list[tuple[str, str | None]] = []
@@ -824,7 +825,7 @@ def test_a_token_typed_in_one_session_is_never_used_by_another(monkeypatch, tmp_
             )
         return tiny.loaded("llama-gqa")
 
-    monkeypatch.setattr(attnviz, "load_model", fake_load)
+    monkeypatch.setattr(specs, "load_model", fake_load)  # where the app loads through
     gated = "attnviz-test/gated-model"
     a = new_app(monkeypatch, {"model": gated}).run()
     assert any("is gated" in t for t in texts(a, "error"))

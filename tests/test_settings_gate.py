@@ -35,10 +35,21 @@ def test_demo_allow_list_and_cap_from_env(monkeypatch):
     monkeypatch.setenv("ATTNVIZ_DEMO", "yes")
     monkeypatch.setenv("ATTNVIZ_ALLOWED_MODELS", "smollm2-135m, gpt2")
     monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "nonsense")
+    with pytest.raises(attnviz.AttnvizError, match="ATTNVIZ_MAX_TOKENS='nonsense' is not a whole number"):
+        settings()  # a bad setting stops the server with its name (attnviz.env)
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "")
     s = settings()
     assert s.allowed_models == ("smollm2-135m", "gpt2")
     assert s.max_tokens == DEMO_MAX_TOKENS
     s.check_model("gpt2")
+
+
+def until(condition, timeout: float = 10.0) -> None:
+    """Wait for ``condition()`` to hold (polling a condition; the outcome never rides on a delay)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.001)
 
 
 def test_gate_is_fifo_and_reports_positions():
@@ -67,7 +78,7 @@ def test_gate_is_fifo_and_reports_positions():
         t = threading.Thread(target=waiter, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.05)  # enqueue in order
+        until(lambda i=i: gate.waiting == i)  # waiter i is queued before waiter i + 1 starts
     assert gate.waiting == 3
     release.set()
     for t in [t0, *threads]:

