@@ -3,9 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
 
-.PHONY: run test install dev lint format typecheck pytest bench warmup clean
+.PHONY: run test install dev lint format typecheck pytest bench warmup dist clean
 
-$(VENV)/.installed: requirements.txt scripts/install.sh
+# Installs the pinned dependencies, then the project the way users do (`pip install -e ".[app]"`).
+$(VENV)/.installed: requirements.txt scripts/install.sh pyproject.toml
 	VENV=$(VENV) bash scripts/install.sh
 	touch $@
 
@@ -31,7 +32,7 @@ format: dev
 	$(PY) -m ruff check --fix .
 
 typecheck: dev
-	$(PY) -m mypy attnviz
+	$(PY) -m mypy
 
 pytest: dev
 	$(PY) -m pytest
@@ -42,5 +43,9 @@ bench: install
 warmup: install
 	$(PY) -m attnviz warmup
 
+# The wheel and sdist users install (`pip install dist/attnviz-*.whl`).
+dist: dev
+	$(PY) -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache test-output dist build

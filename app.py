@@ -1,188 +1,24 @@
-"""Explorer: type a sentence, pick a model, see every head of a layer and one head up close.
+"""attnviz: the entry script. It builds the navigation and runs the page the URL names.
 
-The fragments and the download callables get a `models.ResultRef` and fetch the result when they
-run: Streamlit keeps them (and this page's globals) for the session's lifetime, so a result in
-a global or a closure would stay alive outside the bounded result cache.
+Every page is a file in pages/ with one parameters dataclass (ui/params.py); ui/shell.py holds
+the table the navigation is built from. `streamlit run app.py` starts the app.
 """
 
-import contextlib
-
-import numpy as np
 import streamlit as st
 
-from attnviz import AttentionResult
-from attnviz import figures as F
-from ui import attention, export, models, sidebar, state
-from ui.text import md
+from attnviz import env
+from ui import shell
 
-NAMES = ("model", "text", "chat", "stack", "layer", "head", "cmap", "log", "hide", "nosink", "row0")
-STACK_NAMES = {
-    "self": "self",
-    "encoder": "encoder",
-    "decoder": "decoder",
-    "cross": "cross (decoder → encoder)",
-}
-
-sidebar.page("Explorer", NAMES)
-choice = sidebar.sidebar()
-st.title("Attention explorer")
-
-
-def summary(res: AttentionResult) -> None:
-    """The model line and the token table."""
-    st.caption(
-        f"**{md(res.model_name)}** · {models.describe_layout(res.layout)} · {res.n_tokens} tokens · "
-        f"{res.path} path, extracted in {res.seconds:.2f} s"
-    )
-    with st.expander(f"Tokens ({res.n_tokens})", expanded=False):
-        toks = res.tokens
-        st.dataframe(
-            {
-                "position": list(range(len(toks))),
-                "token": list(toks.display),
-                "id": list(toks.ids),
-                "special": list(toks.special),
-                "chat template": list(toks.template),
-            },
-            hide_index=True,
-            height=min(400, 36 + 35 * len(toks)),
-        )
-
-
-@st.fragment
-def view(ref: models.ResultRef) -> None:
-    """Layer and colour controls redraw only this part; the model never reruns."""
-    res = models.result(ref)
-    if res is None:
-        return
-    stacks = list(res.stacks)
-    stack = state.choose("stack", stacks, "attention")
-    if len(stacks) > 1:
-        stack = st.segmented_control(
-            "Attention", stacks, key="stack", format_func=STACK_NAMES.get, required=True
-        )
-    n_layers, n_heads = res.n_layers(stack), res.n_heads
-    state.clamp("layer", 0, n_layers - 1, "layer")
-    kv = attention.kv_heads(res, stack)
-
-    c1, c2, c3 = st.columns([4, 3, 3])
-    with c1:
-        layer = (
-            st.slider("Layer", 0, n_layers - 1, key="layer")
-            if n_layers > 1
-            else st.number_input("Layer", 0, 0, key="layer")
-        )
-    with c2:
-        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
-        log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
-    with c3:
-        hide = st.toggle(
-            "Hide special tokens",
-            key="hide",
-            help="Drop special and chat-template tokens from both axes and renormalise each row "
-            "over the keys left.",
-        )
-        nosink = st.toggle(
-            "Renormalise without the sink",
-            key="nosink",
-            help="Drop key 0 (the first token, where many heads park attention) and renormalise each row.",
-        )
-
-    v = attention.View(stack=stack, hide=hide, nosink=nosink)
-    ax = attention.axes(res, v)
-    if len(ax.q_idx) == 0 or len(ax.k_idx) == 0:
-        st.info("Every token is hidden by the options above; turn 'Hide special tokens' off.")
-        state.share_box(NAMES)
-        return
-
-    left, right = st.columns([1, 1], gap="medium")
-    with left:
-        side = F.grid_side(n_heads, n_tokens=max(len(ax.q_idx), len(ax.k_idx)))
-        big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
-        with st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext():
-            pooled, q_lab, k_lab = attention.grid(res, ref.key, layer, v, ax, side)
-        pooled_note = (
-            f" · max-pooled to {pooled.shape[1]}×{pooled.shape[2]}"
-            if pooled.shape[1:] != (len(ax.q_idx), len(ax.k_idx))
-            else ""
-        )
-        st.markdown(f"**Layer {layer}: all {n_heads} heads**{pooled_note}")
-        if kv:
-            st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
-        grid_fig = F.head_grid(pooled, q_lab, k_lab, kv_heads=kv, colorscale=cmap, log=log)
-        name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}")
-        export.chart(grid_fig, name, key="grid_chart")
-    with right:
-        head_view(ref, stack, layer, v, ax, kv, cmap, log)
-
-
-@st.fragment
-def head_view(ref: models.ResultRef, stack, layer, v, ax, kv, cmap, log) -> None:
-    """The head selector and the single-head view: a head change redraws only this part."""
-    res = models.result(ref)
-    if res is None:
-        return
-    n_heads = res.n_heads
-    state.clamp("head", 0, n_heads - 1, "head")
-    n_q, n_k = len(ax.q_idx), len(ax.k_idx)
-    w = attention.window_rows(n_q, n_k)
-    c1, c2 = st.columns([1, 1])
-    with c1:
-        head = attention.head_picker(n_heads, kv)
-    sel = slice(None)
-    if w < n_q:
-        state.clamp("row0", 0, n_q - w, "first query row")
-        with c2:
-            row0 = st.slider(f"Query rows ({w} of {n_q} at a time)", 0, n_q - w, key="row0", step=1)
-        sel = slice(row0, row0 + w)
-    q_lab1 = ax.q_labels[sel]
-    title = f"{ref.name} · layer {layer} · {F.head_title(head, kv[head] if kv else None)}"
-    if stack != "self":
-        title += f" · {stack}"
-
-    def figure(probs: np.ndarray):
-        return F.head_heatmap(probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, log=log)
-
-    def rows_now(rows: slice = sel) -> np.ndarray:  # for the downloads: fetched when clicked
-        return attention.head_rows(models.result_now(ref), layer, head, v, ax, rows)
-
-    head_fig = figure(attention.head_rows(res, layer, head, v, ax, sel))
-    head_name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}", f"H{head}")
-    export.chart(head_fig, head_name, key="head_chart")
-    notes = []
-    if v.hide and res.axes(stack)[0].hidden.any():
-        notes.append("special/template tokens hidden, rows renormalised")
-    if v.nosink:
-        notes.append("key 0 dropped, rows renormalised (a causal row 0 has nothing left and shows 0)")
-    if notes:
-        st.caption("; ".join(notes).capitalize() + ".")
-
-    export.downloads(
-        head_name,
-        npz=lambda: export.npz_bytes(
-            attention=rows_now(slice(None)),
-            query_positions=ax.q_idx,
-            key_positions=ax.k_idx,
-            query_tokens=np.array(ax.q_labels),
-            key_tokens=np.array(ax.k_labels),
-            model=ref.name,
-            layer=layer,
-            head=head,
-            stack=stack,
-        ),
-        csv=lambda: export.csv_text(rows_now(), q_lab1, ax.k_labels, "query \\ key"),
-        fig=lambda: figure(rows_now()),
-        key="head",
-        what=f"weights of layer {layer}, head {head}",
-    )
-    state.share_box(NAMES)
-
-
-def main() -> None:
-    """The model and the result stay locals of this run; the fragments get the ref."""
-    _, res, ref = sidebar.load_and_extract(choice, NAMES)
-    summary(res)
-    view(ref)
-
-
-main()
+st.set_page_config(page_title="attnviz", page_icon=":material/search:", layout="wide")
+try:
+    env.check_all()  # a bad ATTNVIZ_* flag stops every page with its name, not later in a page
+except env.BadSetting as err:
+    st.error(f"The server is misconfigured: {err}.", icon=":material/settings:")
+    st.stop()
+page = st.navigation(
+    [
+        st.Page(e.file, title=e.params.PAGE, icon=e.icon, url_path=e.url_path or None, default=not e.url_path)
+        for e in shell.PAGES
+    ]
+)
+page.run()

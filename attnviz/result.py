@@ -239,6 +239,12 @@ class AttentionResult:
         """float32 (layers, heads, query_pos, key_pos): the full stack (big; for export)."""
         return np.stack([t.cpu().numpy() for _, t in self.iter_layers(stack)])
 
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """A notebook cell shows a summary and the head view (attnviz/notebook.py)."""
+        from .notebook import mimebundle
+
+        return mimebundle(self)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by this result (captured Q/K/masks, or eager tensors)."""

@@ -1,5 +1,8 @@
 """Server-side settings from environment variables (never from user input).
 
+Boolean flags read 1/true/yes/on or 0/false/no/off (any case); anything else stops the server
+with a one-line message (`attnviz.env`).
+
 ATTNVIZ_DEMO=1                public demo: model allow-list, token cap, no local paths, no token field,
                               one inference at a time with a visible queue
 ATTNVIZ_ALLOWED_MODELS=a,b    demo allow-list (default: the built-in models)
@@ -15,15 +18,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import NotAllowed
+from .env import flag, integer
 from .loading import BUILTIN_MODELS
 
 DEMO_MAX_TOKENS = 512
 FULL_MAX_TOKENS = 8192
-
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 @dataclass(frozen=True)
@@ -46,24 +45,13 @@ class Settings:
         extra = tuple(m for m in self.allowed_models if m not in BUILTIN_MODELS)
         return (*BUILTIN_MODELS, *extra) if not self.demo else tuple(self.allowed_models)
 
-    def check_model(self, spec: str) -> None:
-        """Raise NotAllowed if this server may not load ``spec``."""
-        if self.demo and spec.strip() not in self.allowed_models:
-            raise NotAllowed(
-                f"this public demo only serves {', '.join(self.allowed_models)}; "
-                "run attnviz yourself (make run) to explore other models"
-            )
-
 
 def settings() -> Settings:
     """Read the settings now (cheap; re-read so tests and restarts see changes)."""
-    demo = _flag("ATTNVIZ_DEMO")
+    demo = flag("ATTNVIZ_DEMO")
     allowed = tuple(m.strip() for m in os.environ.get("ATTNVIZ_ALLOWED_MODELS", "").split(",") if m.strip())
     if demo and not allowed:
         allowed = tuple(BUILTIN_MODELS)
     default_cap = DEMO_MAX_TOKENS if demo else FULL_MAX_TOKENS
-    try:
-        cap = int(os.environ.get("ATTNVIZ_MAX_TOKENS", default_cap))
-    except ValueError:
-        cap = default_cap
-    return Settings(demo=demo, allowed_models=allowed, max_tokens=max(1, cap))
+    cap = integer("ATTNVIZ_MAX_TOKENS", default_cap, lo=1, hi=1_000_000)
+    return Settings(demo=demo, allowed_models=allowed, max_tokens=cap)

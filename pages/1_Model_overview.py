@@ -1,19 +1,17 @@
 """Model overview: every layer x head at once, head statistics, and a head finder."""
 
-import urllib.parse
-
 import numpy as np
 import streamlit as st
 
 from attnviz import figures as F
-from ui import attention, export, models, sidebar, state
+from attnviz.layout import Stack
+from ui import attention, export, flow, models, shell, state, views
+from ui.params import ExplorerParams, OverviewParams
 from ui.text import md
 
-NAMES = ("model", "text", "chat", "stack", "cmap", "log", "metric")
 SHORT = {"previous_token": "prev. token", "diagonal": "self", "gqa_coherence": "GQA coherence"}
 
-sidebar.page("Model overview", NAMES, ":material/grid_view:")
-choice = sidebar.sidebar()
+frame = shell.begin(OverviewParams)
 
 st.title("Model overview")
 
@@ -21,15 +19,12 @@ st.title("Model overview")
 def main() -> None:
     """The page body: the model and the result stay locals of this run (widget format functions
     outlive it and hold the page's globals; see app.py)."""
-    lm, res, ref = sidebar.load_and_extract(choice, NAMES)
+    lm, res, ref = shell.load_and_extract(frame)
     st.caption(f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)} · {res.n_tokens} tokens")
 
-    stacks = list(res.stacks)
-    stack = state.choose("stack", stacks, "attention")
     c1, c2, _ = st.columns([2, 2, 3])
     with c1:
-        if len(stacks) > 1:
-            stack = st.segmented_control("Attention", stacks, key="stack", required=True)
+        stack = attention.stack_picker(res.stacks)
         cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
     with c2:
         log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
@@ -40,16 +35,20 @@ def main() -> None:
             help="Also run the model on 50 random tokens repeated twice and score every head on copying "
             "the token after the earlier occurrence (induction heads).",
         )
-    every_head(lm.spec, res, ref.key, stack, cmap, log)
-    hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=choice.token)
+    explorer = ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack)
+    every_head(lm.spec, res, ref.key, stack, cmap, log, explorer)
+    hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=frame.token)
     if hm is None:
-        sidebar.stop(NAMES)
-    head_finder(hm, stack)
-    state.share_box(NAMES)
+        shell.stop()
+    head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
+    flow.rollout_section(lm.spec, res, ref.key, stack, cmap, frame.token)
+    state.share_box()
 
 
-def every_head(spec: str, res, key: tuple, stack: str, cmap: str, log: bool) -> None:
-    """The mosaic of every layer x head."""
+def every_head(
+    spec: str, res, key: tuple, stack: Stack, cmap: str, log: bool, explorer: ExplorerParams
+) -> None:
+    """The mosaic of every layer x head; a click on a tile opens that head in the explorer."""
     n_layers, n_heads = res.n_layers(stack), res.n_heads
     kv = attention.kv_heads(res, stack)
     view = attention.View(stack=stack)
@@ -75,13 +74,22 @@ def every_head(spec: str, res, key: tuple, stack: str, cmap: str, log: bool) -> 
     st.caption(
         f"{across}. Each tile is one head's attention pattern (queries down, keys across){pooled_note}."
     )
-    mosaic = F.model_mosaic(images, colorscale=cmap, log=log, kv_heads=kv, q_labels=q_bins, k_labels=k_bins)
-    export.chart(
-        mosaic, F.figure_name(spec, stack if stack != "self" else "", "all_heads"), key="mosaic_chart"
-    )
+    scale, note = views.scale_for("auto", len(ax.q_idx), log=log)
+    mosaic = F.model_mosaic(
+        images, colorscale=cmap, scale=scale, kv_heads=kv, q_labels=q_bins, k_labels=k_bins, pickable=True,
+        layer_names=[res.layout.layer_label(i) for i in range(n_layers)],
+    )  # fmt: skip
+    name = F.figure_name(spec, stack if stack != "self" else "", "all_heads")
+    event = export.chart(mosaic, name, key="mosaic_chart", on_select=True)
+    st.caption("Click a tile to open that head in the explorer. " + note)
+    picked = views.clicked(event, "mosaic_chart")
+    if picked:
+        state.commit()
+        target = explorer.replace(layer=int(picked[0]), head=int(picked[1])).to_query().params
+        st.switch_page(shell.PAGES[0].file, query_params=target)
 
 
-def statistics(lm, res, key: tuple, stack: str, cmap: str, *, induction: bool, token: str | None):
+def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool, token: str | None):
     """One (layer, head) heatmap per statistic; the metrics, or None after an error (shown)."""
     st.subheader("Head statistics")
     hm = None
@@ -116,8 +124,9 @@ def statistics(lm, res, key: tuple, stack: str, cmap: str, *, induction: bool, t
     return hm
 
 
-def head_finder(hm, stack: str) -> None:
-    """The heads sorted by a statistic, each with a link to the explorer."""
+def head_finder(hm, stack: Stack, explorer: ExplorerParams, kv: list[int] | None) -> None:
+    """The heads sorted by a statistic, each with a link to the explorer (``explorer`` with the
+    row's layer and head); the KV head of each only with GQA (``kv``)."""
     present = list(hm.metrics)
     st.subheader("Head finder")
     metric = state.choose("metric", present, "metric")
@@ -127,23 +136,15 @@ def head_finder(hm, stack: str) -> None:
     rows = sorted(hm.to_rows(), key=lambda r: -float(r[metric]))
 
     def explorer_link(layer: int, head: int) -> str:
-        params = {
-            "model": choice.spec,
-            "text": choice.text if len(choice.text) <= state.MAX_LINK_TEXT else "",
-            "chat": "1" if choice.chat else "0",
-            "stack": stack,
-            "layer": str(layer),
-            "head": str(head),
-        }
-        return "./?" + urllib.parse.urlencode(
-            {k: v for k, v in params.items() if v}, quote_via=urllib.parse.quote
-        )
+        return explorer.replace(layer=layer, head=head).to_query().url(".", "")
 
+    # a link per row while links are short; with a long (compressed) text only the button below
+    linked = len(explorer_link(0, 0)) <= 4_000
     table = {
         "layer": [r["layer"] for r in rows],
         "head": [r["head"] for r in rows],
-        "kv head": [r["kv_head"] for r in rows],
-        "open": [explorer_link(int(r["layer"]), int(r["head"])) for r in rows],
+        **({"kv head": [r["kv_head"] for r in rows]} if kv else {}),  # only where heads share K/V
+        **({"open": [explorer_link(int(r["layer"]), int(r["head"])) for r in rows]} if linked else {}),
         **{m: [round(float(r[m]), 4) for r in rows] for m in present},
     }
     st.caption("Click a column to sort. Select a row and open it in the explorer, or follow its link.")
@@ -176,10 +177,9 @@ def head_finder(hm, stack: str) -> None:
         type="primary",
         icon=":material/open_in_new:",
     ):
-        params = state.commit(NAMES)
-        params.update({"stack": stack, "layer": str(layer_sel), "head": str(head_sel)})
-        params.pop("metric", None)
-        st.switch_page("app.py", query_params=params)
+        state.commit()
+        target = explorer.replace(layer=layer_sel, head=head_sel).to_query().params
+        st.switch_page(shell.PAGES[0].file, query_params=target)
 
 
 main()

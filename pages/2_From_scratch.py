@@ -7,18 +7,14 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.reference import walkthrough as W
-from ui import attention, export, models, sidebar, state, steps
+from ui import attention, export, models, shell, sidebar, state, steps
+from ui.params import CHANGES, SCRATCH_MODES, ScratchParams
 from ui.text import md
 
-NAMES = (
-    "model", "text", "chat", "mode", "layer", "head", "wstep", "change",
-    "toy_d", "toy_h", "toy_n", "toy_causal", "toy_seed",
-)  # fmt: skip
 TOY_HEADS = [1, 2, 4, 8, 16]
 TOLERANCE = 1e-4  # float32 recomputation vs the model: differences of ~1e-7 are rounding
 
-sidebar.page("From scratch", NAMES, ":material/calculate:")
-choice = sidebar.sidebar()
+frame = shell.begin(ScratchParams)
 
 st.title("Multi-head attention from scratch")
 st.caption(
@@ -118,19 +114,19 @@ def real_layer() -> None:
 
     The model and the walkthrough stay locals of this run: widget format functions outlive it
     and hold the page's globals (see app.py)."""
-    if not choice.spec or not choice.text.strip():
+    p = frame.params
+    if not p.model or not p.text.strip():
         st.info("Pick a model and type a text in the sidebar.")
-        sidebar.stop(NAMES)
-    lm = models.load(choice.spec, choice.token)
-    if lm is None:
-        sidebar.stop(NAMES)
+        shell.stop()
+    lm = shell.load(p.model, frame.token)
+    chat = sidebar.chat_toggle(lm, frame.chat_slot)
     lay = lm.layout
     if lay.kind == "encoder-decoder":
         st.error(
-            f"{md(choice.spec)} is an encoder-decoder model; the walkthrough covers decoder and encoder "
+            f"{md(p.model)} is an encoder-decoder model; the walkthrough covers decoder and encoder "
             f"models ({', '.join(W.SUPPORTED)}). Pick smollm2-135m or minilm-l6, or use the toy mode."
         )
-        sidebar.stop(NAMES)
+        shell.stop()
     state.clamp("layer", 0, lay.n_layers - 1, "layer")
     state.clamp("head", 0, lay.n_heads - 1, "head")
     c1, c2 = st.columns([3, 2])
@@ -140,25 +136,25 @@ def real_layer() -> None:
         kv = [lay.kv_head_of(h) for h in range(lay.n_heads)] if lay.group_size > 1 else None
         head = attention.head_picker(lay.n_heads, kv)
 
-    chat = choice.chat and lm.has_chat_template
     max_tokens = min(W.DEFAULT_MAX_TOKENS, models.config().max_tokens)
     wt = None
-    with models.guarded(f"recomputing layer {layer} of {md(choice.spec)}", choice.token, (choice.spec,)):
-        key = (lm.spec, models.token_key(choice.token), choice.text, chat, layer)
+    with models.guarded(f"recomputing {lay.layer_label(layer)} of {md(p.model)}", frame.token, (p.model,)):
+        key = (lm.spec, models.token_key(frame.token), p.text, chat, layer)
         with st.spinner(f"Recomputing layer {layer} step by step…", show_time=True):
             wt = models.cached(
                 "walkthrough",
                 key,
-                lambda: W.layer_walkthrough(lm, choice.text, layer, chat=chat, max_tokens=max_tokens),
+                lambda: W.layer_walkthrough(lm, p.text, layer, chat=chat, max_tokens=max_tokens),
                 nbytes=lambda w: sum(s.value.nbytes for s in w.steps),
             )
     if wt is None:
-        sidebar.stop(NAMES)
+        shell.stop()
 
     labels = F.token_labels(wt.tokens.display)
     n_tok = len(labels)
     st.caption(
-        f"**{md(lm.spec)}** · layer {layer} · {models.describe_layout(lm.layout)} · {n_tok} tokens · "
+        f"**{md(lm.spec)}** · {lay.layer_label(layer)} · {models.describe_layout(lm.layout)} · "
+        f"{n_tok} tokens · "
         f"recomputed in float32 on the CPU in {wt.seconds:.2f} s"
     )
     m1, m2, m3 = st.columns(3)
@@ -213,7 +209,7 @@ def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int
         "key).",
         "ungrouped K/V": "Query head h reads KV head h % n_kv, not h // group: the learned pairing is lost.",
     }
-    change = st.segmented_control("Change", state.CHANGES, key="change", required=True)
+    change = str(st.segmented_control("Change", CHANGES, key="change", required=True))
     changed = available.get(change)
     if changed is None:
         st.info(f"'{change}' does not apply to {md(spec)}: {why_not.get(change, 'not available')}.")
@@ -225,12 +221,15 @@ def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int
         a, b = st.columns(2)
         with a:
             fig = F.head_heatmap(
-                wt.probs[head], labels, title=f"real · layer {layer} · head {head}", height=460
+                wt.probs[head], labels, title=f"real · {lay.layer_label(layer)} · head {head}", height=460
             )
             export.chart(fig, F.figure_name(spec, f"L{layer}", f"H{head}"), key="cf_real")
         with b:
             fig = F.head_heatmap(
-                changed[head], labels, title=f"{change} · layer {layer} · head {head}", height=460
+                changed[head],
+                labels,
+                title=f"{change} · {lay.layer_label(layer)} · head {head}",
+                height=460,
             )
             export.chart(fig, F.figure_name(spec, f"L{layer}", f"H{head}", change), key="cf_changed")
             if change != "none":
@@ -238,9 +237,9 @@ def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int
                 st.caption(f"Largest change of a weight in this head: {diff:.3f}.")
 
 
-mode = st.segmented_control("Mode", state.SCRATCH_MODES, key="mode", required=True)
+mode = st.segmented_control("Mode", SCRATCH_MODES, key="mode", required=True)
 if mode == "toy":
     toy_mode()
 else:
     real_layer()
-state.share_box(NAMES)
+state.share_box()

@@ -4,26 +4,27 @@ import numpy as np
 import streamlit as st
 
 from attnviz import figures as F
-from ui import attention, compare, export, models, sidebar, state
+from attnviz.layout import Stack
+from ui import attention, compare, export, models, shell, sidebar, state
+from ui.params import COMPARE_MODES, MAX_TEXT_CHARS, CompareParams
 from ui.text import md
 
-NAMES = ("model", "text", "chat", "cmp", "text2", "model2", "stack", "layer", "head", "cmap")
 TOP = 15
 
-sidebar.page("Compare", NAMES, ":material/compare:")
-choice = sidebar.sidebar(text_label="Text (A)")
+frame = shell.begin(CompareParams, text_label="Text (A)")
+spec_a, text_a = frame.params.model, frame.params.text
 
 st.title("Compare attention")
-mode = st.segmented_control("Compare", state.COMPARE_MODES, key="cmp", required=True)
+mode = st.segmented_control("Compare", COMPARE_MODES, key="cmp", required=True)
 if mode == "two texts":
-    st.text_area("Text B", key="text2", height=80, max_chars=state.MAX_TEXT_CHARS)
-    spec_b, text_b = choice.spec, str(state.get("text2"))
-    st.caption(f"Model: **{md(choice.spec)}**. A is the sidebar's text, B the text above.")
+    st.text_area("Text B", key="text2", height=80, max_chars=MAX_TEXT_CHARS)
+    spec_b, text_b = spec_a, str(state.get("text2"))
+    st.caption(f"Model: **{md(spec_a)}**. A is the sidebar's text, B the text above.")
 else:
     spec_b = sidebar.model_picker("model2", key="model2_choice", custom_key="model2_custom", label="Model B")
-    text_b = choice.text
+    text_b = text_a
     st.caption(
-        f"Model A: **{md(choice.spec)}** (sidebar), model B above; both read the sidebar's text. The two "
+        f"Model A: **{md(spec_a)}** (sidebar), model B above; both read the sidebar's text. The two "
         "need the same layout (layers × heads), e.g. a base model and its instruct version."
     )
 
@@ -31,17 +32,15 @@ else:
 def main() -> None:
     """The page body. Models and results stay locals of this run; the download callables get
     `models.ResultRef`s (they and the widget format functions outlive the run; see app.py)."""
-    lm_a, res_a, ref_a = sidebar.load_and_extract(choice, NAMES)
+    lm_a, res_a, ref_a = shell.load_and_extract(frame)
     if not spec_b or not text_b.strip():
         st.info("Type text B." if mode == "two texts" else "Pick model B.")
-        sidebar.stop(NAMES)
-    lm_b = lm_a if spec_b == choice.spec else models.load(spec_b, choice.token)
-    if lm_b is None:
-        sidebar.stop(NAMES)
-    chat_b = choice.chat and lm_b.has_chat_template
-    res_b, ref_b = models.extract(lm_b, text_b, spec=spec_b, token=choice.token, chat=chat_b)
-    if res_b is None:
-        sidebar.stop(NAMES)
+        shell.stop()
+    lm_b = lm_a if spec_b == spec_a else shell.load(spec_b, frame.token)
+    chat_b = ref_a.chat and lm_b.has_chat_template
+    res_b, ref_b = models.extract(lm_b, text_b, spec=spec_b, token=frame.token, chat=chat_b)
+    if res_b is None or ref_b is None:
+        shell.stop()
     la, lb = lm_a.layout, lm_b.layout
     shape_a = (la.n_layers, la.n_decoder_layers, la.n_heads, la.stacks)
     if shape_a != (lb.n_layers, lb.n_decoder_layers, lb.n_heads, lb.stacks):
@@ -50,25 +49,22 @@ def main() -> None:
             f"{lb.n_layers} × {lb.n_heads}: heads can only be compared between models of the same layout. "
             "Pick two models of the same size (e.g. a base and an instruct version), or compare two texts."
         )
-        sidebar.stop(NAMES)
+        shell.stop()
 
-    stacks = list(res_a.stacks)
-    stack = state.choose("stack", stacks, "attention")
-    if len(stacks) > 1:
-        stack = st.segmented_control("Attention", stacks, key="stack", required=True)
+    stack = attention.stack_picker(res_a.stacks)
     p = compare.pair(res_a, res_b, stack)
     st.info(p.note, icon=":material/info:")
     pair_key = (ref_a.key, ref_b.key, stack)
 
     with st.spinner("Comparing every head…", show_time=True):
         scores = compare.change_scores(res_a, res_b, stack, p.m, pair_key)
-        ent_a, _ = attention.head_metrics(lm_a, res_a, ref_a.key, stack, induction=False, token=choice.token)
-        ent_b, _ = attention.head_metrics(lm_b, res_b, ref_b.key, stack, induction=False, token=choice.token)
+        ent_a, _ = attention.head_metrics(lm_a, res_a, ref_a.key, stack, induction=False, token=frame.token)
+        ent_b, _ = attention.head_metrics(lm_b, res_b, ref_b.key, stack, induction=False, token=frame.token)
     kv = attention.kv_heads(res_a, stack)
     heads_changed(scores, ent_b.entropy - ent_a.entropy, kv, lm_a.spec, pair_key)
     layer, head, cmap = side_by_side(res_a, res_b, stack, p, scores, kv, pair_key, lm_a.spec, lm_b.spec)
     one_head(ref_a, ref_b, stack, p, layer, head, cmap, float(scores[layer, head]))
-    state.share_box(NAMES)
+    state.share_box()
 
 
 def heads_changed(scores: np.ndarray, d_ent: np.ndarray, kv, spec: str, pair_key: tuple) -> None:
@@ -109,11 +105,11 @@ def heads_changed(scores: np.ndarray, d_ent: np.ndarray, kv, spec: str, pair_key
     sel = list(picked.selection.rows) if picked is not None and picked.selection else []
     if sel and st.session_state.get("_cmp_picked") != (pair_key, sel[0]):
         st.session_state["_cmp_picked"] = (pair_key, sel[0])
-        state.put("layer", int(table["layer"][sel[0]]))
-        state.put("head", int(table["head"][sel[0]]))
+        state.put("layer", int(order[sel[0]] // n_heads))
+        state.put("head", int(order[sel[0]] % n_heads))
 
 
-def side_by_side(res_a, res_b, stack: str, p, scores, kv, pair_key, spec_a: str, spec_b: str):
+def side_by_side(res_a, res_b, stack: Stack, p, scores, kv, pair_key, spec_a: str, spec_b: str):
     """Layer, head and colour controls, and every head of the layer for A, B and A − B.
     Returns (layer, head, colour scale)."""
     n_layers, n_heads = scores.shape
@@ -134,14 +130,14 @@ def side_by_side(res_a, res_b, stack: str, p, scores, kv, pair_key, spec_a: str,
     cells = F.GRID_MAX_CELLS // 2
     ca, cb = st.columns(2)
     with ca:
-        st.markdown(f"**{md(names(spec_a, spec_b)[0])}** · layer {layer}")
+        st.markdown(f"**{md(names(spec_a, spec_b)[0])}** · {res_a.layout.layer_label(layer)}")
         fig_a = F.head_grid(ga, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=cells)
         export.chart(fig_a, F.figure_name("compare", spec_a, "A", f"L{layer}"), key="grid_a")
     with cb:
-        st.markdown(f"**{md(names(spec_a, spec_b)[1])}** · layer {layer}")
+        st.markdown(f"**{md(names(spec_a, spec_b)[1])}** · {res_a.layout.layer_label(layer)}")
         fig_b = F.head_grid(gb, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=cells)
         export.chart(fig_b, F.figure_name("compare", spec_b, "B", f"L{layer}"), key="grid_b")
-    st.markdown(f"**A − B** · layer {layer} (red: more weight in A, blue: more in B)")
+    st.markdown(f"**A − B** · {res_a.layout.layer_label(layer)} (red: more weight in A, blue: more in B)")
     fig_d = F.head_grid(gd, bins, kv_heads=kv, diverging=True, max_cells=cells)
     export.chart(fig_d, F.figure_name("compare", spec_a, "diff", f"L{layer}"), key="grid_diff")
     return layer, head, cmap
@@ -152,7 +148,7 @@ def names(spec_a: str, spec_b: str) -> tuple[str, str]:
     return (spec_a, spec_b) if mode == "two models" else ("A", "B")
 
 
-def one_head(ref_a, ref_b, stack: str, p, layer: int, head: int, cmap: str, change: float) -> None:
+def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, cmap: str, change: float) -> None:
     """One head of A and of B next to each other, A − B under them, and the downloads."""
     st.markdown(f"**Head {head}, layer {layer}**: change {change:.3f} (TV)")
     if p.m * p.m > F.SINGLE_MAX_CELLS:

@@ -4,13 +4,11 @@ import numpy as np
 import streamlit as st
 
 from attnviz import figures as F
-from ui import attention, export, models, sidebar, state
+from ui import attention, export, shell, state
+from ui.params import GEN_ROWS, GenerationParams
 from ui.text import continuation, md
 
-NAMES = ("model", "text", "chat", "k", "stack", "gstep", "layer", "grow", "cmap", "log")
-
-sidebar.page("Generation", NAMES, ":material/edit_note:")
-choice = sidebar.sidebar(text_label="Prompt")
+frame = shell.begin(GenerationParams, text_label="Prompt")
 
 st.title("Attention while generating")
 c1, c2 = st.columns([1, 3])
@@ -26,25 +24,23 @@ with c2:
 def main() -> None:
     """The page body. The model and the result stay locals of this run: the download callables
     and the step slider's format function outlive it and hold the page's globals (see app.py)."""
-    if choice.spec:
-        lm = models.load(choice.spec, choice.token)
-        if lm is not None and lm.layout.kind == "encoder":
+    spec = frame.params.model
+    if spec:
+        lm = shell.load(spec, frame.token)
+        if lm.layout.kind == "encoder":
             st.error(
-                f"{md(choice.spec)} is an encoder ({md(lm.layout.model_type)}): it does not generate "
+                f"{md(spec)} is an encoder ({md(lm.layout.model_type)}): it does not generate "
                 "text. Pick a decoder such as smollm2-135m, or an encoder-decoder model."
             )
-            sidebar.stop(NAMES)
-    lm, res, _ = sidebar.load_and_extract(choice, NAMES, generate=int(k))
+            shell.stop()
+    lm, res, _ = shell.load_and_extract(frame, generate=int(k))
 
-    stacks = [s for s in res.stacks if s in ("self", "decoder", "cross")]
-    stack = state.choose("stack", stacks, "attention")
-    if len(stacks) > 1:
-        stack = st.segmented_control("Attention", stacks, key="stack", required=True)
+    stack = attention.stack_picker([s for s in res.stacks if s in ("self", "decoder", "cross")])
     q_tokens, k_tokens = res.axes(stack)
     generated = [i for i, g in enumerate(q_tokens.generated) if g]
     if not generated:
         st.info("The model stopped at once (it produced its end-of-text token). Try another prompt.")
-        sidebar.stop(NAMES)
+        shell.stop()
     prompt_ids = [t for t, g in zip(q_tokens.ids, q_tokens.generated, strict=True) if not g]
     n_steps = len(generated)
     if n_steps < int(k):
@@ -80,7 +76,7 @@ def main() -> None:
     with c2:
         row = st.segmented_control(
             "Query row",
-            state.GEN_ROWS,
+            GEN_ROWS,
             key="grow",
             required=True,
             help="'new token': the generated token's own row (what it attends to once it is in the text). "
@@ -98,7 +94,7 @@ def main() -> None:
     rows = res.layer(layer, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys]  # (heads, keys)
     head_names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
     what = "predicting" if row != "new token" else "new token"
-    title = f"layer {layer} · query {labels_q[q]} ({what} {q_tokens.display[pos]!r})"
+    title = f"{res.layout.layer_label(layer)} · query {labels_q[q]} ({what} {q_tokens.display[pos]!r})"
     fig = F.rows_heatmap(
         rows,
         head_names,
@@ -116,7 +112,7 @@ def main() -> None:
     )
     fig_layers = F.rows_heatmap(
         means,
-        [f"layer {i}" for i in range(n_layers)],
+        [res.layout.layer_label(i) for i in range(n_layers)],
         labels_k[:n_keys],
         title=f"every layer, mean over heads · query {labels_q[q]}",
         colorscale=cmap,
@@ -142,7 +138,7 @@ def main() -> None:
         key="gen",
         what=f"attention rows of step {step}",
     )
-    state.share_box(NAMES)
+    state.share_box()
 
 
 main()

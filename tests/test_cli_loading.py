@@ -1,5 +1,6 @@
 """CLI and loading: outputs, one-line errors, offline behaviour, device/dtype choice."""
 
+import re
 import subprocess
 import sys
 
@@ -66,8 +67,12 @@ def test_extract_encoder_decoder_npz(tmp_path):
 def test_info_prints_layout(tiny_folder):
     r = run_cli("info", "--model", str(tiny_folder))
     assert r.returncode == 0, r.stderr
-    assert "query heads     4" in r.stdout.replace("  ", "  ") or "query heads" in r.stdout
-    assert "2 (GQA, 2 query heads each)" in r.stdout
+    lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in lines)
+    assert rows["query heads"] == "4"
+    assert rows["kv heads"] == "2 (GQA, 2 query heads each)"
+    assert rows["layers"] == "3" and rows["head_dim"] == "16" and rows["d_model"] == "64"
+    assert rows["type"] == "llama (decoder)"
 
 
 @pytest.mark.parametrize(
@@ -109,7 +114,9 @@ def test_spec_classification():
 
 def test_device_and_dtype_resolution():
     dev = loading.resolve_device("auto")
-    assert dev.type == ("cuda" if torch.cuda.is_available() else dev.type)
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    assert dev.type == ("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
+    assert torch.ones(2, device=dev).sum().item() == 2.0  # a real device: meta has no values
     assert loading.resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert loading.resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     with pytest.raises(attnviz.AttnvizError, match="unknown dtype"):

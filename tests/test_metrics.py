@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -106,18 +105,19 @@ def test_group_coherence_identical_heads_one_disjoint_zero():
     assert M.group_coherence(disjoint, 2) == pytest.approx([0.0], abs=1e-6)
 
 
-def test_group_coherence_matches_jsd_by_hand():
-    p = np.array([[1.0, 0.0], [0.0, 1.0]])
+def test_group_coherence_matches_symmetric_kl_by_hand():
+    p = np.array([[0.8, 0.2], [0.3, 0.7]])
     q = np.array([[0.5, 0.5], [0.5, 0.5]])  # bidirectional, 2 rows
-    m = (p + q) / 2
 
-    def h(x):
-        return -np.sum(np.where(x > 0, x * np.log(np.where(x > 0, x, 1)), 0.0), -1)
+    def kl(x, y):
+        return np.sum(x * np.log(x / y), -1)
 
-    jsd = h(m) - 0.5 * (h(p) + h(q))
-    expected = np.mean(1 - jsd / math.log(2))  # 1 - 0.2158/ln2 = 0.689 per row
+    expected = np.mean(np.exp(-(kl(p, q) + kl(q, p)) / 2))
     assert M.group_coherence(np.stack([p, q]), 2, causal=False) == pytest.approx([expected], abs=1e-6)
-    assert expected == pytest.approx(0.6887, abs=1e-3)
+    assert expected == pytest.approx(0.8655, abs=1e-3)
+    # A key one head never sees makes KL infinite: coherence 0, never NaN.
+    one_hot = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert M.group_coherence(np.stack([one_hot, q]), 2, causal=False) == pytest.approx([0.0])
 
 
 def test_group_coherence_rejects_bad_group():
@@ -221,8 +221,9 @@ def test_head_metrics_shapes_ranges_and_rows(gqa_result):
         hm.values("induction")
 
 
-def test_head_metrics_equal_the_per_tensor_functions(gqa_result):
-    hm = M.head_metrics(gqa_result)
+@pytest.mark.parametrize("computation", ["auto", "dense"])
+def test_head_metrics_equal_the_per_tensor_functions(gqa_result, computation):
+    hm = M.head_metrics(gqa_result, computation=computation)
     full = _full(gqa_result, "self")  # (layer, head, query_pos, key_pos)
     assert hm.entropy == pytest.approx(M.entropy(full, causal=True), abs=1e-5)
     assert hm.sink == pytest.approx(M.sink_mass(full), abs=1e-6)
@@ -244,7 +245,9 @@ def test_layer_batches_and_row_chunks_agree_and_stay_small(gqa_result, monkeypat
         return t
 
     monkeypatch.setattr(gqa_result, "layer_tensor", spy)
-    chunked = M.head_metrics(gqa_result, batch_layers=1, chunk_elements=4 * 5 * gqa_result.n_tokens)
+    chunked = M.head_metrics(
+        gqa_result, batch_layers=1, chunk_elements=4 * 5 * gqa_result.n_tokens, computation="dense"
+    )
     for m in whole.metrics:
         assert chunked.values(m) == pytest.approx(whole.values(m), abs=1e-5), m
     assert max(rows for _, rows in calls) == 5  # never a whole (head, N, N) layer at once

@@ -167,3 +167,10 @@ def loaded(arch: str):
     import attnviz
 
     return attnviz.wrap_model(model(arch), tokenizer(tokenizer_kind(arch)), spec=f"tiny-{arch}")
+
+
+def register() -> None:
+    """Serve ``tiny:<arch>`` through `attnviz.specs` (the app tests pick them like any model)."""
+    from attnviz import specs
+
+    specs.register("tiny", loaded, "tiny test model")

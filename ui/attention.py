@@ -3,7 +3,9 @@ attention, pooled grids for long inputs, and the labels that go with them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import streamlit as st
@@ -11,8 +13,9 @@ import torch
 
 from attnviz import AttentionResult
 from attnviz import figures as F
+from attnviz.layout import Stack
 from attnviz.rollout import drop_and_renormalize
-from ui import models
+from ui import models, state
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,7 @@ class View:
 
     Hiding and dropping renormalise every row over the keys that are left."""
 
-    stack: str
+    stack: Stack
     hide: bool = False
     nosink: bool = False
 
@@ -87,7 +90,19 @@ def grid(
     return models.cached("grid", (key, layer, view, side), build)
 
 
-def kv_heads(res: AttentionResult, stack: str) -> list[int] | None:
+def stack_picker(stacks: Sequence[Stack], format_func: Callable[[str], str] = str) -> Stack:
+    """Which attention to show (key "stack"): a segmented control when the model has more than
+    one (encoder, decoder, cross), else the only one."""
+    options = list(stacks)
+    stack: str | None = state.choose("stack", options, "attention")
+    if len(options) > 1:
+        stack = st.segmented_control(
+            "Attention", options, key="stack", format_func=format_func, required=True
+        )
+    return cast(Stack, stack)
+
+
+def kv_heads(res: AttentionResult, stack: Stack) -> list[int] | None:
     """The KV head of each query head, or None without GQA (and for cross-attention)."""
     lay = res.layout
     if lay.group_size <= 1 or stack == "cross":
@@ -121,7 +136,7 @@ METRIC_NAMES = {
 
 
 def head_metrics(
-    lm, res: AttentionResult, key: tuple, stack: str, *, induction: bool, token: str | None = None
+    lm, res: AttentionResult, key: tuple, stack: Stack, *, induction: bool, token: str | None = None
 ):
     """`attnviz.metrics.head_metrics` of a result, cached; ``induction`` adds the probe (one more
     model run on 2 x 50 random tokens, cached per model). Returns (metrics, note)."""

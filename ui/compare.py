@@ -8,6 +8,7 @@ import numpy as np
 
 from attnviz import AttentionResult
 from attnviz import figures as F
+from attnviz.layout import Stack
 from ui import models
 
 
@@ -46,7 +47,7 @@ class Pairing:
         return " ".join(parts)
 
 
-def pair(a: AttentionResult, b: AttentionResult, stack: str) -> Pairing:
+def pair(a: AttentionResult, b: AttentionResult, stack: Stack) -> Pairing:
     qa, ka = a.axes(stack)
     qb, kb = b.axes(stack)
     if len(qa) != len(ka) or len(qb) != len(kb):  # cross-attention: compare the common block too
@@ -62,14 +63,14 @@ def pair(a: AttentionResult, b: AttentionResult, stack: str) -> Pairing:
     return Pairing(m, len(qa), len(qb), same, labels, differ, causal)
 
 
-def block(res: AttentionResult, layer: int, stack: str, m: int, sl: slice = slice(None)) -> np.ndarray:
+def block(res: AttentionResult, layer: int, stack: Stack, m: int, sl: slice = slice(None)) -> np.ndarray:
     """(heads, rows ``sl`` of the first m, first m keys) float32."""
     start, stop, _ = sl.indices(m)
     t = res.layer_tensor(layer, rows=slice(start, stop), stack=stack)
     return t[..., :m].float().cpu().numpy()
 
 
-def change_scores(a: AttentionResult, b: AttentionResult, stack: str, m: int, key: tuple) -> np.ndarray:
+def change_scores(a: AttentionResult, b: AttentionResult, stack: Stack, m: int, key: tuple) -> np.ndarray:
     """(layers, heads): mean over the compared query rows of the total variation distance
     0.5 * sum_key |A - B| (0 = same weights, 1 = disjoint keys)."""
 
@@ -91,7 +92,7 @@ def change_scores(a: AttentionResult, b: AttentionResult, stack: str, m: int, ke
 
 
 def grids(
-    a: AttentionResult, b: AttentionResult, layer: int, stack: str, p: Pairing, side: int, key: tuple
+    a: AttentionResult, b: AttentionResult, layer: int, stack: Stack, p: Pairing, side: int, key: tuple
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """Pooled A, B (max) and A - B (mean) of one layer over the compared block, and bin labels."""
 

@@ -10,8 +10,8 @@
   functions (and the page globals they reach) for minutes after the visitor leaves, so anything
   they hold lives outside the cache's bound. `result` / `result_now` fetch it at call time and
   run the model again after an eviction.
-- ``tiny:<arch>`` specs load the tiny random models of ``tests/tiny.py``; they exist only when
-  the environment sets ATTNVIZ_TEST_MODELS=1 (the app tests do).
+- Which models this server serves and how a name becomes a model are the engine's rules
+  (`attnviz.specs`): this module asks, caches and draws.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import threading
 import time
@@ -33,18 +32,16 @@ from typing import Any, TypeVar
 import streamlit as st
 
 import attnviz
-from attnviz import AttentionResult, AttnvizError, LoadedModel
+from attnviz import AttentionResult, AttnvizError, LoadedModel, env, specs
 from attnviz.gate import InferenceGate
 from attnviz.layout import AttentionLayout
-from attnviz.loading import needs_conversion
 from attnviz.settings import Settings, settings
 from ui.text import literal, md, md_in
 
 log = logging.getLogger("attnviz.ui")
 
 MAX_MODELS = 2
-TEST_MODELS_ENV = "ATTNVIZ_TEST_MODELS"
-RESULT_CACHE_BYTES = int(os.environ.get("ATTNVIZ_RESULT_CACHE_MB", "1536")) * 2**20
+RESULT_CACHE_BYTES = env.integer("ATTNVIZ_RESULT_CACHE_MB", 1536) * 2**20
 RESULT_CACHE_ENTRIES = 16
 _SECRET = secrets.token_bytes(32)  # per process; never leaves memory
 
@@ -98,15 +95,8 @@ def guarded(what: str, token: str | None = None, user: tuple[str, ...] = ()) -> 
 
 
 def _load_uncached(spec: str, token: str | None) -> LoadedModel:
-    if spec.startswith("tiny:"):
-        if os.environ.get(TEST_MODELS_ENV) != "1":
-            raise attnviz.ModelNotFound(
-                f"{spec!r}: tiny test models exist only in the test suite; pick a built-in model"
-            )
-        import tiny  # tests/tiny.py, on sys.path under pytest
-
-        return tiny.loaded(spec.removeprefix("tiny:"))
-    return attnviz.load_model(spec, token=token or None, allow_local=config().allow_local_paths)
+    cfg = config()
+    return specs.load(specs.resolve(spec, cfg), token, cfg)
 
 
 @st.cache_resource(max_entries=MAX_MODELS, show_spinner=False)
@@ -156,22 +146,22 @@ def describe_layout(lay: AttentionLayout) -> str:
 
 
 def load(spec: str, token: str | None = None) -> LoadedModel | None:
-    """The shared cached model, with an ``st.status`` the first time; None after an error
-    (already shown)."""
+    """The shared cached model, with an ``st.status`` the first time (gone once loaded: a toast
+    says how long it took); None after an error (already shown)."""
     spec = spec.strip()
     key = (spec, token_key(token))
     shown = literal(spec)  # as typed, never Markdown or a link (labels and spinners are Markdown too)
-    with guarded(f"loading {md(spec)}", token, (spec,)):
-        config().check_model(spec)
+    with guarded("loading the model", token, (spec,)):
+        ms = specs.resolve(spec, config())
         if key in _ready():
             with st.spinner(f"Loading {shown}…", show_time=True):
                 return _cached_model(spec, key[1], token)
         t0 = time.perf_counter()
-        with st.status(f"Loading {shown}…", expanded=True) as status:
+        box = st.empty()
+        with box.status(f"Loading {shown}…", expanded=True) as status:
             try:
-                source = "tiny test model" if spec.startswith("tiny:") else _source(spec)
-                status.write(f"Model: {shown} ({source}).")
-                if needs_conversion(spec):
+                status.write(f"Model: {shown} ({ms.label}).")
+                if ms.needs_conversion:
                     status.write(
                         "First run of the built-in SmolLM2: de-quantizing its GGUF file into "
                         "~/.cache/attnviz (about 25 s, only once)."
@@ -182,26 +172,14 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
                 status.write(
                     f"{describe_layout(lm.layout)} on {lm.device}, {str(lm.dtype).removeprefix('torch.')}."
                 )
-                status.update(
-                    label=f"Loaded {shown} in {time.perf_counter() - t0:.1f} s",
-                    state="complete",
-                    expanded=False,
-                )
             except BaseException:
                 status.update(label=f"Could not load {shown}", state="error", expanded=False)
                 raise
+        box.empty()
+        st.toast(f"Loaded {shown} in {time.perf_counter() - t0:.1f} s", icon=":material/check_circle:")
         _ready().add(key)
         return lm
     return None
-
-
-def _source(spec: str) -> str:
-    if spec in attnviz.BUILTIN_MODELS:
-        return "built-in, offline"
-    from attnviz.loading import classify_spec
-
-    kind = classify_spec(spec)
-    return {"hub": "Hugging Face Hub", "local": "local folder"}.get(kind, kind)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +294,7 @@ def result_now(ref: ResultRef) -> AttentionResult:
     if hit is not None:
         return hit
     log.info("result evicted; running %s again for a download", ref.spec)
-    config().check_model(ref.spec)
+    specs.resolve(ref.spec, config())
     lm = _cached_model(ref.spec, token_key(ref.token), ref.token)
     with _gate().turn() if config().demo else contextlib.nullcontext():
         res = attnviz.extract(

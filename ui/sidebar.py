@@ -1,56 +1,25 @@
-"""The page frame: page config, the sidebar's model picker and text, and the stop helper."""
+"""The sidebar: the model picker, the Hugging Face token (this session only) and the text.
+
+It draws the shared parameters (model, text, chat) with widget keys equal to their names; the
+values go into the page's parameters through `ui.state`. The chat switch is drawn once the
+model is known and only for a model that has a chat template (`chat_toggle`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
-from ui import logs, models, state
+from attnviz import LoadedModel
+from ui import models, state
+from ui.params import MAX_TEXT_CHARS
 from ui.text import literal
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGES = (
-    ("app.py", "Explorer", ":material/search:"),
-    ("pages/1_Model_overview.py", "Model overview", ":material/grid_view:"),
-    ("pages/2_From_scratch.py", "From scratch", ":material/calculate:"),
-    ("pages/3_Compare.py", "Compare", ":material/compare:"),
-    ("pages/4_Generation.py", "Generation", ":material/edit_note:"),
-)
 OTHER = "Other: a Hub id or a local folder…"
-SHARED = ("model", "text", "chat")
 _TOKEN = "_attnviz_session_token"  # this session's token, in memory only
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What the sidebar selected. ``token`` is this session's only; never in the URL."""
-
-    spec: str
-    text: str
-    chat: bool
-    token: str | None
-
-
-def url_path(file: str) -> str:
-    """The URL path Streamlit gives a page file: "" for the main script, "Model_overview" for
-    ``pages/1_Model_overview.py`` (the number prefix dropped)."""
-    if not file.startswith("pages/"):
-        return ""
-    stem = Path(file).stem
-    head, _, rest = stem.partition("_")
-    return rest if head.isdigit() and rest else stem
-
-
-def page(title: str, names: Sequence[str], icon: str = ":material/search:") -> None:
-    """Page config, then the URL/state start for this page's parameters."""
-    st.set_page_config(page_title=f"{title} · attnviz", page_icon=icon, layout="wide")
-    logs.configure()
-    path = next((url_path(file) for file, label, _ in PAGES if label == title), "")
-    state.start(names, page=title, path=path)
 
 
 def _describe(option: str) -> str:
@@ -101,6 +70,7 @@ def model_picker(
         spec = st.text_input(
             f"{label}: Hub id or local folder",
             key=custom_key,
+            max_chars=1024,
             placeholder="gpt2 · Qwen/Qwen2.5-0.5B · /path/to/model",
             help="A Hugging Face Hub id (owner/name) or a folder with config.json and safetensors weights.",
         )
@@ -110,17 +80,14 @@ def model_picker(
     return spec
 
 
-def sidebar(*, text_label: str = "Text") -> Choice:
-    """Model, token, text and chat template in the sidebar. Call after `state.start`."""
+def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator]:
+    """Model, token and text in the sidebar (the chat switch comes with the model: see
+    `chat_toggle`). Call after `state.start`. Returns this session's token, if any, and the
+    place of the chat switch."""
     cfg = models.config()
     with st.sidebar:
-        st.markdown("### attnviz")
         st.caption("Real attention weights of a transformer, per layer and head.")
-        for path, label, icon in PAGES:
-            if (ROOT / path).exists():
-                st.page_link(path, label=label, icon=icon)
-        st.divider()
-        spec = model_picker()
+        model_picker()
         token = None
         if st.session_state.get("model_choice") == OTHER and cfg.allow_token_field:
             if _TOKEN in st.session_state and ("hf_token" not in st.session_state or state.page_changed()):
@@ -133,47 +100,26 @@ def sidebar(*, text_label: str = "Text") -> Choice:
             )
             token = (st.session_state.get("hf_token") or "").strip() or None
             st.session_state[_TOKEN] = token or ""
-        st.text_area(text_label, key="text", height=110, max_chars=state.MAX_TEXT_CHARS)
-        st.toggle(
+        st.text_area(text_label, key="text", height=110, max_chars=MAX_TEXT_CHARS)
+        chat_slot = st.empty()
+        st.caption(
+            f"Up to {cfg.max_tokens} tokens." + (" Public demo: one request at a time." if cfg.demo else "")
+        )
+    return token, chat_slot
+
+
+def chat_toggle(lm: LoadedModel, slot: DeltaGenerator) -> bool:
+    """Draw the chat-template switch (in ``slot``) for a model that has a template; returns the
+    value to use. A link's ``chat=1`` on a model without one gets a note and is dropped."""
+    if not lm.has_chat_template:
+        if state.get("chat"):
+            st.warning(f"{literal(lm.spec)} has no chat template; showing the plain text.")
+            state.put("chat", False)
+        return False
+    with slot.container():
+        return st.toggle(
             "Chat template",
             key="chat",
             help="Wrap the text in the model's chat template (user turn + assistant prompt), as a chat "
             "model sees it. Template tokens are marked and can be hidden.",
         )
-        st.caption(
-            f"Up to {cfg.max_tokens} tokens." + (" Public demo: one request at a time." if cfg.demo else "")
-        )
-    return Choice(spec=spec, text=str(state.get("text")), chat=bool(state.get("chat")), token=token)
-
-
-def stop(names: Sequence[str]) -> None:
-    """End the page early (after an error already shown) but keep the URL and share link."""
-    state.share_box(names)
-    st.stop()
-
-
-def load_and_extract(choice: Choice, names: Sequence[str], *, generate: int = 0):
-    """(model, result, `models.ResultRef`) for the sidebar choice, or stop the page after showing
-    the error. Keep the model and the result in function locals: callables that outlive the run
-    (fragments, downloads, format functions) hold the page's globals; give them the ref."""
-    if not choice.spec:
-        st.info("Type a Hugging Face Hub id (like `gpt2`) or a local folder in the sidebar.")
-        stop(names)
-    if not choice.text.strip():
-        st.info("Type a text in the sidebar to see its attention.")
-        stop(names)
-    lm = models.load(choice.spec, choice.token)
-    if lm is None:
-        stop(names)
-    chat = choice.chat
-    if chat and not lm.has_chat_template:
-        st.warning(
-            f"{literal(choice.spec)} has no chat template; showing the plain text. Turn the chat option off."
-        )
-        chat = False
-    res, ref = models.extract(
-        lm, choice.text, spec=choice.spec, token=choice.token, chat=chat, generate=generate
-    )
-    if res is None:
-        stop(names)
-    return lm, res, ref

@@ -1,41 +1,24 @@
-"""Page state in the URL: every view is a share link.
+"""The page's parameters between the URL, the widgets and the session: one object, one place.
 
-Widget keys equal query-parameter names (``layer``, ``head`` ...). A page calls `start` with
-the names it uses before drawing widgets, and `commit` after them: `start` applies a link's
-parameters (validated; a bad one gives a warning and the last good value), `commit` writes the
-current values back to ``st.query_params``. Values also live in a session store, so they survive
-page switches (Streamlit forgets the state of widgets that a page does not draw).
+A page's parameters are one `ui.params.Params` dataclass. `start` reads a new link through
+``Params.from_query`` (a bad value gives a warning and keeps the last good one) and seeds the
+widgets, whose keys are the field names; `current` is the dataclass of what the widgets and the
+session hold now; `commit` writes ``current().to_query()`` back to ``st.query_params``. No other
+code reads or writes the URL, so the share link, the widgets and the session agree.
 
-The Hugging Face token is never a parameter: it is not in this table, so it cannot reach a URL.
+Values also live in a session store, so they survive page switches (Streamlit forgets the state
+of widgets that a page does not draw).
 """
 
 from __future__ import annotations
 
-import urllib.parse
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from collections.abc import Sequence
+from typing import Any
 
 import streamlit as st
 
-import attnviz
-from attnviz.figures import COLORSCALES
-from attnviz.metrics import METRICS
+from ui.params import LINK_BUDGET, Params, Query
 from ui.text import literal
-
-DEFAULT_TEXT = "the financial bank is located on river bank"
-MAX_TEXT_CHARS = 60_000
-MAX_LINK_TEXT = 4_000  # longer texts are left out of share links (browsers cut long URLs)
-
-CompareMode = Literal["two texts", "two models"]
-COMPARE_MODES: tuple[str, ...] = get_args(CompareMode)
-ScratchMode = Literal["real layer", "toy"]
-SCRATCH_MODES: tuple[str, ...] = get_args(ScratchMode)
-Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
-CHANGES: tuple[str, ...] = get_args(Change)
-GenRow = Literal["new token", "predicting position"]
-GEN_ROWS: tuple[str, ...] = get_args(GenRow)
-STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
 
 MODEL_PARAMS = ("model", "model2")  # drawn by the model pickers (two widgets each), not by one widget
 _STORE = "_attnviz_store"
@@ -44,154 +27,58 @@ _APPLIED = "_attnviz_applied"
 _PAGE = "_attnviz_page"
 _PAGE_CHANGED = "_attnviz_page_changed"
 _PATH = "_attnviz_path"
-
-
-def _bool(raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in {"1", "true", "yes", "on"}:
-        return True
-    if low in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError("use 1 or 0")
-
-
-def _dump_bool(value: Any) -> str:
-    return "1" if value else "0"
-
-
-def _int(lo: int = 0, hi: int = 1_000_000) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise ValueError("use a whole number") from None
-        if not lo <= value <= hi:
-            raise ValueError(f"use {lo}..{hi}")
-        return value
-
-    return parse
-
-
-def _choice(options: Sequence[str]) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        if raw not in options:
-            raise ValueError("use one of " + ", ".join(repr(o) for o in options if o))
-        return raw
-
-    return parse
-
-
-def _text(raw: str) -> str:
-    if len(raw) > MAX_TEXT_CHARS:
-        raise ValueError(f"at most {MAX_TEXT_CHARS} characters")
-    return raw
-
-
-def _spec(raw: str) -> str:
-    spec = raw.strip()
-    if not spec or len(spec) > 300 or any(ord(c) < 32 for c in spec):
-        raise ValueError("use a built-in model name, a Hub id or a local folder")
-    return spec
-
-
-def _spec_or_empty(raw: str) -> str:
-    return _spec(raw) if raw.strip() else ""
-
-
-@dataclass(frozen=True)
-class Param:
-    default: Any
-    parse: Callable[[str], Any]
-    dump: Callable[[Any], str] = str
-
-
-PARAMS: dict[str, Param] = {
-    # shared by the pages
-    "model": Param(attnviz.DEFAULT_MODEL, _spec),
-    "text": Param(DEFAULT_TEXT, _text),
-    "chat": Param(False, _bool, _dump_bool),
-    "stack": Param("", _choice(STACKS)),
-    "layer": Param(0, _int()),
-    "head": Param(0, _int()),
-    "cmap": Param("Viridis", _choice(COLORSCALES)),
-    "log": Param(False, _bool, _dump_bool),
-    # explorer
-    "hide": Param(False, _bool, _dump_bool),
-    "nosink": Param(False, _bool, _dump_bool),
-    "row0": Param(0, _int()),
-    # model overview
-    "metric": Param("entropy", _choice(METRICS)),
-    # from scratch
-    "mode": Param("real layer", _choice(SCRATCH_MODES)),
-    "change": Param("none", _choice(CHANGES)),
-    "wstep": Param("probs", _text),
-    "toy_d": Param(32, _int(4, 512)),
-    "toy_h": Param(4, _int(1, 16)),
-    "toy_n": Param(8, _int(2, 64)),
-    "toy_causal": Param(True, _bool, _dump_bool),
-    "toy_seed": Param(0, _int(0, 10_000)),
-    # compare
-    "cmp": Param("two texts", _choice(COMPARE_MODES)),
-    "text2": Param("the river bank is located near the financial bank", _text),
-    "model2": Param("", _spec_or_empty),
-    # generation
-    "k": Param(8, _int(1, 64)),
-    "gstep": Param(1, _int(1, 64)),
-    "grow": Param("new token", _choice(GEN_ROWS)),
-}
+_CLS = "_attnviz_params"
 
 
 def _store() -> dict[str, Any]:
     return st.session_state.setdefault(_STORE, {})
 
 
+def page_params() -> type[Params]:
+    """The parameters class of the page being drawn (set by `start`)."""
+    return st.session_state.get(_CLS, Params)
+
+
 def get(name: str) -> Any:
     """The current value: the widget's if it was drawn, else the stored one, else the default."""
     if name in st.session_state:
         return st.session_state[name]
-    return _store().get(name, PARAMS[name].default)
+    return _store().get(name, page_params().default(name))
 
 
 def _short(raw: str, limit: int = 40) -> str:
     return raw if len(raw) <= limit else raw[:limit] + "…"
 
 
-def start(names: Sequence[str], page: str, path: str = "") -> None:
+def start(cls: type[Params], path: str = "") -> None:
     """Before a page's widgets: apply a new link's parameters and seed the widget keys.
 
     A link is new when the URL differs from what this session last wrote (a fresh session, a
-    pasted link, `st.switch_page` with query params). Malformed values show a warning and keep
-    the previous value; unknown parameters are ignored. On arriving from another page every
+    pasted link, `st.switch_page` with query params). On arriving from another page every
     widget is seeded from the store: Streamlit gives a widget on a new page its default value.
-    ``path`` is the page's URL path ("" for the main page, "Compare" ...), for the share link.
+    ``path`` is the page's URL path ("" for the explorer, "Compare" ...), for the share link.
     """
     ss = st.session_state
     store = _store()
-    changed = ss.get(_PAGE) != page
-    ss[_PAGE] = page
-    ss[_PATH] = path
-    ss[_PAGE_CHANGED] = changed
+    changed = ss.get(_PAGE) != cls.PAGE
+    ss[_PAGE], ss[_PATH], ss[_CLS], ss[_PAGE_CHANGED] = cls.PAGE, path, cls, changed
+    names = cls.names()
     for n in names:
-        store.setdefault(n, PARAMS[n].default)
+        store.setdefault(n, cls.default(n))
     url = st.query_params.to_dict()
     applied: set[str] = set()
     if url and url != ss.get(_WRITTEN):
-        for n, raw in url.items():
-            if n not in PARAMS:
-                continue
-            try:
-                value = PARAMS[n].parse(raw)
-            except ValueError as err:
-                last_good = PARAMS[n].dump(store.get(n, PARAMS[n].default))
-                st.warning(
-                    f"The link's `{n}` value {literal(_short(raw), quote=True)} is not valid ({err}); "
-                    f"showing {literal(_short(last_good), quote=True)} instead."
-                )
-                continue
-            store[n] = value
-            applied.add(n)
+        base = cls(**{n: store[n] for n in names})
+        parsed, applied, problems = cls.from_query(url, base)
+        for pr in problems:
+            st.warning(
+                f"The link's `{pr.name}` value {literal(_short(pr.raw), quote=True)} is not valid "
+                f"({pr.reason}); showing {literal(_short(pr.kept), quote=True)} instead."
+            )
+        for n in applied:
+            store[n] = getattr(parsed, n)
             if n not in MODEL_PARAMS:
-                ss[n] = value
+                ss[n] = store[n]
     ss[_APPLIED] = applied
     for n in names:
         if n not in MODEL_PARAMS and (n not in ss or (changed and n not in applied)):
@@ -257,30 +144,27 @@ def nearest(name: str, options: Sequence[int]) -> int:
     return value
 
 
-def values(names: Sequence[str]) -> dict[str, str]:
-    """The URL parameters of the current view (text left out when too long for a link)."""
+def current(cls: type[Params] | None = None) -> Params:
+    """The page's parameters as the widgets and the session hold them now."""
+    cls = cls or page_params()
     store = _store()
-    out = {}
-    for n in names:
-        value = get(n)
-        store[n] = value
-        if n in ("text", "text2") and len(str(value)) > MAX_LINK_TEXT:
-            continue
-        out[n] = PARAMS[n].dump(value)
-    return out
+    values = {}
+    for n in cls.names():
+        store[n] = values[n] = get(n)
+    return cls(**values)
 
 
-def commit(names: Sequence[str]) -> dict[str, str]:
-    """After the widgets: store the values and write them to the URL. Returns the params."""
-    params = values(names)
-    if st.query_params.to_dict() != params:
-        st.query_params.from_dict(params)
-    st.session_state[_WRITTEN] = dict(params)
-    return params
+def commit(cls: type[Params] | None = None) -> Query:
+    """After the widgets: write the current parameters to the URL. Returns the link's query."""
+    query = current(cls).to_query()
+    if st.query_params.to_dict() != query.params:
+        st.query_params.from_dict(query.params)
+    st.session_state[_WRITTEN] = dict(query.params)
+    return query
 
 
 def share_url(params: dict[str, str], path: str | None = None) -> str:
-    """The link to this view, ``<app>/<page path>?<params>`` (``<app>/?…`` on the main page).
+    """The link to this view, ``<app>/<page path>?<params>`` (``<app>/?…`` on the explorer).
     ``<app>`` comes from the browser (``st.context.url``); without one (tests, bare mode) the link
     is root-relative. ``path`` defaults to the page's, as given to `start`."""
     path = st.session_state.get(_PATH, "") if path is None else path.strip("/")
@@ -291,16 +175,23 @@ def share_url(params: dict[str, str], path: str | None = None) -> str:
     root = url.rstrip("/")  # the browser's URL ends with the page's path on other pages
     if path and root.endswith("/" + path):
         root = root.removesuffix("/" + path)
-    return f"{root}/{path}?{urllib.parse.urlencode(params, quote_via=urllib.parse.quote)}"
+    return Query(params).url(root, path)
 
 
-def share_box(names: Sequence[str], *, note: str = "") -> None:
+def share_box(*, note: str = "") -> None:
     """Commit the state and show a copyable share link (st.code has a copy button)."""
-    params = commit(names)
+    query = commit()
     with st.expander("Share this view", expanded=False, icon=":material/share:"):
-        st.code(share_url(params), language=None, wrap_lines=True)
-        left_out = [n for n in ("text", "text2") if n in names and n not in params]
+        if query.left_out:
+            which = " and ".join(f"`{n}`" for n in query.left_out)
+            st.warning(
+                f"The text ({which}) is too long for a link even compressed (over {LINK_BUDGET:,} "
+                "characters): this link opens the same page and options with the default text; "
+                "whoever opens it has to paste the text.",
+                icon=":material/link_off:",
+            )
+        st.code(share_url(query.params), language=None, wrap_lines=True)
         msg = "Opening this link in another browser shows the same view. The token is never in it."
-        if left_out:
-            msg += f" The text is longer than {MAX_LINK_TEXT} characters and is not in the link."
+        if any(n in query.params for n in ("tz", "tz2")):
+            msg += " The long text travels compressed in the link."
         st.caption(msg + (" " + note if note else ""))

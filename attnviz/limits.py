@@ -1,0 +1,124 @@
+"""Limits are messages: size an allocation before making it, and a token budget from free memory.
+
+`require(need, device, what=..., hint=...)` raises `OutOfMemory` with "needs X GiB, Y GiB free
+on cpu — try …" instead of letting torch fail on a raw allocation. `token_budget(layout, device,
+dtype)` is the most tokens the fast path (captured Q/K/V of every layer, the forward's own
+activations and one layer's statistics pass) fits into the device's free memory; callers take
+``min(settings().max_tokens, token_budget(...))`` so the demo cap still applies.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psutil
+import torch
+
+from .errors import OutOfMemory
+from .layout import AttentionLayout
+
+log = logging.getLogger(__name__)
+
+# Share of the free memory one allocation may claim: the rest is for the allocator's own slack,
+# other requests and the UI.
+USABLE = 0.8
+GIB = 2**30
+
+
+def free_bytes(device: torch.device | str) -> int:
+    """Free memory on ``device``: CUDA's free bytes, otherwise the host's available RAM."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        return int(free)
+    return int(psutil.virtual_memory().available)
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f}" if n < 10 * GIB else f"{n / GIB:.0f}"
+
+
+def require(
+    need: int,
+    device: torch.device | str,
+    *,
+    what: str,
+    hint: str,
+    free: int | None = None,
+) -> None:
+    """Raise `OutOfMemory` ("<what> needs X GiB, Y GiB free on <device> — try <hint>") when ``need``
+    bytes exceed the usable share of the free memory; otherwise return."""
+    free = free_bytes(device) if free is None else int(free)
+    if need > USABLE * free:
+        raise OutOfMemory(f"{what} needs {gib(need)} GiB, {gib(free)} GiB free on {device} — try {hint}")
+    log.debug("%s: %d bytes of %d free", what, need, free)
+
+
+def elements_for(budget_bytes: int, per_element: int = 4) -> int:
+    """How many float32 elements fit in ``budget_bytes``."""
+    return max(1, int(budget_bytes) // per_element)
+
+
+def capture_bytes(layout: AttentionLayout, n: int, dtype: torch.dtype) -> int:
+    """What the fast path keeps for ``n`` tokens: each layer's query, key and value (bytes)."""
+    elem = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
+    layers = layout.n_layers + 2 * layout.n_decoder_layers  # encoder-decoder: decoder self + cross
+    per_layer = (layout.n_heads + 2 * layout.n_kv_heads) * layout.head_dim * n * elem
+    return layers * per_layer
+
+
+def forward_bytes(layout: AttentionLayout, n: int, dtype: torch.dtype) -> int:
+    """A rough bound on one forward pass's live activations (hidden states, MLP, one attention)."""
+    elem = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
+    return 16 * layout.d_model * n * elem
+
+
+def stats_pass_bytes(layout: AttentionLayout, n: int) -> int:
+    """One layer's statistics pass: float32 query, key, value with one extra feature, its output
+    and the gathers (about 6 (heads, n, head_dim + 8) float32 buffers)."""
+    return 6 * layout.n_heads * n * (layout.head_dim + 8) * 4
+
+
+def dense_layer_bytes(layout: AttentionLayout, n_q: int, n_k: int | None = None) -> int:
+    """One layer's full (heads, query_pos, key_pos) float32 probabilities."""
+    return layout.n_heads * n_q * (n_q if n_k is None else n_k) * 4
+
+
+def token_budget(
+    layout: AttentionLayout,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    *,
+    free: int | None = None,
+) -> int:
+    """The most tokens whose fast-path extraction and statistics fit the free memory of ``device``.
+
+    Everything the fast path holds grows linearly in N (no N×N tensor), so the budget is
+    ``usable free bytes / bytes per token``. The model's weights are already loaded, so they are
+    not in the free memory any more.
+    """
+    free = free_bytes(device) if free is None else int(free)
+    per_token = (
+        capture_bytes(layout, 1, dtype) + forward_bytes(layout, 1, dtype) + stats_pass_bytes(layout, 1)
+    )
+    return max(1, int(USABLE * free) // max(1, per_token))
+
+
+def check_tokens(
+    n: int,
+    layout: AttentionLayout,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    *,
+    free: int | None = None,
+) -> None:
+    """Raise `OutOfMemory` when ``n`` tokens cannot be extracted on ``device`` (a message, not a crash)."""
+    free = free_bytes(device) if free is None else int(free)
+    budget = token_budget(layout, device, dtype, free=free)
+    if n > budget:
+        need = n * (
+            capture_bytes(layout, 1, dtype) + forward_bytes(layout, 1, dtype) + stats_pass_bytes(layout, 1)
+        )
+        raise OutOfMemory(
+            f"{n} tokens need {gib(need)} GiB, {gib(free)} GiB free on {device} — try at most {budget} tokens"
+        )

@@ -1,0 +1,310 @@
+"""Row log-sum-exp from PyTorch's fused attention kernels, and attentions whose values are features.
+
+Notation per layer and query head: scores s_ij = scale · q_i·k_j (+ mask), L_i = log Σ_j exp s_ij,
+p_ij = exp(s_ij − L_i). The fused kernels return L next to their output, so
+
+- one probability is a gather: p_ij = exp(s_ij − L_i);
+- a row expectation E_p[f] = Σ_j p_ij f_j is one attention call with V = f.
+
+`attend(q, k, v, scale=..., spec=...)` returns (E_p[v], L) without an N×N tensor:
+``aten._scaled_dot_product_flash_attention_for_cpu`` on CPU, ``_scaled_dot_product_efficient_attention``
+(compute_log_sumexp) on CUDA, and an exact blocked softmax anywhere else or if a kernel refuses.
+
+These identities hold only where the model's scores are exactly scale · q·k plus a causal,
+sliding-window or no mask. `layer_spec` is the one predicate that says so for a captured call;
+anything else (soft-capping, a position bias, learned sinks or any other extra the capture
+records, an odd mask, an eager-only result) goes to the exact dense fallback of the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from .capture import CapturedAttention
+from .layout import AttentionLayout, Stack
+from .limits import require
+
+log = logging.getLogger(__name__)
+
+# Fields of CapturedAttention that the fast formulas understand. Any other field that is set
+# (e.g. learned attention sinks) makes the call non-standard: never silently wrong.
+_KNOWN = {"module_name", "query", "key", "value", "mask", "is_causal", "scaling"}
+_EXACT_WHEN_NONE = {"softcap": "soft-capping", "position_bias": "position bias"}
+BLOCK_ROWS = 1024  # query rows per block where a mask must be spelled out
+NEG = -3.0e4  # "log 0" for per-key biases: exp(NEG + any score) == 0 in float32
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """A mask the fused kernels reproduce: causal (key_pos <= query_pos), optionally a sliding
+    window of W keys (key_pos > query_pos - W), or none (every key)."""
+
+    causal: bool
+    window: int | None = None
+
+
+def mask_of(layout: AttentionLayout, layer: int, stack: Stack) -> tuple[bool, int | None]:
+    """(causal, sliding window or None) of one layer, read from the layout."""
+    causal = stack == "decoder" or (stack == "self" and layout.kind == "decoder")
+    window = None
+    if layout.sliding_window and stack != "cross":
+        types = layout.layer_types
+        if (not types and layout.kind == "decoder") or (
+            layer < len(types) and types[layer] == "sliding_attention"
+        ):
+            window = int(layout.sliding_window)
+    return causal, window
+
+
+def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
+    """Bool (query_pos, key_pos): which keys each query may see under ``spec``."""
+    ok = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
+    if spec.causal:
+        ok &= k_pos[None, :] <= q_pos[:, None]
+    if spec.window is not None:
+        ok &= k_pos[None, :] > q_pos[:, None] - spec.window
+    return ok
+
+
+# Verdicts on mask tensors, keyed by id with a weak reference that proves it is the same tensor
+# (layers of one type share one mask object, so each mask is checked once).
+_MASK_VERDICTS: dict[int, tuple[weakref.ref, MaskSpec, bool]] = {}
+
+
+def _mask_matches(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
+    hit = _MASK_VERDICTS.get(id(mask))
+    if hit is not None and hit[0]() is mask and hit[1] == spec:
+        return hit[2]
+    verdict = _check_mask(mask, spec, n_q, n_k)
+    if len(_MASK_VERDICTS) > 256:
+        _MASK_VERDICTS.clear()
+    _MASK_VERDICTS[id(mask)] = (weakref.ref(mask), spec, verdict)
+    return verdict
+
+
+def _check_mask(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
+    """True when ``mask`` (bool or additive, (1, 1, q, k)) is exactly ``spec``'s mask."""
+    if mask.dim() != 4 or mask.shape[0] != 1 or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (n_q, n_k):
+        return False
+    m = mask[0, 0]
+    k_pos = torch.arange(n_k, device=m.device)
+    for a in range(0, n_q, BLOCK_ROWS):
+        rows = m[a : a + BLOCK_ROWS]
+        want = allowed(torch.arange(a, a + rows.shape[0], device=m.device), k_pos, spec)
+        if rows.dtype == torch.bool:
+            if not torch.equal(rows, want):
+                return False
+        else:
+            blocked = rows <= torch.finfo(rows.dtype).min / 2
+            if not (torch.equal(rows == 0, want) and torch.equal(blocked, ~want)):
+                return False
+    return True
+
+
+def layer_spec(
+    cap: CapturedAttention | None, layout: AttentionLayout, layer: int, stack: Stack
+) -> tuple[MaskSpec | None, str]:
+    """The one predicate: (mask spec, "fused") when the captured scores are exactly scale · q·k plus
+    a mask the kernels reproduce; (None, reason) otherwise — the caller then runs the dense path."""
+    if cap is None:
+        return None, "eager result"
+    for f in dataclasses.fields(cap):
+        value = getattr(cap, f.name)
+        if f.name in _EXACT_WHEN_NONE:
+            if value is not None:
+                return None, _EXACT_WHEN_NONE[f.name]
+        elif f.name not in _KNOWN and value is not None and value is not False:
+            return None, f"captured {f.name}"
+    n_q, n_k = cap.query.shape[2], cap.key.shape[2]
+    if cap.query.shape[1] % cap.key.shape[1]:
+        return None, "head grouping"
+    if cap.mask is None:  # eager then masks exactly key_pos > query_pos when is_causal
+        return MaskSpec(causal=cap.is_causal and n_q > 1, window=None), "fused"
+    causal, window = mask_of(layout, layer, stack)
+    spec = MaskSpec(causal=causal, window=window)
+    if not _mask_matches(cap.mask, spec, n_q, n_k):
+        return None, "mask"
+    return spec, "fused"
+
+
+def scores_tile(
+    q: torch.Tensor, k: torch.Tensor, scale: float, spec: MaskSpec, q0: int, k0: int
+) -> torch.Tensor:
+    """Exact masked scores of a tile: q (h, rows, d) at query_pos q0.., k (h, cols, d) at key_pos k0..
+    -> float32 (h, rows, cols), disallowed entries -inf."""
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale)
+    if spec.causal or spec.window is not None:
+        ok = allowed(
+            torch.arange(q0, q0 + q.shape[-2], device=q.device),
+            torch.arange(k0, k0 + k.shape[-2], device=q.device),
+            spec,
+        )
+        s.masked_fill_(~ok, float("-inf"))
+    return s
+
+
+def _blocked(q, k, v, scale: float, spec: MaskSpec, q_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact softmax attention in query blocks (any device): (E_p[v], L)."""
+    outs, lses = [], []
+    rows = max(1, min(q.shape[1], (1 << 24) // max(1, q.shape[0] * k.shape[1])))
+    for a in range(0, q.shape[1], rows):
+        s = scores_tile(q[:, a : a + rows], k, scale, spec, q_offset + a, 0)
+        lse = torch.logsumexp(s, -1)  # (h, rows)
+        p = torch.exp(s - lse[..., None]).nan_to_num_(0.0)
+        outs.append(torch.matmul(p, v.float()))
+        lses.append(lse)
+    return torch.cat(outs, 1), torch.cat(lses, 1)
+
+
+def _kernel(q, k, v, scale: float, causal: bool, bias: torch.Tensor | None):
+    """One fused call on (h, q, e) tensors -> (out (h, q, e), lse (h, q))."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q[None],
+            k[None],
+            v[None],
+            0.0,
+            causal,
+            attn_mask=None if bias is None else bias[None],
+            scale=scale,
+        )
+        return out[0], lse[0]
+    if q.device.type == "cuda":
+        e = q.shape[-1]
+        pad = (-e) % 8  # the memory-efficient kernel wants 8-aligned head dims
+        if pad:
+            q, k, v = (torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))
+        attn_bias = None
+        if bias is not None:  # last dim of the bias buffer 16-aligned, then sliced
+            n_k = bias.shape[-1]
+            buf = bias.new_zeros(*bias.shape[:-1], n_k + (-n_k) % 16)
+            buf[..., :n_k] = bias
+            attn_bias = buf[..., :n_k][None].expand(1, q.shape[0], *bias.shape[-2:])
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q[None], k[None], v[None], attn_bias, True, 0.0, causal, scale=scale
+        )
+        return out[0, ..., :e], lse[0, :, : q.shape[1]]
+    raise NotImplementedError(q.device.type)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    spec: MaskSpec,
+    q_offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E_p[v] (h, q, e), L (h, q)) for float32 q, k, v of shape (h, pos, e) with equal e.
+
+    ``q_offset`` is the absolute position of the first query row (for the causal/window mask).
+    A row with no allowed key comes back with L = -inf and E = 0.
+    """
+    h, n_q, e = q.shape
+    n_k = k.shape[1]
+    require(4 * h * (2 * n_q + 2 * n_k) * (e + 8), q.device, what="a fused attention pass",
+            hint="fewer tokens")  # fmt: skip
+    try:
+        if spec.window is None and (not spec.causal or (n_q == n_k and q_offset == 0)):
+            return _kernel(q, k, v, scale, spec.causal, None)
+        outs, lses = [], []
+        for a in range(0, n_q, BLOCK_ROWS):
+            b = min(a + BLOCK_ROWS, n_q)
+            hi = min(n_k, q_offset + b) if spec.causal else n_k
+            lo = max(0, q_offset + a - spec.window + 1) if spec.window is not None else 0
+            ok = allowed(
+                torch.arange(q_offset + a, q_offset + b, device=q.device),
+                torch.arange(lo, hi, device=q.device),
+                spec,
+            )
+            bias = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~ok, float("-inf"))
+            out, lse = _kernel(q[:, a:b], k[:, lo:hi], v[:, lo:hi], scale, False, bias[None])
+            outs.append(out)
+            lses.append(lse)
+        return torch.cat(outs, 1), torch.cat(lses, 1)
+    except (RuntimeError, NotImplementedError) as err:
+        if q.device.type not in ("cpu", "cuda") or isinstance(err, NotImplementedError):
+            return _blocked(q, k, v, scale, spec, q_offset)
+        log.warning("fused attention refused (%s); using the exact blocked softmax", err)
+        return _blocked(q, k, v, scale, spec, q_offset)
+
+
+def _with_ones(t: torch.Tensor, extra: torch.Tensor | float) -> torch.Tensor:
+    """Append one feature to the last dim: a constant or a (h, pos) tensor."""
+    col = torch.empty(*t.shape[:-1], 1, dtype=t.dtype, device=t.device)
+    if isinstance(extra, torch.Tensor):
+        col[..., 0] = extra
+    else:
+        col.fill_(extra)
+    return torch.cat([t, col], -1)
+
+
+def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
+    """(kv_heads, pos, d) -> (heads, pos, d) in transformers' repeat_kv order."""
+    group = cap.query.shape[1] // t.shape[0]
+    return t.repeat_interleave(group, 0) if group > 1 else t
+
+
+@dataclass
+class LayerPass:
+    """One statistics pass of one layer (float32): L, E_p[k] and E_p[key_pos] for every query head.
+
+    ``lse_causal``/``pos_causal`` come from a second, causal pass over a bidirectional layer
+    (mean distance needs the keys before and after each query separately)."""
+
+    lse: torch.Tensor  # (heads, q)
+    e_key: torch.Tensor  # (heads, q, d)
+    e_pos: torch.Tensor  # (heads, q)
+    lse_causal: torch.Tensor | None = None
+    pos_causal: torch.Tensor | None = None
+
+
+# L of each captured call, keyed by id with a weak reference proving identity (small: (heads, N)).
+_LSE: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _remember(cap: CapturedAttention, lse: torch.Tensor) -> None:
+    if len(_LSE) > 512:
+        for key in [k for k, (ref, _) in _LSE.items() if ref() is None]:
+            del _LSE[key]
+    _LSE[id(cap)] = (weakref.ref(cap.query), lse)
+
+
+def layer_pass(cap: CapturedAttention, spec: MaskSpec, *, distance: bool = True) -> LayerPass:
+    """L, E_p[k] and E_p[key_pos] of every query head in one fused call (positions in float32)."""
+    q = cap.query[0].float()  # (heads, q, d)
+    k = expand_kv(cap, cap.key[0].float())  # (heads, k, d)
+    n_k = k.shape[1]
+    pos = torch.arange(n_k, device=k.device, dtype=torch.float32).expand(k.shape[0], n_k)
+    q1, k1, v1 = _with_ones(q, 0.0), _with_ones(k, 0.0), _with_ones(k, pos)  # (h, pos, d + 1)
+    out, lse = attend(q1, k1, v1, scale=cap.scaling, spec=spec)
+    got = LayerPass(lse=lse, e_key=out[..., :-1], e_pos=out[..., -1])
+    if distance and not spec.causal:
+        out_c, lse_c = attend(q1, k1, v1, scale=cap.scaling, spec=MaskSpec(True, spec.window))
+        got.lse_causal, got.pos_causal = lse_c, out_c[..., -1]
+    _remember(cap, lse)
+    return got
+
+
+def layer_lse(cap: CapturedAttention, spec: MaskSpec) -> torch.Tensor:
+    """L (heads, q) float32 of one captured call, computed once and remembered while it lives."""
+    hit = _LSE.get(id(cap))
+    if hit is not None and hit[0]() is cap.query:
+        return hit[1]
+    q = cap.query[0].float()
+    k = expand_kv(cap, cap.key[0].float())
+    _, lse = attend(q, k, k, scale=cap.scaling, spec=spec)
+    _remember(cap, lse)
+    return lse
+
+
+def captured(result, stack: Stack, layer: int) -> CapturedAttention | None:
+    """The captured call behind one layer of a fast-path result (None for an eager result)."""
+    calls = (getattr(result, "_captured", None) or {}).get(stack)
+    return calls[layer] if calls else None

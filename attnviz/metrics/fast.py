@@ -1,0 +1,121 @@
+"""The per-head statistics from the fused kernels' log-sum-exp: no N×N tensor.
+
+For one layer, `layer_pass` (attnviz.lse) gives every query head's L_i, E_p[k]_i and
+E_p[key_pos]_i in one fused attention call. Then, per query row i (s_ij = scale · q_i·k_j):
+
+- entropy            H_i = L_i - scale · q_i·E_p[k]
+- sink / prev / diag p_ij = exp(s_ij - L_i) at j = 0, i - 1, i   (0 where the mask forbids j)
+- distance (causal)  i - E_p[key_pos]
+- distance (bidir.)  2 m_i (i - E_c[key_pos]) + E_p[key_pos] - i, with the causal pass's
+                     L^c and m_i = exp(L^c_i - L_i) the mass on keys <= i
+- coherence          KL(a||b)_i = CE(a, b)_i - H^a_i, CE(a, b)_i = L^b_i - scale · q^b_i·E_{p^a}[k]
+                     (heads a, b share K in a GQA group)
+- induction          p_{i, i-len+1} = exp(s - L_i) on the probe
+
+Each equals the dense definition in `attnviz.metrics.definitions` (tests: 1e-4 in float32).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ..capture import CapturedAttention
+from ..lse import LayerPass, MaskSpec, expand_kv, layer_lse, layer_pass
+from .definitions import key_counts
+
+Sums = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def _allowed_at(q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec, n_k: int) -> torch.Tensor:
+    """Bool per row: key k_pos[r] is a real key that query q_pos[r] may see."""
+    ok = (k_pos >= 0) & (k_pos < n_k)
+    if spec.causal:
+        ok &= k_pos <= q_pos
+    if spec.window is not None:
+        ok &= k_pos > q_pos - spec.window
+    return ok
+
+
+def _prob_at(
+    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, q_pos, k_pos, spec: MaskSpec
+) -> torch.Tensor:
+    """p[h, r] = exp(scale · q[h, r]·k[h, k_pos[r]] - L[h, r]) where allowed, else 0."""
+    n_k = k.shape[1]
+    ok = _allowed_at(q_pos, k_pos, spec, n_k)
+    s = (q * k[:, k_pos.clamp(0, n_k - 1)]).sum(-1) * scale  # (h, rows)
+    return torch.where(ok, torch.exp(s - lse), 0.0)
+
+
+def _reduce(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    v = valid.to(values.dtype)
+    return (values * v).sum(-1), v.sum(-1)
+
+
+def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -> Sums:
+    """Per-metric (sum over eligible rows, number of eligible rows) of every head of one layer,
+    shaped (head,) — (kv_head,) for "gqa_coherence" — like the dense `_row_sums`."""
+    lp: LayerPass = layer_pass(cap, spec)
+    q = cap.query[0].float()  # (h, q, d)
+    k = expand_kv(cap, cap.key[0].float())  # (h, k, d)
+    n_q, n_k = q.shape[1], k.shape[1]
+    scale = cap.scaling
+    qpos = torch.arange(n_q, device=q.device)
+    counts = key_counts(qpos, n_k, causal=spec.causal, window=spec.window)
+    informative = counts >= 2
+    lse = lp.lse
+    out: Sums = {}
+    # H_i = L_i - scale * q_i . E_p[k]
+    raw_entropy = lse - scale * (q * lp.e_key).sum(-1)  # (h, q)
+    log_len = torch.log(counts.clamp(min=2).float())
+    out["entropy"] = _reduce((raw_entropy / log_len).clamp(0.0, 1.0), informative)
+    out["sink"] = _reduce(_prob_at(q, k, lse, scale, qpos, torch.zeros_like(qpos), spec), informative)
+    prev_ok = informative & (qpos >= 1) & (qpos - 1 < n_k)
+    out["previous_token"] = _reduce(_prob_at(q, k, lse, scale, qpos, qpos - 1, spec), prev_ok)
+    out["diagonal"] = _reduce(_prob_at(q, k, lse, scale, qpos, qpos, spec), informative & (qpos < n_k))
+    fpos = qpos.float()
+    if spec.causal:
+        dist = fpos - lp.e_pos  # every allowed key is at or before the query
+    else:
+        assert lp.lse_causal is not None and lp.pos_causal is not None
+        before = torch.exp(lp.lse_causal - lse)  # mass on keys <= i
+        dist = 2.0 * before * (fpos - lp.pos_causal) + lp.e_pos - fpos
+    out["distance"] = _reduce(dist, informative)
+    if group_size and group_size > 1:
+        out["gqa_coherence"] = _coherence(q, lp.e_key, lse, raw_entropy, scale, informative, group_size)
+    return out
+
+
+def _coherence(
+    q, e_key, lse, raw_entropy, scale, informative, group_size
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum over rows and pairs of exp(-(KL(a||b) + KL(b||a)) / 2) per KV head, from cross-entropies."""
+    h = q.shape[0]
+    n_kv = h // group_size
+    total = q.new_zeros(n_kv)
+    valid = informative.float()
+    pairs = list(itertools.combinations(range(group_size), 2))
+    for g in range(n_kv):
+        for a, b in pairs:
+            ia, ib = g * group_size + a, g * group_size + b
+            ce_ab = lse[ib] - scale * (q[ib] * e_key[ia]).sum(-1)  # CE(p^a, p^b) per row
+            ce_ba = lse[ia] - scale * (q[ia] * e_key[ib]).sum(-1)
+            sym_kl = (ce_ab - raw_entropy[ia]) + (ce_ba - raw_entropy[ib])
+            total[g] += (torch.exp(-0.5 * sym_kl.clamp(min=0.0)) * valid).sum()
+    rows = valid.sum() * len(pairs)
+    return total, rows.expand(n_kv)
+
+
+def induction_sums(
+    cap: CapturedAttention, spec: MaskSpec, rows: slice, length: int, start: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of p[i, i - length + 1] over the second copy's rows i of every head, and their number."""
+    lse = layer_lse(cap, spec)[:, rows]  # (h, rows)
+    q = cap.query[0, :, rows].float()
+    k = expand_kv(cap, cap.key[0].float())
+    n_k = k.shape[1]
+    qpos = torch.arange(rows.start, rows.stop, device=q.device)
+    ok = (qpos >= start + length) & (qpos < start + 2 * length) & (qpos - length + 1 < n_k)
+    p = _prob_at(q, k, lse, cap.scaling, qpos, qpos - length + 1, spec)
+    return _reduce(p, ok)[0], ok.float().sum()

@@ -1,0 +1,211 @@
+"""Explorer: type a sentence, pick a model, see every head of a layer and one head up close.
+
+The fragments and the download callables get a `models.ResultRef` and fetch the result when they
+run: Streamlit keeps them (and this page's globals) for the session's lifetime, so a result in
+a global or a closure would stay alive outside the bounded result cache.
+"""
+
+import contextlib
+
+import numpy as np
+import streamlit as st
+
+from attnviz import AttentionResult
+from attnviz import figures as F
+from ui import attention, export, models, shell, state, views
+from ui.params import ExplorerParams
+from ui.text import md
+
+STACK_NAMES = {
+    "self": "self",
+    "encoder": "encoder",
+    "decoder": "decoder",
+    "cross": "cross (decoder → encoder)",
+}
+
+frame = shell.begin(ExplorerParams)
+st.title("Attention explorer")
+
+
+def summary(res: AttentionResult) -> None:
+    """The model line and the token table."""
+    st.caption(
+        f"**{md(res.model_name)}** · {models.describe_layout(res.layout)} · {res.n_tokens} tokens · "
+        f"{res.path} path, extracted in {res.seconds:.2f} s"
+    )
+    with st.expander(f"Tokens ({res.n_tokens})", expanded=False):
+        toks = res.tokens
+        st.dataframe(
+            {
+                "position": list(range(len(toks))),
+                "token": list(toks.display),
+                "id": list(toks.ids),
+                "special": list(toks.special),
+                "chat template": list(toks.template),
+            },
+            hide_index=True,
+            height=min(400, 36 + 35 * len(toks)),
+        )
+
+
+@st.fragment
+def view(ref: models.ResultRef) -> None:
+    """Layer and colour controls redraw only this part; the model never reruns."""
+    res = models.result(ref)
+    if res is None:
+        return
+    stack = attention.stack_picker(res.stacks, lambda s: STACK_NAMES.get(s, s))
+    n_layers, n_heads = res.n_layers(stack), res.n_heads
+    state.clamp("layer", 0, n_layers - 1, "layer")
+    kv = attention.kv_heads(res, stack)
+
+    c1, c2, c3 = st.columns([4, 3, 3])
+    with c1:
+        layer = (
+            st.slider("Layer", 0, n_layers - 1, key="layer")
+            if n_layers > 1
+            else st.number_input("Layer", 0, 0, key="layer")
+        )
+    with c2:
+        cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
+        log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
+        choice = views.scale_picker()
+        perhead = st.toggle("Scale per head", key="perhead", help="Each head on its own colour scale.")
+    with c3:
+        hide = st.toggle(
+            "Hide special tokens",
+            key="hide",
+            help="Drop special and chat-template tokens from both axes and renormalise each row "
+            "over the keys left.",
+        )
+        nosink = st.toggle(
+            "Renormalise without the sink",
+            key="nosink",
+            help="Drop key 0 (the first token, where many heads park attention) and renormalise each row.",
+        )
+        vw = st.toggle(
+            "Value-weighted",
+            key="vw",
+            help="‖α·W_O v‖ (Kobayashi et al. 2020): each weight times the norm of what that key's "
+            "value adds to the output, relative to the layer's largest; a sink with a tiny value fades.",
+        )
+    shown, key = views.value_weighted(ref, res, vw)
+
+    v = attention.View(stack=stack, hide=hide, nosink=nosink)
+    ax = attention.axes(shown, v)
+    scale, scale_note = views.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)), log=log)
+    if len(ax.q_idx) == 0 or len(ax.k_idx) == 0:
+        st.info("Every token is hidden by the options above; turn 'Hide special tokens' off.")
+        state.share_box()
+        return
+
+    left, right = st.columns([1, 1], gap="medium")
+    with left:
+        side = F.grid_side(n_heads, n_tokens=max(len(ax.q_idx), len(ax.k_idx)))
+        big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
+        with st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext():
+            pooled, q_lab, k_lab = attention.grid(shown, key, layer, v, ax, side)
+        pooled_note = (
+            f" · max-pooled to {pooled.shape[1]}×{pooled.shape[2]}"
+            if pooled.shape[1:] != (len(ax.q_idx), len(ax.k_idx))
+            else ""
+        )
+        layer_name = res.layout.layer_label(layer)
+        st.markdown(f"**{layer_name.capitalize()}: all {n_heads} heads**{pooled_note}")
+        if kv:
+            st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
+        head = state.clamp("head", 0, n_heads - 1, "head")
+        zmax = None if perhead or scale == "rank" else float(pooled.max()) if pooled.size else None
+        grid_fig = F.head_grid(
+            pooled,
+            q_lab,
+            k_lab,
+            kv_heads=kv,
+            colorscale=cmap,
+            scale=scale,
+            zmax=zmax,
+            selected=head,
+            pickable=True,
+        )
+        name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}")
+        event = export.chart(grid_fig, name, key="grid_chart", on_select=True)
+        picked = views.clicked(event, "grid_chart")
+        if picked and int(picked[0]) != head:
+            state.put("head", int(picked[0]))
+        st.caption("Click a head's corner square to show it big. " + scale_note)
+    with right:
+        head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax)
+    st.subheader("Tokens")
+    names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
+    views.token_section(ref, shown, stack, layer, int(state.get("head")), names, scale)
+
+
+def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, zmax) -> None:
+    """The head selector and the single-head view (a head change redraws the grid too, to move
+    its frame)."""
+    n_heads = res.n_heads
+    state.clamp("head", 0, n_heads - 1, "head")
+    n_q, n_k = len(ax.q_idx), len(ax.k_idx)
+    w = attention.window_rows(n_q, n_k)
+    c1, c2 = st.columns([1, 1])
+    with c1:
+        head = attention.head_picker(n_heads, kv)
+    sel = slice(None)
+    if w < n_q:
+        state.clamp("row0", 0, n_q - w, "first query row")
+        with c2:
+            row0 = st.slider(f"Query rows ({w} of {n_q} at a time)", 0, n_q - w, key="row0", step=1)
+        sel = slice(row0, row0 + w)
+    q_lab1 = ax.q_labels[sel]
+    title = f"{ref.name} · {res.layout.layer_label(layer)} · {F.head_title(head, kv[head] if kv else None)}"
+    if stack != "self":
+        title += f" · {stack}"
+
+    def figure(probs: np.ndarray):
+        return F.head_heatmap(
+            probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, scale=scale, zmax=zmax
+        )
+
+    def rows_now(rows: slice = sel) -> np.ndarray:  # for the downloads: fetched when clicked
+        return attention.head_rows(models.result_now(ref), layer, head, v, ax, rows)  # raw weights
+
+    head_fig = figure(attention.head_rows(res, layer, head, v, ax, sel))
+    head_name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}", f"H{head}")
+    export.chart(head_fig, head_name, key="head_chart")
+    notes = []
+    if v.hide and res.axes(stack)[0].hidden.any():
+        notes.append("special/template tokens hidden, rows renormalised")
+    if v.nosink:
+        notes.append("key 0 dropped, rows renormalised (a causal row 0 has nothing left and shows 0)")
+    if notes:
+        st.caption("; ".join(notes).capitalize() + ".")
+
+    export.downloads(
+        head_name,
+        npz=lambda: export.npz_bytes(
+            attention=rows_now(slice(None)),
+            query_positions=ax.q_idx,
+            key_positions=ax.k_idx,
+            query_tokens=np.array(ax.q_labels),
+            key_tokens=np.array(ax.k_labels),
+            model=ref.name,
+            layer=layer,
+            head=head,
+            stack=stack,
+        ),
+        csv=lambda: export.csv_text(rows_now(), q_lab1, ax.k_labels, "query \\ key"),
+        fig=lambda: figure(rows_now()),
+        key="head",
+        what=f"weights of {res.layout.layer_label(layer)}, head {head}",
+    )
+    state.share_box()
+
+
+def main() -> None:
+    """The model and the result stay locals of this run; the fragments get the ref."""
+    _, res, ref = shell.load_and_extract(frame)
+    summary(res)
+    view(ref)
+
+
+main()

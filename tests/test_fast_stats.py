@@ -1,0 +1,202 @@
+"""The fast per-head statistics (log-sum-exp from the fused kernels) equal the dense definitions.
+
+Every architecture of tests/tiny.py in float32 (1e-4), which path ran per layer, the single
+non-standard predicate (soft-capping, position bias, an unknown captured extra, an odd mask),
+the induction probe, bf16 inputs (difference measured), and the built-in smollm2 (slow).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import tiny
+import torch
+
+import attnviz
+from attnviz import lse
+from attnviz import metrics as M
+from attnviz.capture import CapturedAttention
+
+# Long enough (> 40 tokens) that a sliding window of 4 and several 512-row blocks matter.
+TEXT = (
+    "the financial bank is located on river bank and a quick brown fox jumps over the lazy dog; "
+    "attention is all you need, heads look at tokens, the bank of the river floods in spring"
+)
+FUSED = {"llama-gqa", "qwen3", "mistral-sliding", "gpt2", "bert", "bart"}
+_SHARP: dict[str, attnviz.LoadedModel] = {}
+
+
+def sharp(arch: str) -> attnviz.LoadedModel:
+    """The tiny model with its q/k weights scaled 3x more: peaked, varied patterns (the shared
+    tiny models attend almost uniformly, which would make parity a weak check)."""
+    if arch not in _SHARP:
+        base = tiny.loaded(arch)
+        model = copy.deepcopy(base.model)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2 and any(
+                    k in name for k in ("q_proj", "k_proj", "query", "key", ".q.", ".k.", "c_attn")
+                ):
+                    p.mul_(3.0)
+        _SHARP[arch] = attnviz.wrap_model(model, base.tokenizer, spec=f"tiny-{arch}-sharp")
+    return _SHARP[arch]
+
+
+def _assert_same(fast: M.HeadMetrics, dense: M.HeadMetrics, tol: float) -> dict[str, float]:
+    errs = {}
+    assert fast.metrics == dense.metrics
+    for m in fast.metrics:
+        a, b = fast.values(m), dense.values(m)
+        assert a.shape == b.shape and np.isfinite(a).all(), m
+        errs[m] = float(np.abs(a - b).max())
+        assert errs[m] <= tol * (fast.n_tokens if m == "distance" else 1), (m, errs[m])
+    return errs
+
+
+@pytest.mark.parametrize("arch", tiny.ARCHS)
+def test_fast_equals_dense_on_every_architecture(arch):
+    res = attnviz.extract(sharp(arch), TEXT)
+    assert res.n_tokens > 40
+    for stack in res.stacks:
+        fast = M.head_metrics(res, stack=stack)
+        dense = M.head_metrics(res, stack=stack, computation="dense")
+        _assert_same(fast, dense, 1e-4)
+        assert len(fast.paths) == res.n_layers(stack)
+        assert all(p.startswith("dense: asked") for p in dense.paths)
+        if arch in FUSED:
+            assert fast.paths == ("fused",) * res.n_layers(stack), fast.paths
+        elif arch == "gemma2":
+            assert set(fast.paths) == {"dense: soft-capping"}
+        elif arch == "t5":
+            assert set(fast.paths) == {"dense: position bias"}
+
+
+def test_the_statistics_are_not_trivial_on_the_tiny_model():
+    """Parity would mean little on constant numbers: the heads differ and span a range."""
+    res = attnviz.extract(sharp("llama-gqa"), TEXT)
+    hm = M.head_metrics(res)
+    for m in ("entropy", "sink", "previous_token", "diagonal", "gqa_coherence"):
+        vals = hm.values(m)
+        assert vals.max() - vals.min() > (0.01 if m == "gqa_coherence" else 0.05), m
+        assert vals.min() > 0 and vals.max() < 1, m
+    assert hm.distance.min() > 0.5 and hm.distance.max() < res.n_tokens
+
+
+def test_bidirectional_distance_uses_keys_on_both_sides():
+    res = attnviz.extract(sharp("bert"), TEXT)
+    fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
+    assert np.abs(fast.distance - dense.distance).max() < 1e-4
+    # i - E[key_pos] (the causal formula) would be far off where keys after the query count.
+    cap = lse.captured(res, "self", 0)
+    lp = lse.layer_pass(cap, lse.MaskSpec(causal=False))
+    one_sided = (torch.arange(res.n_tokens) - lp.e_pos)[:, 1:].mean(-1)
+    assert np.abs(one_sided.numpy() - dense.distance[0]).max() > 1.0
+
+
+def test_fused_kernel_lse_and_expectations_equal_a_dense_softmax():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 70, 9) for _ in range(3))
+    for spec in (lse.MaskSpec(True), lse.MaskSpec(False), lse.MaskSpec(True, 5), lse.MaskSpec(False, 7)):
+        s = lse.scores_tile(q, k, 0.3, spec, 0, 0)
+        want_l = torch.logsumexp(s, -1)
+        want_o = torch.softmax(s, -1) @ v
+        out, got_l = lse.attend(q, k, v, scale=0.3, spec=spec)
+        assert torch.allclose(got_l, want_l, atol=1e-5), spec
+        assert torch.allclose(out, want_o, atol=1e-5), spec
+        out_b, l_b = lse._blocked(q, k, v, 0.3, spec, 0)
+        assert torch.allclose(l_b, want_l, atol=1e-5) and torch.allclose(out_b, want_o, atol=1e-5)
+    # rows of a rectangular causal block at an offset
+    out, got_l = lse.attend(q[:, 40:], k, v, scale=0.3, spec=lse.MaskSpec(True), q_offset=40)
+    want_l = torch.logsumexp(lse.scores_tile(q[:, 40:], k, 0.3, lse.MaskSpec(True), 40, 0), -1)
+    assert torch.allclose(got_l, want_l, atol=1e-5)
+
+
+@dataclasses.dataclass
+class _WithSinks(CapturedAttention):
+    sinks: torch.Tensor | None = None  # e.g. learned per-head sink logits a future capture records
+
+
+def test_any_unknown_captured_extra_falls_back_to_dense():
+    res = attnviz.extract(sharp("llama-gqa"), TEXT)
+    caps = res._captured["self"]
+    spec, why = lse.layer_spec(caps[1], res.layout, 1, "self")
+    assert spec == lse.MaskSpec(True) and why == "fused"
+    fields = {f.name: getattr(caps[1], f.name) for f in dataclasses.fields(CapturedAttention)}
+    res._captured["self"] = [caps[0], _WithSinks(**fields, sinks=torch.zeros(4)), caps[2]]
+    hm = M.head_metrics(res)
+    assert hm.paths == ("fused", "dense: captured sinks", "fused")
+    res._captured["self"] = [caps[0], _WithSinks(**fields, sinks=None), caps[2]]
+    assert M.head_metrics(res).paths == ("fused",) * 3  # an extra that is not set changes nothing
+
+
+def test_an_odd_mask_falls_back_and_a_matching_one_does_not():
+    res = attnviz.extract(sharp("llama-gqa"), TEXT)
+    cap = res._captured["self"][0]
+    n = res.n_tokens
+    causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+    assert lse.layer_spec(dataclasses.replace(cap, mask=causal), res.layout, 0, "self")[0] == lse.MaskSpec(
+        True
+    )
+    additive = torch.zeros(1, 1, n, n).masked_fill(~causal, torch.finfo(torch.float32).min)
+    assert lse.layer_spec(dataclasses.replace(cap, mask=additive), res.layout, 0, "self")[0] is not None
+    alibi_like = additive.clone()
+    alibi_like[..., 5, 2] = -0.5  # a bias, not a mask: scores are no longer scale * q.k
+    assert lse.layer_spec(dataclasses.replace(cap, mask=alibi_like), res.layout, 0, "self") == (None, "mask")
+    hole = causal.clone()
+    hole[..., 7, 3] = False
+    assert lse.layer_spec(dataclasses.replace(cap, mask=hole), res.layout, 0, "self") == (None, "mask")
+    res._captured["self"][0] = dataclasses.replace(cap, mask=hole)
+    fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
+    assert fast.paths[0] == "dense: mask"
+    _assert_same(fast, dense, 1e-4)
+
+
+def test_eager_results_use_the_dense_definitions():
+    res = attnviz.extract(tiny.loaded("qwen3"), TEXT, path="eager")
+    assert set(M.head_metrics(res).paths) == {"dense: eager result"}
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa", "mistral-sliding", "bart"])
+def test_induction_fast_equals_dense(arch):
+    probe = M.induction_probe(sharp(arch), length=30, seed=1)
+    for stack in probe.result.layout.stacks:
+        if stack == "cross":
+            continue
+        fast = M.head_induction(probe, stack=stack)
+        dense = M.head_induction(probe, stack=stack, dense=True)
+        assert np.abs(fast - dense).max() < 1e-5
+        if arch == "mistral-sliding":  # a window of 4 keys never reaches the first copy
+            assert fast.max() == 0.0
+        else:
+            assert fast.max() > 0.01
+
+
+def test_bf16_inputs_differences_are_measured():
+    """bf16 Q/K: the fast path works in float32 from the bf16 values; the dense path rounds each
+    score to bf16 before its float32 softmax. The gap is that rounding, not a bug: measured
+    ~4e-4 (entropy, probabilities), 0.01 tokens (distance) on the tiny model; bound 4e-3."""
+    lm0 = sharp("llama-gqa")
+    model = copy.deepcopy(lm0.model).to(torch.bfloat16)
+    lm = attnviz.wrap_model(model, lm0.tokenizer, spec="tiny-llama-bf16")
+    res = attnviz.extract(lm, TEXT)
+    assert res._captured["self"][0].query.dtype == torch.bfloat16
+    fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
+    assert fast.paths == ("fused",) * 3
+    errs = _assert_same(fast, dense, 4e-3)
+    print("bf16 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})
+
+
+@pytest.mark.slow
+def test_smollm2_fast_equals_dense():
+    lm = attnviz.load_model("smollm2-135m")
+    res = attnviz.extract(lm, TEXT * 3)
+    fast = M.head_metrics(res)
+    dense = M.head_metrics(res, computation="dense")
+    assert fast.paths == ("fused",) * 30
+    errs = _assert_same(fast, dense, 1e-4)
+    print("smollm2 float32 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})
+    probe = M.induction_probe(lm, length=50)
+    assert np.abs(M.head_induction(probe) - M.head_induction(probe, dense=True)).max() < 1e-4

@@ -1,0 +1,302 @@
+"""Each page's parameters as one frozen dataclass, and its URL form: the one place a view is
+read from and written to a link.
+
+`Params.from_query` parses a link (a bad value is dropped with a message and the default kept);
+`Params.to_query` writes one. Long texts travel compressed (deflate + URL-safe base64) in
+``tz`` / ``tz2`` beside the readable ``text`` / ``text2`` of short ones, so any text the app
+accepts (`MAX_TEXT_CHARS`) has a link as long as it fits `LINK_BUDGET` once compressed; past
+that, `to_query` leaves the text out and says so (`Query.left_out`).
+
+Options a control shows come from one ``Literal`` (``get_args``), never a second list.
+The Hugging Face token is never a parameter, so it cannot reach a URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import urllib.parse
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Self, get_args
+
+import attnviz
+from attnviz.figures import COLORSCALES, DIRECTIONS, SCALES
+from attnviz.metrics import METRICS
+
+DEFAULT_TEXT = "the financial bank is located on river bank"
+DEFAULT_TEXT_B = "the river bank is located near the financial bank"
+MAX_TEXT_CHARS = 60_000
+PLAIN_TEXT_CHARS = 2_000  # texts up to this length stay readable in a link; longer ones are compressed
+LINK_BUDGET = 60_000  # characters of query string a link may have (browsers and the server take more)
+MAX_SPEC_CHARS = 1_024
+
+CompareMode = Literal["two texts", "two models"]
+COMPARE_MODES: tuple[str, ...] = get_args(CompareMode)
+ScratchMode = Literal["real layer", "toy"]
+SCRATCH_MODES: tuple[str, ...] = get_args(ScratchMode)
+Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
+CHANGES: tuple[str, ...] = get_args(Change)
+GenRow = Literal["new token", "predicting position"]
+GEN_ROWS: tuple[str, ...] = get_args(GenRow)
+STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
+SCALE_CHOICES: tuple[str, ...] = ("auto", *SCALES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Field codecs: parse(raw) -> value (ValueError says what to use), dump(value) -> raw
+# ---------------------------------------------------------------------------------------------
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in {"1", "true", "yes", "on"}:
+        return True
+    if low in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError("use 1 or 0")
+
+
+def _int(lo: int = 0, hi: int = 1_000_000) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError("use a whole number") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"use {lo}..{hi}")
+        return value
+
+    return parse
+
+
+def _choice(options: Sequence[str]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in options:
+            raise ValueError("use one of " + ", ".join(repr(o) for o in options if o))
+        return raw
+
+    return parse
+
+
+def _text(raw: str) -> str:
+    if len(raw) > MAX_TEXT_CHARS:
+        raise ValueError(f"at most {MAX_TEXT_CHARS} characters")
+    return raw
+
+
+def _spec(raw: str) -> str:
+    spec = raw.strip()
+    if not spec:
+        raise ValueError("use a built-in model name, a Hub id or a local folder")
+    if len(spec) > MAX_SPEC_CHARS:
+        raise ValueError(f"{len(spec)} characters; a model name has at most {MAX_SPEC_CHARS}")
+    if any(ord(c) < 32 for c in spec):
+        raise ValueError("a model name has no control characters")
+    return spec
+
+
+def _spec_or_empty(raw: str) -> str:
+    return _spec(raw) if raw.strip() else ""
+
+
+def _dump(value: Any) -> str:
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+
+
+def pack_text(text: str) -> str:
+    """Deflate + URL-safe base64 (no padding): what a compressed ``tz`` parameter holds."""
+    return base64.urlsafe_b64encode(zlib.compress(text.encode("utf-8"), 9)).decode().rstrip("=")
+
+
+def unpack_text(raw: str) -> str:
+    """The inverse of `pack_text`; a ValueError for anything that is not one (or decodes to
+    more than `MAX_TEXT_CHARS` characters: the output is bounded before it is decoded)."""
+    try:
+        packed = base64.urlsafe_b64decode(raw.strip() + "=" * (-len(raw.strip()) % 4))
+        inflate = zlib.decompressobj()
+        data = inflate.decompress(packed, 4 * MAX_TEXT_CHARS + 1)
+        if inflate.unconsumed_tail or len(data) > 4 * MAX_TEXT_CHARS:
+            raise ValueError(f"the text is longer than {MAX_TEXT_CHARS} characters")
+        if not inflate.eof:
+            raise ValueError("the compressed text is cut off (copy the whole link)")
+        return _text(data.decode("utf-8"))
+    except (binascii.Error, zlib.error, UnicodeDecodeError):
+        raise ValueError("not a compressed text (copy the whole link)") from None
+
+
+def p(default: Any, parse: Callable[[str], Any], *, packed: str = "") -> Any:
+    """A parameter field: its default, its parser and, for texts, the compressed twin's name."""
+    return field(default=default, metadata={"parse": parse, "packed": packed})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A link value that could not be read: the parameter, what the link had, why, and the value
+    shown instead (in link form)."""
+
+    name: str
+    raw: str
+    reason: str
+    kept: str
+
+
+@dataclass(frozen=True)
+class Query:
+    """A link's parameters and what had to be left out of it (texts past the budget)."""
+
+    params: dict[str, str]
+    left_out: tuple[str, ...] = ()
+
+    def url(self, root: str, path: str) -> str:
+        """``<root>/<path>?<params>``, every value percent-encoded."""
+        return f"{root}/{path}?{urllib.parse.urlencode(self.params, quote_via=urllib.parse.quote)}"
+
+
+@dataclass(frozen=True)
+class Params:
+    """The parameters every page shares: model, text and the chat template switch."""
+
+    PAGE: ClassVar[str] = ""
+
+    model: str = p(attnviz.DEFAULT_MODEL, _spec)
+    text: str = p(DEFAULT_TEXT, _text, packed="tz")
+    chat: bool = p(False, _bool)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+    @classmethod
+    def from_query(
+        cls, query: Mapping[str, str], base: Self | None = None
+    ) -> tuple[Self, set[str], list[Problem]]:
+        """The parameters of a link over ``base`` (default: the defaults), the names the link
+        set, and a `Problem` per value that could not be read (that one keeps its ``base``
+        value). Unknown names are ignored."""
+        base = base if base is not None else cls()
+        values: dict[str, Any] = {f.name: getattr(base, f.name) for f in dataclasses.fields(cls)}
+        applied: set[str] = set()
+        problems: list[Problem] = []
+        for f in dataclasses.fields(cls):
+            packed = f.metadata.get("packed", "")
+            for name, parse in ((f.name, f.metadata["parse"]), (packed, unpack_text)):
+                if not name or name not in query:
+                    continue
+                try:
+                    values[f.name] = parse(query[name])
+                    applied.add(f.name)
+                except ValueError as err:
+                    problems.append(Problem(name, query[name], str(err), _dump(values[f.name])))
+        return cls(**values), applied, problems
+
+    def to_query(self, budget: int = LINK_BUDGET) -> Query:
+        """The link form: every parameter; a long text compressed, and left out (named in
+        ``left_out``) when the link would pass ``budget`` characters."""
+        out: dict[str, str] = {}
+        texts: list[tuple[str, str, str]] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            packed = f.metadata.get("packed", "")
+            if packed and len(value) > PLAIN_TEXT_CHARS:
+                texts.append((f.name, packed, pack_text(value)))
+            else:
+                out[f.name] = _dump(value)
+        left: list[str] = []
+        size = len(urllib.parse.urlencode(out, quote_via=urllib.parse.quote))
+        for name, packed, raw in sorted(texts, key=lambda t: len(t[2])):
+            if size + len(packed) + len(raw) + 2 > budget:
+                left.append(name)
+                continue
+            out[packed] = raw
+            size += len(packed) + len(raw) + 2
+        return Query(out, tuple(left))
+
+    def replace(self, **changes: Any) -> Self:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ExplorerParams(Params):
+    PAGE: ClassVar[str] = "Explorer"
+
+    stack: str = p("", _choice(STACKS))
+    layer: int = p(0, _int())
+    head: int = p(0, _int())
+    cmap: str = p("Viridis", _choice(COLORSCALES))
+    log: bool = p(False, _bool)
+    hide: bool = p(False, _bool)
+    nosink: bool = p(False, _bool)
+    row0: int = p(0, _int())
+    scale: str = p("auto", _choice(SCALE_CHOICES))  # auto: log past LONG_TEXT_TOKENS tokens
+    perhead: bool = p(False, _bool)  # each head on its own colour scale
+    vw: bool = p(False, _bool)  # value-weighted attention
+    tok: int = p(0, _int())  # the token of the token views
+    tdir: str = p("from", _choice(DIRECTIONS))
+
+
+@dataclass(frozen=True)
+class OverviewParams(Params):
+    PAGE: ClassVar[str] = "Model overview"
+
+    stack: str = p("", _choice(STACKS))
+    cmap: str = p("Viridis", _choice(COLORSCALES))
+    log: bool = p(False, _bool)
+    metric: str = p("entropy", _choice(METRICS))
+
+
+@dataclass(frozen=True)
+class ScratchParams(Params):
+    PAGE: ClassVar[str] = "From scratch"
+
+    mode: str = p("real layer", _choice(SCRATCH_MODES))
+    layer: int = p(0, _int())
+    head: int = p(0, _int())
+    wstep: str = p("probs", _text)
+    change: str = p("none", _choice(CHANGES))
+    toy_d: int = p(32, _int(4, 512))
+    toy_h: int = p(4, _int(1, 16))
+    toy_n: int = p(8, _int(2, 64))
+    toy_causal: bool = p(True, _bool)
+    toy_seed: int = p(0, _int(0, 10_000))
+
+
+@dataclass(frozen=True)
+class CompareParams(Params):
+    PAGE: ClassVar[str] = "Compare"
+
+    cmp: str = p("two texts", _choice(COMPARE_MODES))
+    text2: str = p(DEFAULT_TEXT_B, _text, packed="tz2")
+    model2: str = p("", _spec_or_empty)
+    stack: str = p("", _choice(STACKS))
+    layer: int = p(0, _int())
+    head: int = p(0, _int())
+    cmap: str = p("Viridis", _choice(COLORSCALES))
+
+
+@dataclass(frozen=True)
+class GenerationParams(Params):
+    PAGE: ClassVar[str] = "Generation"
+
+    k: int = p(8, _int(1, 64))
+    stack: str = p("", _choice(STACKS))
+    gstep: int = p(1, _int(1, 64))
+    layer: int = p(0, _int())
+    grow: str = p("new token", _choice(GEN_ROWS))
+    cmap: str = p("Viridis", _choice(COLORSCALES))
+    log: bool = p(False, _bool)
+
+
+PAGE_PARAMS: tuple[type[Params], ...] = (
+    ExplorerParams,
+    OverviewParams,
+    ScratchParams,
+    CompareParams,
+    GenerationParams,
+)

@@ -1,0 +1,110 @@
+"""The app's frame: the page table `st.navigation` is built from, and what every page starts with.
+
+A page is three lines of frame around its own body::
+
+    frame = shell.begin(ExplorerParams)        # URL -> params, sidebar drawn, params returned
+    lm, res, ref = shell.load_and_extract(frame)   # or stops the page with the error shown
+    ...                                        # the page's own controls and views
+    state.share_box()                          # params -> URL, with a copyable link
+
+To add a view to a page, add a field to its params dataclass (ui/params.py) when the view needs
+a control that a link should carry, and draw it in the page body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, NoReturn, TypeVar
+
+import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
+
+from attnviz import AttentionResult, LoadedModel
+from ui import logs, models, sidebar, state
+from ui.params import (
+    CompareParams,
+    ExplorerParams,
+    GenerationParams,
+    OverviewParams,
+    Params,
+    ScratchParams,
+)
+
+P = TypeVar("P", bound=Params)
+
+
+@dataclass(frozen=True)
+class PageEntry:
+    file: str  # relative to the repository root
+    params: type[Params]
+    icon: str
+    url_path: str  # "" = the default page
+
+
+PAGES: tuple[PageEntry, ...] = (
+    PageEntry("pages/0_Explorer.py", ExplorerParams, ":material/search:", ""),
+    PageEntry("pages/1_Model_overview.py", OverviewParams, ":material/grid_view:", "Model_overview"),
+    PageEntry("pages/2_From_scratch.py", ScratchParams, ":material/calculate:", "From_scratch"),
+    PageEntry("pages/3_Compare.py", CompareParams, ":material/compare:", "Compare"),
+    PageEntry("pages/4_Generation.py", GenerationParams, ":material/edit_note:", "Generation"),
+)
+
+
+def entry(cls: type[Params]) -> PageEntry:
+    return next(e for e in PAGES if e.params is cls)
+
+
+@dataclass(frozen=True)
+class Frame(Generic[P]):
+    """What a page gets: its parameters as the link and the sidebar set them, and this session's
+    Hugging Face token (never in the URL, the parameters or a cache key)."""
+
+    params: P
+    token: str | None
+    chat_slot: DeltaGenerator  # where the sidebar's chat switch goes once the model is known
+
+
+def begin(cls: type[P], *, text_label: str = "Text") -> Frame[P]:
+    """Read the link into the page's parameters, draw the sidebar, return both."""
+    logs.configure()
+    state.start(cls, path=entry(cls).url_path)
+    token, chat_slot = sidebar.draw(text_label=text_label)
+    params = state.current(cls)
+    assert isinstance(params, cls)
+    return Frame(params, token, chat_slot)
+
+
+def stop() -> NoReturn:
+    """End the page early (after an error already shown) but keep the URL and share link."""
+    state.share_box()
+    st.stop()
+    raise AssertionError("unreachable")  # st.stop raises
+
+
+def load(spec: str, token: str | None) -> LoadedModel:
+    """The model, or stop the page (the error is shown)."""
+    lm = models.load(spec, token)
+    if lm is None:
+        stop()
+    return lm
+
+
+def load_and_extract(
+    frame: Frame, *, generate: int = 0
+) -> tuple[LoadedModel, AttentionResult, models.ResultRef]:
+    """(model, result, `models.ResultRef`) for the sidebar's choice, or stop the page after
+    showing the error. Keep the model and the result in function locals: callables that outlive
+    the run (fragments, downloads, format functions) hold the page's globals; give them the ref."""
+    p = frame.params
+    if not p.model:
+        st.info("Type a Hugging Face Hub id (like `gpt2`) or a local folder in the sidebar.")
+        stop()
+    if not p.text.strip():
+        st.info("Type a text in the sidebar to see its attention.")
+        stop()
+    lm = load(p.model, frame.token)
+    chat = sidebar.chat_toggle(lm, frame.chat_slot)
+    res, ref = models.extract(lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate)
+    if res is None or ref is None:
+        stop()
+    return lm, res, ref
