@@ -170,3 +170,14 @@ def test_explorer_shows_the_self_check_next_to_the_heatmaps(monkeypatch):
     assert m, text[:600]
     assert float(m.group(1)) <= 1e-5
     assert "fast exact" in text
+
+
+@pytest.mark.slow
+def test_bf16_real_model_keeps_the_fast_path_and_passes_the_self_check():
+    """30 bf16 layers: the SDPA and eager forwards drift apart with depth, which must not be
+    mistaken for a capture error at load (it once sent every bf16 model to the slow path)."""
+    lm = attnviz.load_model("smollm2-135m", device="cpu", dtype="bfloat16")
+    assert lm.fast_exact, lm.probe.why_not_fast
+    res = attnviz.extract(lm, TEXT, verify=True)
+    assert res.method == "fast exact" and res.check.dtype == "bfloat16"
+    assert res.check.max_abs_diff <= 2.0**-9 + 1e-6  # eager's rounding of its fp32 softmax to bf16
