@@ -65,6 +65,8 @@ EXTRACT = ["extract", "--model", "smollm2-135m", "--text", "river bank"]
         (["info", "--model", "smollm2-135m", "--device", "meta"], "unknown device 'meta'"),
         (["info", "--model", "smollm2-135m", "--device", "cuda"], "CUDA is not available"),
         (["bench", "--device", "cuda:1"], "CUDA is not available"),
+        (["info", "--model", "smollm2-135m", "--dtype", "int3"], "unknown dtype 'int3'"),
+        (["extract", "--model", "smollm2-135m", "--text", "  ", "--out", "x.npz"], "the text is empty"),
         (["bench", "--sizes", "abc"], "'abc' is not a whole number"),
         (["bench", "--sizes", "0"], "'0' must be 1 or more"),
         (["bench", "--sizes", "256,-4"], "'-4' must be 1 or more"),
