@@ -131,6 +131,7 @@ def test_auto_device_without_accelerators_is_cpu(monkeypatch, no_cuda):
     assert loading.resolve_device("auto") == torch.device("cpu")
 
 
+@pytest.mark.slow  # two interpreters importing torch and transformers
 def test_console_entry_point_runs_the_same_checks():
     """`python -m attnviz` (the `attnviz` script calls the same main) in a real process."""
     proc = subprocess.run(
