@@ -59,9 +59,18 @@ def probe_inputs(model: Any, encoder_decoder: bool) -> dict:
     vocab = int(getattr(emb, "num_embeddings", None) or getattr(model.config, "vocab_size", None) or 10)
     ids = torch.tensor([[min(3 + 5 * i, vocab - 1) for i in range(6)]], device=_device(model))
     inputs: dict = {"input_ids": ids}
-    if encoder_decoder:
-        inputs["decoder_input_ids"] = ids[:, :5]
+    if encoder_decoder:  # shifted right from the decoder start token, as `extract` feeds it
+        start = torch.tensor([[decoder_start(model.config)]], device=ids.device)
+        inputs["decoder_input_ids"] = torch.cat([start, ids[:, :4]], dim=1)
     return inputs
+
+
+def decoder_start(config: Any) -> int:
+    """The token an encoder-decoder's decoder starts from (often the pad token)."""
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "pad_token_id", None) or 0
+    return int(start)
 
 
 def _device(model: Any) -> torch.device:
@@ -100,11 +109,13 @@ def find_sites(
     handles = []
 
     def hook(name: str):
-        def fn(_module, _args, output):
+        def fn(_module, args, output):
             call = calls[name]
             calls[name] += 1
+            passed = {id(a) for a in args if isinstance(a, torch.Tensor)}
             for i, t in _tensors(output):
-                seen.append((name, call, i, t))
+                if id(t) not in passed:  # a dropout / identity hands the probabilities on unchanged
+                    seen.append((name, call, i, t))
 
         return fn
 
