@@ -141,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="auto", type=device_name)
     bench.add_argument("--no-write", action="store_true", help="print only")
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
+    bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 
