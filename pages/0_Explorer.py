@@ -138,6 +138,7 @@ def view(ref: models.ResultRef) -> None:
     st.subheader("Tokens")
     names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
     views.token_section(ref, shown, stack, layer, int(state.get("head")), names, scale)
+    state.share_box()
 
 
 def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, zmax) -> None:
@@ -198,7 +199,6 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
         key="head",
         what=f"weights of {res.layout.layer_label(layer)}, head {head}",
     )
-    state.share_box()
 
 
 def main() -> None:
