@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, export, models, shell, state, views
+from ui import attention, export, flow, models, shell, state, views
 from ui.params import ExplorerParams, OverviewParams
 from ui.text import md
 
@@ -40,7 +40,8 @@ def main() -> None:
     hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=frame.token)
     if hm is None:
         shell.stop()
-    head_finder(hm, stack, explorer)
+    head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
+    flow.rollout_section(lm.spec, res, ref.key, stack, cmap, frame.token)
     state.share_box()
 
 
@@ -123,9 +124,9 @@ def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool,
     return hm
 
 
-def head_finder(hm, stack: Stack, explorer: ExplorerParams) -> None:
+def head_finder(hm, stack: Stack, explorer: ExplorerParams, kv: list[int] | None) -> None:
     """The heads sorted by a statistic, each with a link to the explorer (``explorer`` with the
-    row's layer and head)."""
+    row's layer and head); the KV head of each only with GQA (``kv``)."""
     present = list(hm.metrics)
     st.subheader("Head finder")
     metric = state.choose("metric", present, "metric")
@@ -142,7 +143,7 @@ def head_finder(hm, stack: Stack, explorer: ExplorerParams) -> None:
     table = {
         "layer": [r["layer"] for r in rows],
         "head": [r["head"] for r in rows],
-        "kv head": [r["kv_head"] for r in rows],
+        **({"kv head": [r["kv_head"] for r in rows]} if kv else {}),  # only where heads share K/V
         **({"open": [explorer_link(int(r["layer"]), int(r["head"])) for r in rows]} if linked else {}),
         **{m: [round(float(r[m]), 4) for r in rows] for m in present},
     }
