@@ -132,6 +132,7 @@ def view(ref: models.ResultRef) -> None:
         picked = views.clicked(event, "grid_chart")
         if picked and int(picked[0]) != head:
             state.put("head", int(picked[0]))
+            st.rerun()  # redraw the grid with the new head framed
         st.caption("Click a head's corner square to show it big. " + scale_note)
     with right:
         head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax)
