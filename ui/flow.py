@@ -1,0 +1,64 @@
+"""The rollout section of the model overview: a token strip and a layer × token flow map."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz import figures as F
+from attnviz.figures.flow import flow_map, token_strip
+from attnviz.layout import Stack
+from attnviz.result import AttentionResult
+from attnviz.rollout import TokenRollout, token_rollout
+from ui import export, models
+
+
+def rollout_of(res: AttentionResult, key: tuple, stack: Stack, token: int, sink_aware: bool) -> TokenRollout:
+    """`attnviz.rollout.token_rollout`, cached per result, token and variant."""
+    return models.cached(
+        "rollout",
+        (key, stack, token, sink_aware),
+        lambda: token_rollout(res, token, stack=stack, sink_aware=sink_aware),
+        nbytes=lambda r: r.sources.nbytes,
+    )
+
+
+def rollout_section(
+    spec: str, res: AttentionResult, key: tuple, stack: Stack, cmap: str, token: str | None
+) -> None:
+    """Pick a token (default: the last); draw where its information comes from, layer by layer."""
+    st.subheader("Where a token's information comes from (attention rollout)")
+    if stack == "cross":
+        st.caption("Rollout follows self-attention; pick the encoder or decoder stack.")
+        return
+    labels = res.axes(stack)[0].labels
+    n = len(labels)
+    c1, c2 = st.columns([3, 2])
+    with c1:
+        picked = st.selectbox(
+            "Token", list(range(n)), index=n - 1, key="rollout_token", format_func=lambda i: labels[i]
+        )
+    with c2:
+        sink_aware = st.toggle(
+            "Without the first token",
+            key="rollout_sink",
+            help="Drop the first token (the attention sink) from every head and renormalise.",
+        )
+    with models.guarded("computing the rollout", token):
+        with st.spinner("Rolling out…", show_time=True):
+            roll = rollout_of(res, key, stack, int(picked), bool(sink_aware))
+        fused = sum(p == "fused" for p in roll.paths)
+        st.caption(
+            f"Rollout (Abnar & Zuidema): per layer A = ½ mean over heads + ½ identity. "
+            f"The strip is the token's row of A_last ⋯ A_first; the map shows, at the input of each "
+            f"layer, how much of each token ends up in it. {fused} of {len(roll.paths)} layers from "
+            "the fused kernels, the rest exact from the probabilities."
+        )
+        name = labels[roll.token]
+        strip = token_strip(roll.rollout, labels, title=f"sources of {name}", colorscale=cmap)
+        export.chart(strip, F.figure_name(spec, "rollout", roll.token), key="rollout_strip")
+        layer_names = [res.layout.layer_label(i) for i in range(len(roll.paths))]
+        flow = flow_map(
+            roll.sources, labels, title=f"flow into {name}, layer by layer", layer_names=layer_names,
+            colorscale=cmap,
+        )  # fmt: skip
+        export.chart(flow, F.figure_name(spec, "flow", roll.token), key="rollout_flow")
