@@ -138,6 +138,15 @@ def _parser() -> argparse.ArgumentParser:
         "--generate", type=non_negative_int, default=0, metavar="K", help="greedily generate K tokens"
     )
     ex.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS)
+    ex.add_argument(
+        "--verify",
+        nargs="?",
+        const="true",
+        default=None,
+        metavar="LAYER",
+        help="recompute one layer (the middle one, or LAYER) with transformers' eager attention and "
+        "fail on a mismatch",
+    )
 
     info = sub.add_parser("info", help="the attention layout of a model")
     model_args(info)
@@ -151,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="auto", type=device_name)
     bench.add_argument("--no-write", action="store_true", help="print only")
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
+    bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 
@@ -166,7 +176,13 @@ def _extract(args) -> int:
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, revision=args.revision)
     res = extract(
-        lm, args.text, path=args.path, chat=args.chat, generate=args.generate, max_tokens=args.max_tokens
+        lm,
+        args.text,
+        path=args.path,
+        chat=args.chat,
+        generate=args.generate,
+        max_tokens=args.max_tokens,
+        verify=False if args.verify is None else args.verify,
     )
     arrays: dict[str, np.ndarray] = {
         "tokens": np.array(res.tokens.display, dtype=str),
@@ -191,6 +207,8 @@ def _extract(args) -> int:
     sys.stdout.write(
         f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path})\n"
     )
+    if res.check is not None:
+        sys.stdout.write(res.check.caption() + "\n")
     return 0
 
 
