@@ -17,7 +17,7 @@ import urllib.parse
 
 import numpy as np
 import pytest
-from server import OUTPUT, alerts, charts, chromium, streamlit_server, tick_labels, wait_idle
+from server import OUTPUT, alerts, charts, chromium, reran, streamlit_server, tick_labels, wait_idle
 from test_robustness import BY_ID, PHISH
 
 import attnviz
@@ -98,12 +98,12 @@ def test_default_view_layer_head_and_share_link(server, browser, page):
 
     layer = page.locator('input[type="range"][aria-label="Layer"]')
     layer.focus()
-    for _ in range(7):
-        page.keyboard.press("ArrowRight")
-    wait_idle(page)
-    page.locator('input[role="combobox"][aria-label="Head"]').click()
-    page.get_by_role("option", name=re.compile(r"^head 4\b")).click()
-    wait_idle(page)
+    with reran(page):  # waits for the run the key presses caused, not a fixed time
+        for _ in range(7):
+            page.keyboard.press("ArrowRight")
+    with reran(page):
+        page.locator('input[role="combobox"][aria-label="Head"]').click()
+        page.get_by_role("option", name=re.compile(r"^head 4\b")).click()
     page.wait_for_function("() => /layer=7/.test(location.search) && /head=4/.test(location.search)")
     changed = head_view(page)
     assert "layer 7 · head 4" in changed["title"], changed["title"]

@@ -134,6 +134,7 @@ def test_cell_display_escapes_token_text():
     assert " ".join(res.tokens.display[:12]) in parsed.text
 
 
+@pytest.mark.slow  # a 4,500-token extract and three pooled figures (~10 s on 2 cores)
 def test_cell_display_of_1000_plus_tokens_is_under_5_mb():
     lm = tiny.loaded("llama-gqa")
     text = " ".join(f"word{i % 97}" for i in range(400))

@@ -787,8 +787,15 @@ def assert_renders(at: AppTest, text: str) -> None:
         if re.search(r"layer \d+ · head \d+", (s["layout"].get("title") or {}).get("text", ""))
     ]
     assert head, "no single-head view"
-    heat = next(t for t in head[0]["data"] if t.get("type") == "heatmap")
-    assert list(heat["x"]) == [html.escape(s, quote=False) for s in labels], "labels not escaped for Plotly"
+    escaped = [html.escape(s, quote=False) for s in labels]
+    heats = [
+        t
+        for s in specs
+        for t in s["data"]
+        if t.get("type") == "heatmap" and len(t.get("x", [])) == len(labels)
+    ]
+    assert heats, "no token heatmap"
+    assert all(list(h["x"]) == escaped for h in heats), "labels not escaped for Plotly"
 
 
 def recover(at: AppTest) -> None:

@@ -22,6 +22,7 @@ from streamlit.delta_generator import DeltaGenerator
 from attnviz import AttentionResult, LoadedModel
 from ui import logs, models, sidebar, state
 from ui.params import (
+    AtlasParams,
     CompareParams,
     ExplorerParams,
     GenerationParams,
@@ -47,6 +48,7 @@ PAGES: tuple[PageEntry, ...] = (
     PageEntry("pages/2_From_scratch.py", ScratchParams, ":material/calculate:", "From_scratch"),
     PageEntry("pages/3_Compare.py", CompareParams, ":material/compare:", "Compare"),
     PageEntry("pages/4_Generation.py", GenerationParams, ":material/edit_note:", "Generation"),
+    PageEntry("pages/5_Head_atlas.py", AtlasParams, ":material/travel_explore:", "Head_atlas"),
 )
 
 
