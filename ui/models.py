@@ -236,7 +236,9 @@ def extract(
     what = f"generating {generate} tokens with {name}" if generate else f"running {name} on the text"
     with guarded(what, token, (lm.spec, text)):
         with st.spinner(f"{what[0].upper()}{what[1:]}…", show_time=True), _turn():
-            res = attnviz.extract(lm, text, chat=chat, generate=generate, max_tokens=config().max_tokens)
+            res = attnviz.extract(
+                lm, text, chat=chat, generate=generate, max_tokens=config().max_tokens, verify="auto"
+            )
         cache.put(key, res, res.nbytes)
         return res, ref
     return None, None
