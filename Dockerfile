@@ -24,18 +24,23 @@ RUN groupadd --gid 1000 app \
  && chown -R 1000:1000 /data /opt/attnviz
 WORKDIR /app
 
-# The same install script `make test` runs (make test -> make dev -> scripts/install.sh).
-# Only the files it reads are copied first, so code edits do not re-install torch.
+# The same install script `make test` runs (make test -> make dev -> scripts/install.sh), for the
+# pinned dependencies only: just the files it reads are copied first, so code edits do not
+# re-install torch.
 COPY requirements.txt requirements-dev.txt ./
 COPY scripts/install.sh scripts/install.sh
 RUN case "$TORCH" in \
-      cuda) bash scripts/install.sh --cuda ;; \
-      cpu) TORCH_INDEX=https://download.pytorch.org/whl/cpu bash scripts/install.sh ;; \
+      cuda) bash scripts/install.sh --cuda --deps-only ;; \
+      cpu) TORCH_INDEX=https://download.pytorch.org/whl/cpu bash scripts/install.sh --deps-only ;; \
       *) echo "TORCH must be cpu or cuda, got '$TORCH'" >&2; exit 2 ;; \
     esac
 
-# Code is root-owned and read-only to the app user.
+# Code is root-owned and read-only to the app user. The project is installed the way users
+# install it (a wheel built from the checkout; dependencies are already in place), which also
+# puts the `attnviz` command on PATH.
 COPY . .
+RUN python -m pip install --no-deps . \
+ && python -I -c "import attnviz; assert 'site-packages' in attnviz.__file__, attnviz.__file__"
 USER 1000:1000
 
 # Bake the built-in models in, pre-converted (SmolLM2's GGUF is de-quantized once, here),

@@ -4,10 +4,12 @@ import attnviz
 lm = attnviz.load_model("smollm2-135m")
 res = attnviz.extract(lm, "the financial bank is located on river bank")
 res.head(3, 0)            # (N, N) float32 probabilities of layer 3, head 0
+attnviz.head_view(res)    # plotly figure of every head (a notebook cell also shows `res` itself)
 """
 
 import logging
 
+from ._version import __version__
 from .errors import (
     AttnvizError,
     BadIndex,
@@ -24,6 +26,7 @@ from .errors import (
 from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
+from .notebook import head_view, model_view
 from .result import AttentionResult
 from .tokens import Tokens
 
@@ -49,9 +52,12 @@ __all__ = [
     "OutOfMemory",
     "Tokens",
     "UnsafeWeights",
+    "__version__",
     "extract",
     "extract_ids",
+    "head_view",
     "load_model",
+    "model_view",
     "tokenize",
     "wrap_model",
 ]

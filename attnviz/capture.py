@@ -20,6 +20,26 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 IMPLEMENTATION = "attnviz"
+# Keyword arguments of an attention call that the capture models (or that do not change the
+# probabilities: the mask already holds the sliding window; flash-only varlen arguments).
+MODELLED_KWARGS = frozenset(
+    {
+        "softcap",
+        "position_bias",
+        "s_aux",
+        "is_causal",
+        "sliding_window",
+        "output_attentions",
+        "position_ids",
+        "cache_position",
+        "use_cache",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "deterministic",
+    }
+)
 
 
 @dataclass
@@ -35,12 +55,13 @@ class CapturedAttention:
     softcap: float | None = None
     position_bias: torch.Tensor | None = None  # T5-style additive bias (1, heads, q_pos, key_pos)
     value: torch.Tensor | None = None  # (1, kv_heads, key_pos, d_head), before GQA repetition
+    sinks: torch.Tensor | None = None  # (heads,) learned sink logits in the softmax (GPT-OSS `s_aux`)
 
     @property
     def nbytes(self) -> int:
         return sum(
             t.numel() * t.element_size()
-            for t in (self.query, self.key, self.mask, self.position_bias, self.value)
+            for t in (self.query, self.key, self.mask, self.position_bias, self.value, self.sinks)
             if t is not None
         )
 
@@ -51,8 +72,13 @@ class Recorder:
 
     names: dict[int, str]
     calls: list[CapturedAttention] = field(default_factory=list)
+    # Keyword arguments some call passed that the capture does not model (their probabilities
+    # cannot be recomputed from Q and K): `extract` then runs the exact layer-at-a-time path.
+    unsupported: set[str] = field(default_factory=set)
 
-    def record(self, module, query, key, mask, scaling, is_causal, softcap, position_bias, value=None) -> None:
+    def record(
+        self, module, query, key, mask, scaling, is_causal, softcap, position_bias, value=None, sinks=None
+    ) -> None:
         self.calls.append(
             CapturedAttention(
                 module_name=self.names.get(id(module), type(module).__name__),
@@ -64,8 +90,17 @@ class Recorder:
                 softcap=None if softcap is None else float(softcap),
                 position_bias=None if position_bias is None else position_bias.detach(),
                 value=None if value is None else value.detach(),
+                sinks=None if sinks is None else sinks.detach().float().reshape(-1),
             )
         )
+
+
+def _changes_probabilities(name: str, value) -> bool:
+    """Whether an attention keyword argument may change the probabilities beyond what we model
+    (output flags such as ``output_router_logits`` do not)."""
+    if value is None or name in MODELLED_KWARGS:
+        return False
+    return not (isinstance(value, bool) and name.startswith(("output_", "return_", "use_")))
 
 
 _ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_recorder", default=None)
@@ -125,8 +160,12 @@ def softmax_fp32(scores: torch.Tensor) -> torch.Tensor:
     return s.div_(s.sum(dim=-1, keepdim=True))
 
 
-def _eager_output(module, query, key, value, mask, scaling, softcap, position_bias, is_causal):
-    """Eager attention output (1, q_pos, heads, d_head), computed in query chunks to bound memory."""
+def _eager_output(module, query, key, value, mask, scaling, softcap, position_bias, is_causal, sinks=None):
+    """Eager attention output (1, q_pos, heads, d_head), computed in query chunks to bound memory.
+
+    ``sinks`` (heads,) are learned logits that join each row's softmax and are then dropped
+    (GPT-OSS): the visible keys' weights sum to less than 1, as in the model's eager attention.
+    """
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
@@ -145,8 +184,14 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
             is_causal=is_causal,
             q_offset=start,
         )
-        # torch's own softmax, as eager: later layers then see eager's hidden states bit for bit
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        if sinks is not None:  # GPT-OSS order: concat the sink logit, subtract the max, softmax, drop it
+            sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+            combined = torch.cat([scores, sink], dim=-1)
+            combined = combined - combined.amax(dim=-1, keepdim=True)
+            probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(query.dtype)
+        else:
+            # torch's own softmax, as eager: later layers then see eager's hidden states bit for bit
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out.append(torch.matmul(probs, value))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous()
 
@@ -164,18 +209,22 @@ def attnviz_attention(
     """Drop-in for transformers' SDPA attention that also records Q and K when asked."""
     softcap = kwargs.get("softcap")
     position_bias = kwargs.get("position_bias")
+    sinks = kwargs.get("s_aux")
     is_causal = kwargs.get("is_causal")
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     recorder = _ACTIVE.get()
     if recorder is not None:
-        recorder.record(module, query, key, attention_mask, scale, is_causal, softcap, position_bias, value)
-    if softcap is not None or position_bias is not None:
+        recorder.unsupported.update(k for k, v in kwargs.items() if _changes_probabilities(k, v))
+        recorder.record(
+            module, query, key, attention_mask, scale, is_causal, softcap, position_bias, value, sinks
+        )
+    if softcap is not None or position_bias is not None or sinks is not None:
         # SDPA has no soft-capping, and with a position bias it runs its math kernel anyway:
         # use eager's exact order of operations so later layers see eager's hidden states.
         output = _eager_output(
-            module, query, key, value, attention_mask, scale, softcap, position_bias, is_causal
+            module, query, key, value, attention_mask, scale, softcap, position_bias, is_causal, sinks
         )
         return output, None
     kwargs.pop("output_attentions", None)

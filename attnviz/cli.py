@@ -1,14 +1,21 @@
-"""`python -m attnviz`: extract, info, bench, warmup. Bad arguments: one line, non-zero exit."""
+"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app.
+
+Every argument is checked where it is parsed (the ``type=`` functions below): a bad one is one
+line on stderr and exit status 2; an engine error (AttnvizError) is one line and status 1.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from ._version import __version__
 from .errors import AttnvizError
 from .extract import DEFAULT_MAX_TOKENS, PATHS
 
@@ -19,49 +26,163 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def token_sizes(text: str) -> str:
+    """ "256, 1024" -> "256,1024": comma-separated token counts, each 1 or more."""
+    parts = [s.strip() for s in text.split(",") if s.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("give comma-separated token counts, e.g. 256,1024")
+    try:
+        return ",".join(str(positive_int(s)) for s in parts)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err}; give comma-separated token counts") from None
+
+
+def dtype_name(text: str) -> str:
+    import torch
+
+    from .errors import AttnvizError
+    from .loading import resolve_dtype
+
+    try:
+        resolve_dtype(text, torch.device("cpu"))
+    except AttnvizError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def some_text(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the text is empty; give some words")
+    return text
+
+
+def device_name(text: str) -> str:
+    """A device that exists here (the engine's rule: a missing device is an error, no fallback)."""
+    from .errors import AttnvizError
+    from .loading import resolve_device
+
+    try:
+        resolve_device(text)
+    except AttnvizError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def writable_file(text: str) -> Path:
+    """An output file whose folder exists (or can be made) and can be written to, checked before
+    the model loads. Probed by creating a temporary file, so it also holds for root."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(folder)!r} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(folder)!r}: {reason}") from None
+    return path
+
+
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1..65535)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m attnviz", description="Look inside transformer attention.")
+    p = _Parser(prog="attnviz", description="Look inside transformer attention.")
+    p.add_argument("--version", action="version", version=f"attnviz {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def model_args(sp):
         sp.add_argument("--model", required=True, help="built-in name, Hub id or local folder")
-        sp.add_argument("--device", default="auto", help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:1, mps")
-        sp.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+        sp.add_argument(
+            "--device", default="auto", type=device_name, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:1, mps"
+        )
+        sp.add_argument("--dtype", default="auto", type=dtype_name, help="auto, float32, bfloat16, float16")
         sp.add_argument("--revision", default=None)
 
     ex = sub.add_parser("extract", help="attention of a model on a text, saved as .npz")
     model_args(ex)
-    ex.add_argument("--text", required=True)
-    ex.add_argument("--out", required=True, type=Path, help="output .npz file")
+    ex.add_argument("--text", required=True, type=some_text)
+    ex.add_argument("--out", required=True, type=writable_file, help="output .npz file")
     ex.add_argument("--path", default="fast", choices=PATHS)
     ex.add_argument("--chat", action="store_true", help="wrap the text in the chat template")
-    ex.add_argument("--generate", type=int, default=0, metavar="K", help="greedily generate K tokens")
-    ex.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS)
+    ex.add_argument(
+        "--generate", type=non_negative_int, default=0, metavar="K", help="greedily generate K tokens"
+    )
+    ex.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS)
+    ex.add_argument(
+        "--verify",
+        nargs="?",
+        const="true",
+        default=None,
+        metavar="LAYER",
+        help="recompute one layer (the middle one, or LAYER) with transformers' eager attention and "
+        "fail on a mismatch",
+    )
 
     info = sub.add_parser("info", help="the attention layout of a model")
     model_args(info)
 
     bench = sub.add_parser("bench", help="fast path vs SDPA floor vs eager; writes docs/benchmarks.md")
-    bench.add_argument("--sizes", default="256,1024,2048,4096,8192", help="comma-separated token counts")
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
-    bench.add_argument("--device", default="auto")
+    bench.add_argument(
+        "--sizes", default="256,1024,2048,4096,8192", type=token_sizes, help="comma-separated token counts"
+    )
+    bench.add_argument("--repeats", type=positive_int, default=3)
+    bench.add_argument("--out", type=writable_file, default=Path("docs/benchmarks.md"))
+    bench.add_argument("--device", default="auto", type=device_name)
     bench.add_argument("--no-write", action="store_true", help="print only")
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
+
+    app = sub.add_parser("app", help="start the web app (Streamlit) from the installed package")
+    app.add_argument("--port", type=port_number, default=8501)
+    app.add_argument("--address", default="localhost", help="0.0.0.0 to serve other machines")
+    app.add_argument("--browser", action="store_true", help="open a browser tab")
     return p
 
 
 def _extract(args) -> int:
     from . import extract, load_model
 
-    if args.generate < 0:
-        raise AttnvizError("--generate must be 0 or more")
     lm = load_model(args.model, device=args.device, dtype=args.dtype, revision=args.revision)
     res = extract(
-        lm, args.text, path=args.path, chat=args.chat, generate=args.generate, max_tokens=args.max_tokens
+        lm,
+        args.text,
+        path=args.path,
+        chat=args.chat,
+        generate=args.generate,
+        max_tokens=args.max_tokens,
+        verify=False if args.verify is None else args.verify,
     )
     arrays: dict[str, np.ndarray] = {
         "tokens": np.array(res.tokens.display, dtype=str),
@@ -77,12 +198,17 @@ def _extract(args) -> int:
             arrays[f"{stack}_attentions"] = res.all_layers(stack)  # type: ignore[arg-type]
     else:
         arrays["attentions"] = res.all_layers()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
+    except OSError as err:
+        raise AttnvizError(f"cannot write {str(args.out)!r}: {err.strerror or err}") from None
     n = len(res.tokens)
     sys.stdout.write(
         f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path})\n"
     )
+    if res.check is not None:
+        sys.stdout.write(res.check.caption() + "\n")
     return 0
 
 
@@ -137,6 +263,27 @@ def _warmup(args) -> int:
     return 0
 
 
+def _app(args) -> int:
+    """`streamlit run` on the app shipped in the package (attnviz/_app in a wheel, the checkout's
+    app.py in an editable install), with the shipped .streamlit/config.toml as flags (Streamlit
+    reads config files only from the working folder and the home folder)."""
+    import subprocess
+
+    from .app_files import app_script, streamlit_flags
+
+    if importlib.util.find_spec("streamlit") is None:
+        raise AttnvizError('the web app needs Streamlit: pip install "attnviz[app]"')
+    script = app_script()
+    cmd = [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_flags(script.parent)]
+    cmd += [f"--server.port={args.port}", f"--server.address={args.address}"]
+    cmd += [f"--server.headless={'false' if args.browser else 'true'}", "--global.developmentMode=false"]
+    sys.stderr.write(f"attnviz: serving {script} on http://{args.address}:{args.port}\n")
+    try:
+        return subprocess.run(cmd, check=False).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
@@ -147,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             return _info(args)
         if args.command == "warmup":
             return _warmup(args)
+        if args.command == "app":
+            return _app(args)
         from .bench import run_bench
 
         return run_bench(args)

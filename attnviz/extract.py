@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any, Literal, get_args
 
 import torch
 
+from . import layerwise
 from .capture import IMPLEMENTATION, CapturedAttention, recording
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
+from .layerwise import LayerInput
 from .loading import LoadedModel, is_out_of_memory
+from .probe import decoder_start, eager_attentions
 from .result import AttentionResult
 from .tokens import Tokens
+from .verify import VerifyArg, pick_layer, self_check
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +28,8 @@ PathName = Literal["fast", "eager"]
 PATHS: tuple[str, ...] = get_args(PathName)
 DEFAULT_MAX_TOKENS = 8192
 _SENTINEL = "\u27e6attnviz\u27e7"
-_CROSS_NAMES = ("encoder_attn", "crossattention", "EncDecAttention", "cross_attn")
+FAST_METHOD = "fast exact"
+AUTO_VERIFY_TOKENS = 1024  # verify="auto": one layer's (heads, N, N) in eager is cheap up to here
 
 
 def _chat_ids(lm: LoadedModel, text: str) -> tuple[list[int], list[bool]]:
@@ -74,27 +82,27 @@ def _forward_kwargs(lm: LoadedModel) -> dict:
     return kwargs
 
 
-def _group(lm: LoadedModel, calls: list[CapturedAttention]) -> dict[str, list[CapturedAttention]]:
-    if lm.layout.kind != "encoder-decoder":
-        return {"self": calls}
-    stacks: dict[str, list[CapturedAttention]] = {"encoder": [], "decoder": [], "cross": []}
+def _group(lm: LoadedModel, calls: list[CapturedAttention]) -> dict[str, list[CapturedAttention]] | None:
+    """Captured calls per stack, in layer order (None: they do not match the model's layers)."""
+    if lm.probe is None:
+        return None
+    stacks: dict[str, list[CapturedAttention | None]] = {
+        s: [None] * len(found) for s, found in lm.probe.sites.items()
+    }
+    seen: Counter[str] = Counter()
     for c in calls:
-        name = c.module_name
-        if any(k in name for k in _CROSS_NAMES):
-            stacks["cross"].append(c)
-        elif "encoder" in name.split(".")[:3] or name.startswith("encoder"):
-            stacks["encoder"].append(c)
-        else:
-            stacks["decoder"].append(c)
-    return stacks
+        where = lm.probe.site_of(c.module_name, seen[c.module_name])
+        seen[c.module_name] += 1
+        if where is None:
+            return None
+        stacks[where[0]][where[1]] = c
+    if any(c is None for found in stacks.values() for c in found):
+        return None
+    return {s: [c for c in found if c is not None] for s, found in stacks.items()}
 
 
 def _decoder_start(lm: LoadedModel) -> int:
-    cfg = lm.model.config
-    start = getattr(cfg, "decoder_start_token_id", None)
-    if start is None:
-        start = getattr(cfg, "pad_token_id", None) or 0
-    return int(start)
+    return decoder_start(lm.model.config)
 
 
 def extract(
@@ -105,6 +113,7 @@ def extract(
     chat: bool = False,
     generate: int = 0,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    verify: VerifyArg = False,
 ) -> AttentionResult:
     """Attention of ``lm`` on ``text``.
 
@@ -114,9 +123,14 @@ def extract(
     fp32. ``generate=k`` greedily generates k tokens first and returns the attention of prompt +
     generation. Encoder-decoder models without generation feed the decoder the same text shifted
     right (teacher forcing). Texts over ``max_tokens`` tokens are refused, never truncated.
+    ``verify`` (True, "auto" or a layer index) recomputes one layer with transformers' own eager
+    attention on the same layer input and records max |Δ| in ``result.check``; a mismatch above
+    the dtype's tolerance raises. "auto" checks only where it is cheap (<= 1024 tokens).
     """
     ids, template = tokenize(lm, text, chat=chat)
-    return extract_ids(lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens)
+    return extract_ids(
+        lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens, verify=verify
+    )
 
 
 def extract_ids(
@@ -127,6 +141,7 @@ def extract_ids(
     template: list[bool] | None = None,
     generate: int = 0,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    verify: VerifyArg = False,
 ) -> AttentionResult:
     """`extract` on token ids you already have (e.g. the induction probe's repeated random ids)."""
     if path not in PATHS:
@@ -173,12 +188,20 @@ def extract_ids(
                 inputs["decoder_input_ids"] = torch.tensor([dec_ids], device=lm.device)
             captured: dict[str, list[CapturedAttention]] = {}
             eager: dict[str, list[torch.Tensor]] = {}
-            used = path if lm.supports_capture else "eager"
-            if used == "fast":
+            layers: dict[str, list[LayerInput]] = {}
+            used, method = path, "eager (all layers)"
+            if path == "fast" and lm.fast_exact:
                 with recording(lm.module_names) as rec:
                     model(**inputs)
-                captured = _group(lm, rec.calls)
-            else:
+                grouped = _group(lm, rec.calls)
+                if grouped is not None and not rec.unsupported:
+                    captured, method = grouped, FAST_METHOD
+                else:  # never silently wrong: this input took a path the capture does not model
+                    log.warning("%s: the capture did not match the attention layers; exact eager", lm.spec)
+            if path == "fast" and not captured:
+                used, method = "eager", layerwise.METHOD
+                layers = _record_layers(lm, inputs)
+            elif path == "eager":
                 eager = _run_eager(lm, inputs)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
         if not is_out_of_memory(err):
@@ -193,46 +216,68 @@ def extract_ids(
         gen_flags = [False] + [bool(generate)] * (len(dec_ids) - 1)
         decoder_tokens = Tokens.build(tok, dec_ids, generated=gen_flags)
     for stack in lm.layout.stacks:
-        got = len(captured.get(stack, eager.get(stack, [])))
+        got = len(captured.get(stack, eager.get(stack, layers.get(stack, []))))
         if got != lm.layout.layers_in(stack):
             raise AttnvizError(
-                f"internal: captured {got} {stack} attention layers, expected "
-                f"{lm.layout.layers_in(stack)} ({lm.layout.model_type}); please report this model"
+                f"this {lm.layout.model_type!r} model returned {got} {stack} attention maps for this "
+                f"input where it has {lm.layout.layers_in(stack)} attention layers; attnviz cannot "
+                "tell which map belongs to which layer, so it shows none"
             )
     seconds = time.perf_counter() - t0
     log.info("extract model=%s tokens=%d path=%s seconds=%.3f", lm.spec, len(ids), used, seconds)
-    return AttentionResult(
+    result = AttentionResult(
         model_name=lm.spec,
         layout=lm.layout,
         tokens=tokens,
         path=used,
+        method=method,
         decoder_tokens=decoder_tokens,
         _captured=captured,
         _eager=eager,
+        _layers=layers,
+        _recompute=_eager_mode(lm) if layers else None,
         seconds=seconds,
     )
+    if verify == "auto" and (len(ids) > AUTO_VERIFY_TOKENS or used != "fast"):
+        verify = False
+    layer = pick_layer(result, verify)
+    if layer is not None:
+        result.check = self_check(lm.model, result, layer)
+    return result
+
+
+@contextlib.contextmanager
+def eager_mode(lm: LoadedModel) -> Iterator[None]:
+    """The model in transformers' eager attention for the block, under ``lm.lock``. Models that
+    cannot switch were loaded eager (never switched: that would lose their causal mask)."""
+    with lm.lock:
+        if not lm.supports_capture:
+            yield
+            return
+        lm.model.set_attn_implementation("eager")
+        try:
+            yield
+        finally:
+            lm.model.set_attn_implementation(IMPLEMENTATION)
+
+
+def _eager_mode(lm: LoadedModel):
+    return lambda: eager_mode(lm)
 
 
 def _run_eager(lm: LoadedModel, inputs: dict) -> dict[str, list[torch.Tensor]]:
     """The model's own eager attention with output_attentions=True (caller holds lm.lock)."""
-    model = lm.model
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        out = model(**inputs, output_attentions=True)
-    finally:
-        model.set_attn_implementation(IMPLEMENTATION if lm.supports_capture else previous)
+    with eager_mode(lm):
+        out = lm.model(**inputs, output_attentions=True)
+    stacks = eager_attentions(out, lm.layout.kind == "encoder-decoder")
+    return {s: [t[0].float() for t in ts] for s, ts in stacks.items()}
 
-    def clean(ts) -> list[torch.Tensor]:
-        return [t[0].float() for t in ts]
 
-    if lm.layout.kind == "encoder-decoder":
-        return {
-            "encoder": clean(out.encoder_attentions),
-            "decoder": clean(out.decoder_attentions),
-            "cross": clean(out.cross_attentions),
-        }
-    return {"self": clean(out.attentions)}
+def _record_layers(lm: LoadedModel, inputs: dict) -> dict[str, list[LayerInput]]:
+    """One eager forward keeping each attention module's inputs (caller holds lm.lock)."""
+    assert lm.probe is not None
+    with eager_mode(lm):
+        return layerwise.record(lm.model, lm.probe.sites, lambda: lm.model(**inputs))
 
 
 def _free() -> None:

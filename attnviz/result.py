@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,10 +11,34 @@ import torch
 
 from .capture import CapturedAttention, attention_scores, softmax_fp32
 from .errors import BadIndex
+from .layerwise import LayerInput
 from .layout import AttentionLayout, Stack
 from .tokens import Tokens
 
 Path = str  # "fast" | "eager"
+# Model types whose attention has learned sinks in the softmax (rows of visible keys sum to < 1).
+SINK_MODELS = frozenset(
+    {"gpt_oss", "flint", "granite_swa", "granitemoe_swa", "hy_v4", "mimo_v2_flash", "deepseek_v4"}
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The self-check: one layer recomputed by transformers' own eager attention on the same input."""
+
+    stack: str
+    layer: int
+    max_abs_diff: float
+    dtype: str  # e.g. "float32"
+    tolerance: float
+    against: str = "transformers' eager attention on the same layer input"
+
+    def caption(self) -> str:
+        """e.g. "checked against eager: max |Δ| 3e-08, float32 (self layer 1)"."""
+        if self.against == "eager itself":
+            return f"eager's own probabilities (one layer at a time), {self.dtype}"
+        where = f"{self.stack} layer {self.layer}"
+        return f"checked against eager: max |Δ| {self.max_abs_diff:.0e}, {self.dtype} ({where})"
 
 
 def probs_from_capture(
@@ -42,7 +67,7 @@ def probs_from_capture(
     if cap.mask is not None:
         m = cap.mask[0]
         mask = (m[head_idx] if m.shape[0] > 1 else m)[:, rows]
-    if mask is None and bias is None and cap.is_causal and q.shape[1] > _CAUSAL_BLOCK:
+    if mask is None and bias is None and cap.sinks is None and cap.is_causal and q.shape[1] > _CAUSAL_BLOCK:
         return _causal_blocks(q, k, cap, start)
     scores = attention_scores(
         q,
@@ -54,6 +79,15 @@ def probs_from_capture(
         is_causal=cap.is_causal,
         q_offset=start,
     )
+    if cap.sinks is not None:
+        # The sink logit joins each row's softmax and is dropped: visible keys sum to < 1.
+        sink = (
+            cap.sinks.to(scores.device)[head_idx]
+            .to(scores.dtype)
+            .reshape(-1, 1, 1)
+            .expand(*scores.shape[:-1], 1)
+        )
+        return softmax_fp32(torch.cat([scores, sink], dim=-1))[..., :-1]
     return softmax_fp32(scores)
 
 
@@ -99,6 +133,13 @@ class AttentionResult:
     _captured: dict[str, list[CapturedAttention]] = field(default_factory=dict, repr=False)
     _eager: dict[str, list[torch.Tensor]] = field(default_factory=dict, repr=False)
     seconds: float = 0.0
+    # How the probabilities are computed: "fast exact" (captured Q/K), "eager exact (one layer at
+    # a time)" (the model's eager attention module re-run on one layer's recorded input), or
+    # "eager (all layers)" (output_attentions=True).
+    method: str = ""
+    _layers: dict[str, list[LayerInput]] = field(default_factory=dict, repr=False)
+    _recompute: Callable[[], AbstractContextManager] | None = field(default=None, repr=False)
+    check: Check | None = None  # the self-check against eager, when `extract(verify=...)` ran it
 
     @property
     def stacks(self) -> tuple[Stack, ...]:
@@ -153,10 +194,30 @@ class AttentionResult:
         self._check(layer, heads, stack)
         if self._eager:
             t = self._eager[stack][layer]
-            if heads is not None:
-                t = t[list(heads)]
-            return t[:, rows or slice(None)]
-        return probs_from_capture(self._captured[stack][layer], heads, rows)
+        elif self._layers:
+            assert self._recompute is not None
+            with self._recompute():
+                t = self._layers[stack][layer].probabilities()
+        else:
+            return probs_from_capture(self._captured[stack][layer], heads, rows)
+        if heads is not None:
+            t = t[list(heads)]
+        return t[:, rows or slice(None)]
+
+    def sink_share(
+        self, layer: int, heads: Sequence[int] | None = None, *, stack: Stack | None = None
+    ) -> np.ndarray:
+        """float32 (heads, query_pos): the probability each row gives the learned attention sink
+        (GPT-OSS), i.e. 1 - the row's sum over visible keys; all 0 for models without sinks."""
+        probs = self.layer_tensor(layer, heads=heads, stack=stack)
+        return (1.0 - probs.sum(-1)).clamp_(min=0.0).cpu().numpy()
+
+    @property
+    def has_sinks(self) -> bool:
+        """Whether rows give part of their probability to learned sinks (rows sum to < 1)."""
+        return any(c.sinks is not None for caps in self._captured.values() for c in caps) or (
+            self.layout.model_type in SINK_MODELS
+        )
 
     def layer(self, layer: int, *, stack: Stack | None = None, rows: slice | None = None) -> np.ndarray:
         """float32 (heads, query_pos, key_pos) for one layer."""
@@ -178,6 +239,12 @@ class AttentionResult:
         """float32 (layers, heads, query_pos, key_pos): the full stack (big; for export)."""
         return np.stack([t.cpu().numpy() for _, t in self.iter_layers(stack)])
 
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """A notebook cell shows a summary and the head view (attnviz/notebook.py)."""
+        from .notebook import mimebundle
+
+        return mimebundle(self)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by this result (captured Q/K/masks, or eager tensors)."""
@@ -191,4 +258,10 @@ class AttentionResult:
                         total += t.numel() * t.element_size()
         for tensors in self._eager.values():
             total += sum(t.numel() * t.element_size() for t in tensors)
+        for inputs in self._layers.values():  # a mask shared by every layer counts once
+            for i in inputs:
+                for t in i.tensors():
+                    if id(t) not in seen:
+                        seen.add(id(t))
+                        total += t.numel() * t.element_size()
         return total

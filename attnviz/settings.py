@@ -45,13 +45,6 @@ class Settings:
         extra = tuple(m for m in self.allowed_models if m not in BUILTIN_MODELS)
         return (*BUILTIN_MODELS, *extra) if not self.demo else tuple(self.allowed_models)
 
-    def check_model(self, spec: str) -> None:
-        """Raise NotAllowed (or ModelNotFound for a malformed name) if this server may not load
-        ``spec``; the rules live in `attnviz.specs`."""
-        from .specs import resolve  # specs imports this module
-
-        resolve(spec, self)
-
 
 def settings() -> Settings:
     """Read the settings now (cheap; re-read so tests and restarts see changes)."""

@@ -137,3 +137,53 @@ def layer_value_weighted(
 ) -> np.ndarray:
     """Value-weighted attention of a whole layer reduced over heads: float32 (query_pos, key_pos)."""
     return reduce_heads(value_weighted(lm, result, layer, stack=stack), how)
+
+
+class ValueWeighted:
+    """A result whose attention is value-weighted: ``layer_tensor`` / ``layer`` / ``head`` give
+    α_ij · ‖W_O^h v_j^h‖ instead of α_ij, so any view of a result can show it unchanged.
+
+    ``relative=True`` divides each layer by its largest key norm (over heads and keys), so the
+    numbers lie in [0, 1] like weights (what colour scales expect); ``False`` keeps hidden-state
+    units. Everything else (tokens, layout, axes ...) is the wrapped result's.
+    """
+
+    def __init__(self, lm: LoadedModel, result: AttentionResult, *, relative: bool = True) -> None:
+        self.result = result
+        self.relative = relative
+        self._lm = lm
+        self._norms: dict[tuple[int, Stack], torch.Tensor] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.result, name)
+
+    def norms(self, layer: int, stack: Stack | None = None) -> torch.Tensor:
+        """(heads, key_pos) key norms of a layer (relative to the largest when ``relative``)."""
+        st = self.result._stack(stack)
+        if (layer, st) not in self._norms:
+            n = key_norms(self._lm, self.result, layer, stack=st)
+            if self.relative:
+                n = n / n.max().clamp(min=torch.finfo(n.dtype).tiny)
+            self._norms[(layer, st)] = n
+        return self._norms[(layer, st)]
+
+    def layer_tensor(
+        self,
+        layer: int,
+        *,
+        heads: Sequence[int] | None = None,
+        rows: slice | None = None,
+        stack: Stack | None = None,
+    ) -> torch.Tensor:
+        t = self.result.layer_tensor(layer, heads=heads, rows=rows, stack=stack)
+        n = self.norms(layer, stack)
+        n = n if heads is None else n[[int(h) for h in heads]]
+        return t * n[:, None, :].to(t.device)
+
+    def layer(self, layer: int, *, stack: Stack | None = None, rows: slice | None = None) -> np.ndarray:
+        return self.layer_tensor(layer, stack=stack, rows=rows).cpu().numpy()
+
+    def head(
+        self, layer: int, head: int, *, stack: Stack | None = None, rows: slice | None = None
+    ) -> np.ndarray:
+        return self.layer_tensor(layer, heads=[head], stack=stack, rows=rows)[0].cpu().numpy()

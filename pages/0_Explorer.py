@@ -12,7 +12,7 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import attention, export, models, shell, state
+from ui import attention, export, models, shell, state, views
 from ui.params import ExplorerParams
 from ui.text import md
 
@@ -67,8 +67,10 @@ def view(ref: models.ResultRef) -> None:
             else st.number_input("Layer", 0, 0, key="layer")
         )
     with c2:
-        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+        cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
         log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
+        choice = views.scale_picker()
+        perhead = st.toggle("Scale per head", key="perhead", help="Each head on its own colour scale.")
     with c3:
         hide = st.toggle(
             "Hide special tokens",
@@ -81,9 +83,17 @@ def view(ref: models.ResultRef) -> None:
             key="nosink",
             help="Drop key 0 (the first token, where many heads park attention) and renormalise each row.",
         )
+        vw = st.toggle(
+            "Value-weighted",
+            key="vw",
+            help="‖α·W_O v‖ (Kobayashi et al. 2020): each weight times the norm of what that key's "
+            "value adds to the output, relative to the layer's largest; a sink with a tiny value fades.",
+        )
+    shown, key = views.value_weighted(ref, res, vw)
 
     v = attention.View(stack=stack, hide=hide, nosink=nosink)
-    ax = attention.axes(res, v)
+    ax = attention.axes(shown, v)
+    scale, scale_note = views.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)), log=log)
     if len(ax.q_idx) == 0 or len(ax.k_idx) == 0:
         st.info("Every token is hidden by the options above; turn 'Hide special tokens' off.")
         state.share_box()
@@ -94,7 +104,7 @@ def view(ref: models.ResultRef) -> None:
         side = F.grid_side(n_heads, n_tokens=max(len(ax.q_idx), len(ax.k_idx)))
         big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
         with st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext():
-            pooled, q_lab, k_lab = attention.grid(res, ref.key, layer, v, ax, side)
+            pooled, q_lab, k_lab = attention.grid(shown, key, layer, v, ax, side)
         pooled_note = (
             f" · max-pooled to {pooled.shape[1]}×{pooled.shape[2]}"
             if pooled.shape[1:] != (len(ax.q_idx), len(ax.k_idx))
@@ -104,19 +114,37 @@ def view(ref: models.ResultRef) -> None:
         st.markdown(f"**{layer_name.capitalize()}: all {n_heads} heads**{pooled_note}")
         if kv:
             st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
-        grid_fig = F.head_grid(pooled, q_lab, k_lab, kv_heads=kv, colorscale=cmap, log=log)
+        head = state.clamp("head", 0, n_heads - 1, "head")
+        zmax = None if perhead or scale == "rank" else float(pooled.max()) if pooled.size else None
+        grid_fig = F.head_grid(
+            pooled,
+            q_lab,
+            k_lab,
+            kv_heads=kv,
+            colorscale=cmap,
+            scale=scale,
+            zmax=zmax,
+            selected=head,
+            pickable=True,
+        )
         name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}")
-        export.chart(grid_fig, name, key="grid_chart")
+        event = export.chart(grid_fig, name, key="grid_chart", on_select=True)
+        picked = views.clicked(event, "grid_chart")
+        if picked and int(picked[0]) != head:
+            state.put("head", int(picked[0]))
+            st.rerun()  # redraw the grid with the new head framed
+        st.caption("Click a head's corner square to show it big. " + scale_note)
     with right:
-        head_view(ref, stack, layer, v, ax, kv, cmap, log)
+        head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax)
+    st.subheader("Tokens")
+    names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
+    views.token_section(ref, shown, stack, layer, int(state.get("head")), names, scale)
+    state.share_box()
 
 
-@st.fragment
-def head_view(ref: models.ResultRef, stack, layer, v, ax, kv, cmap, log) -> None:
-    """The head selector and the single-head view: a head change redraws only this part."""
-    res = models.result(ref)
-    if res is None:
-        return
+def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, zmax) -> None:
+    """The head selector and the single-head view (a head change redraws the grid too, to move
+    its frame)."""
     n_heads = res.n_heads
     state.clamp("head", 0, n_heads - 1, "head")
     n_q, n_k = len(ax.q_idx), len(ax.k_idx)
@@ -136,10 +164,12 @@ def head_view(ref: models.ResultRef, stack, layer, v, ax, kv, cmap, log) -> None
         title += f" · {stack}"
 
     def figure(probs: np.ndarray):
-        return F.head_heatmap(probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, log=log)
+        return F.head_heatmap(
+            probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, scale=scale, zmax=zmax
+        )
 
     def rows_now(rows: slice = sel) -> np.ndarray:  # for the downloads: fetched when clicked
-        return attention.head_rows(models.result_now(ref), layer, head, v, ax, rows)
+        return attention.head_rows(models.result_now(ref), layer, head, v, ax, rows)  # raw weights
 
     head_fig = figure(attention.head_rows(res, layer, head, v, ax, sel))
     head_name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}", f"H{head}")
@@ -170,7 +200,6 @@ def head_view(ref: models.ResultRef, stack, layer, v, ax, kv, cmap, log) -> None
         key="head",
         what=f"weights of {res.layout.layer_label(layer)}, head {head}",
     )
-    state.share_box()
 
 
 def main() -> None:

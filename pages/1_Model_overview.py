@@ -5,9 +5,9 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, export, flow, models, shell, state
+from ui import attention, export, flow, models, shell, state, views
 from ui.params import ExplorerParams, OverviewParams
-from ui.text import md
+from ui.text import guarded, md
 
 SHORT = {"previous_token": "prev. token", "diagonal": "self", "gqa_coherence": "GQA coherence"}
 
@@ -35,17 +35,20 @@ def main() -> None:
             help="Also run the model on 50 random tokens repeated twice and score every head on copying "
             "the token after the earlier occurrence (induction heads).",
         )
-    every_head(lm.spec, res, ref.key, stack, cmap, log)
+    explorer = ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack)
+    every_head(lm.spec, res, ref.key, stack, cmap, log, explorer)
     hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=frame.token)
     if hm is None:
         shell.stop()
-    head_finder(hm, stack, ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack))
+    head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
     flow.rollout_section(lm.spec, res, ref.key, stack, cmap, frame.token)
     state.share_box()
 
 
-def every_head(spec: str, res, key: tuple, stack: Stack, cmap: str, log: bool) -> None:
-    """The mosaic of every layer x head."""
+def every_head(
+    spec: str, res, key: tuple, stack: Stack, cmap: str, log: bool, explorer: ExplorerParams
+) -> None:
+    """The mosaic of every layer x head; a click on a tile opens that head in the explorer."""
     n_layers, n_heads = res.n_layers(stack), res.n_heads
     kv = attention.kv_heads(res, stack)
     view = attention.View(stack=stack)
@@ -71,17 +74,26 @@ def every_head(spec: str, res, key: tuple, stack: Stack, cmap: str, log: bool) -
     st.caption(
         f"{across}. Each tile is one head's attention pattern (queries down, keys across){pooled_note}."
     )
-    mosaic = F.model_mosaic(images, colorscale=cmap, log=log, kv_heads=kv, q_labels=q_bins, k_labels=k_bins)
-    export.chart(
-        mosaic, F.figure_name(spec, stack if stack != "self" else "", "all_heads"), key="mosaic_chart"
-    )
+    scale, note = views.scale_for("auto", len(ax.q_idx), log=log)
+    mosaic = F.model_mosaic(
+        images, colorscale=cmap, scale=scale, kv_heads=kv, q_labels=q_bins, k_labels=k_bins, pickable=True,
+        layer_names=[res.layout.layer_label(i) for i in range(n_layers)],
+    )  # fmt: skip
+    name = F.figure_name(spec, stack if stack != "self" else "", "all_heads")
+    event = export.chart(mosaic, name, key="mosaic_chart", on_select=True)
+    st.caption("Click a tile to open that head in the explorer. " + note)
+    picked = views.clicked(event, "mosaic_chart")
+    if picked:
+        state.commit()
+        target = explorer.replace(layer=int(picked[0]), head=int(picked[1])).to_query().params
+        st.switch_page(shell.PAGES[0].file, query_params=target)
 
 
 def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool, token: str | None):
     """One (layer, head) heatmap per statistic; the metrics, or None after an error (shown)."""
     st.subheader("Head statistics")
     hm = None
-    with models.guarded("computing the head statistics", token):
+    with guarded("computing the head statistics", token):
         with st.spinner("Computing the head statistics…", show_time=True):
             hm, note = attention.head_metrics(lm, res, key, stack, induction=induction, token=token)
         if note:
@@ -112,9 +124,9 @@ def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool,
     return hm
 
 
-def head_finder(hm, stack: Stack, explorer: ExplorerParams) -> None:
+def head_finder(hm, stack: Stack, explorer: ExplorerParams, kv: list[int] | None) -> None:
     """The heads sorted by a statistic, each with a link to the explorer (``explorer`` with the
-    row's layer and head)."""
+    row's layer and head); the KV head of each only with GQA (``kv``)."""
     present = list(hm.metrics)
     st.subheader("Head finder")
     metric = state.choose("metric", present, "metric")
@@ -131,7 +143,7 @@ def head_finder(hm, stack: Stack, explorer: ExplorerParams) -> None:
     table = {
         "layer": [r["layer"] for r in rows],
         "head": [r["head"] for r in rows],
-        "kv head": [r["kv_head"] for r in rows],
+        **({"kv head": [r["kv_head"] for r in rows]} if kv else {}),  # only where heads share K/V
         **({"open": [explorer_link(int(r["layer"]), int(r["head"])) for r in rows]} if linked else {}),
         **{m: [round(float(r[m]), 4) for r in rows] for m in present},
     }

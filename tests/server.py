@@ -238,20 +238,71 @@ def chromium() -> Iterator[object]:
 
 
 # -- page helpers --------------------------------------------------------------------------------
-APP_READY_JS = """() => {
+# Installed once per page: counts events in one sequence, so "the last rerun request was sent
+# before the last run finished" is a comparison. A rerun request is a BackMsg whose first field is
+# rerun_script (field 11, wire type 2: first byte 0x5A); other messages (heartbeats) are ignored.
+RUN_TRACKER_JS = """() => {
   const app = document.querySelector('[data-testid="stApp"]');
-  if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
-  return !document.querySelector('[data-testid="stSkeleton"], [data-testid="stStatusWidgetRunningIcon"]');
+  if (!app) return null;
+  if (!window.__attnvizRuns) {
+    const t = window.__attnvizRuns = {seq: 0, rerunSent: -1, finished: -1, runs: 0};
+    const send = WebSocket.prototype.send;
+    WebSocket.prototype.send = function (data) {
+      try {
+        const bytes = data instanceof ArrayBuffer ? new Uint8Array(data)
+          : ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : null;
+        if (bytes && bytes.length && bytes[0] === 0x5a) t.rerunSent = ++t.seq;
+      } catch (e) {}
+      return send.call(this, data);
+    };
+    let last = app.getAttribute('data-test-script-state');
+    if (last === 'notRunning') { t.finished = ++t.seq; t.runs = 1; }
+    new MutationObserver(() => {
+      const now = app.getAttribute('data-test-script-state');
+      if (now !== last && now === 'notRunning') { t.finished = ++t.seq; t.runs += 1; }
+      last = now;
+    }).observe(app, {attributes: true, attributeFilter: ['data-test-script-state']});
+  }
+  return window.__attnvizRuns.runs;
+}"""
+
+IDLE_JS = """after => {
+  const t = window.__attnvizRuns;
+  const app = document.querySelector('[data-testid="stApp"]');
+  if (!t || !app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
+  if (t.rerunSent > t.finished || t.runs <= after) return false;  // a rerun asked for, not done
+  const busy = '[data-testid="stSkeleton"], [data-testid="stStatusWidgetRunningIcon"]';
+  if (document.querySelector(busy)) return false;
+  return Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"]')).every(c => {
+    const gd = c.querySelector('.js-plotly-plot');
+    return gd && gd._fullLayout;
+  });
 }"""
 
 
-def wait_idle(page, timeout_ms: int = 120_000, settle_ms: int = 400) -> None:
-    """Wait until the script run is over and lazy elements (Plotly) are drawn; twice, so that a
-    rerun the first run triggers (URL sync, fragments) is waited for as well."""
+def script_runs(page) -> int:
+    """How many script runs this page has seen finish (installs the tracker on first use)."""
+    page.wait_for_selector('[data-testid="stApp"]')
+    return int(page.evaluate(RUN_TRACKER_JS) or 0)
+
+
+def wait_idle(page, timeout_ms: int = 120_000, *, after: int | None = None) -> None:
+    """Wait on conditions, never a fixed time: the script run is over, every rerun request the
+    page has sent since the tracker was installed has been answered by a finished run (and, with
+    ``after``, more than ``after`` runs have finished), no skeleton or running icon is left, and
+    every Plotly chart is drawn. Use `reran` around an action that must cause a rerun."""
     page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
-    for _ in range(2):
-        page.wait_for_timeout(settle_ms)
-        page.wait_for_function(APP_READY_JS, timeout=timeout_ms)
+    page.wait_for_function(RUN_TRACKER_JS, timeout=timeout_ms)
+    page.wait_for_function(IDLE_JS, arg=-1 if after is None else after, timeout=timeout_ms)
+
+
+@contextlib.contextmanager
+def reran(page, timeout_ms: int = 120_000) -> Iterator[None]:
+    """``with reran(page): page.click(...)``: on exit, wait until a run started after the action
+    has finished and the page is idle."""
+    before = script_runs(page)
+    yield
+    wait_idle(page, timeout_ms, after=before)
 
 
 def tick_labels(page) -> list[str]:

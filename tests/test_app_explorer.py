@@ -1,7 +1,7 @@
 """Explorer page (app.py) through Streamlit's AppTest: figures, share links, options, errors.
 
-Most tests run on the tiny random models of tests/tiny.py, which the app serves as
-``tiny:<arch>`` when ATTNVIZ_TEST_MODELS=1. Tests marked slow use the real built-in model.
+Most tests run on the tiny random models of tests/tiny.py, which conftest.py registers with the
+engine as ``tiny:<arch>`` specs. Tests marked slow use the real built-in model.
 Helpers here are imported by the other test_app_* files.
 """
 
@@ -28,8 +28,7 @@ TIMEOUT = 120
 
 
 def prepare(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Tiny test models allowed, no demo mode, no server token, empty process caches."""
-    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
+    """No demo mode, no server token, empty process caches (conftest serves the tiny models)."""
     for name in ("ATTNVIZ_DEMO", "ATTNVIZ_ALLOWED_MODELS", "ATTNVIZ_MAX_TOKENS", "HF_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     st.cache_resource.clear()
@@ -77,6 +76,13 @@ def z_of(trace: dict) -> np.ndarray:
 def ok(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+def engine(text: str, arch: str = "llama-gqa") -> attnviz.AttentionResult:
+    """What the engine gives for ``text`` on the tiny model (the numbers a page must draw)."""
+    import tiny
+
+    return attnviz.extract(tiny.loaded(arch), text)
 
 
 def labels(text: str, arch: str = "llama-gqa") -> list[str]:
@@ -131,6 +137,14 @@ def test_share_link_restores_layer_head_and_options(env):
     assert at.selectbox(key="cmap").value == "Magma" and at.toggle(key="log").value is True
     head = titled(at, "layer 2 · head 3 ")
     assert "log" in heatmaps(head)[0]["hovertemplate"]
+    # the numbers drawn are the engine's layer 2, head 3 (not layer 0 / head 0 under this title)
+    want = engine(TEXT).layer(2)
+    logged = np.log10(np.maximum(want, 1e-5))  # log colour: log10 of the weight, floored at 1e-5
+    np.testing.assert_allclose(z_of(heatmaps(head)[0]), logged[3], atol=1e-5)
+    grid = heatmaps(specs(at)[0])
+    for h in range(4):
+        np.testing.assert_allclose(z_of(grid[h]), logged[h], atol=1e-5)
+    assert np.abs(want[3] - engine(TEXT).layer(0)[0]).max() > 1e-2  # a wrong head would show
     assert at.query_params["layer"] == "2" and at.query_params["head"] == "3"
     assert "layer=2" in at.code[-1].value and "head=3" in at.code[-1].value  # the share link
 
@@ -142,7 +156,8 @@ def test_the_url_follows_the_widgets(env):
     ok(at)
     assert at.query_params["layer"] == "1" and at.query_params["head"] == "2"
     assert at.query_params["model"] == TINY and at.query_params["text"] == TEXT
-    titled(at, "layer 1 · head 2 ")
+    head = titled(at, "layer 1 · head 2 ")
+    np.testing.assert_allclose(z_of(heatmaps(head)[0]), engine(TEXT).layer(1)[2], atol=1e-6)
 
 
 def test_layer_head_and_colour_changes_never_rerun_the_model(env):
@@ -435,3 +450,47 @@ def test_share_url_puts_the_path_before_the_query(env):
     assert state.share_url({"a": "1"}, path="") == "http://host:8501/?a=1"
     env.setattr(st.context.__class__, "url", property(lambda self: "http://host:8501/app/Compare"))
     assert state.share_url({"a": "1"}, path="Compare") == "http://host:8501/app/Compare?a=1"
+
+
+# -- long texts travel compressed in the link -------------------------------------------------
+
+
+def test_a_compressed_link_restores_the_exact_view(env):
+    """A text over the readable-link length goes into ``tz`` (deflate + base64); opening that link
+    restores the text character for character, the layer, the head and the options, and draws
+    the engine's numbers for them."""
+    from ui.params import ExplorerParams
+
+    text = "the bank " * 240  # 2,160 characters, 482 tokens: compressed, and the tiny model runs it
+    link = (
+        ExplorerParams(model=TINY, text=text, stack="self", layer=1, head=2, cmap="Magma", scale="linear")
+        .to_query()
+        .params
+    )
+    assert "tz" in link and "text" not in link and len(link["tz"]) < 200
+    at = new_app(**link).run()
+    ok(at)
+    assert at.text_area(key="text").value == text
+    assert at.slider(key="layer").value == 1 and at.selectbox(key="head").value == 2
+    assert at.selectbox(key="cmap").value == "Magma"
+    head = titled(at, "layer 1 · head 2 ")
+    np.testing.assert_allclose(z_of(heatmaps(head)[0]), engine(text).layer(1)[2][:, :], atol=1e-6)
+    assert at.query_params == link  # written back unchanged: the share link is the same link
+    assert f"tz={link['tz']}" in at.code[-1].value and "text=" not in at.code[-1].value
+
+
+def test_a_50000_character_text_survives_its_link(env):
+    """Any text the app accepts fits a link once compressed: 50,000 characters come back exactly
+    (the tiny model refuses that many tokens with its one-line message; the view keeps serving)."""
+    from ui.params import MAX_TEXT_CHARS, ExplorerParams
+
+    words = ["bank", "river", "the", "money", "flows", "near", "a", "quiet", "town", "\n"]
+    rng = np.random.default_rng(0)
+    text = " ".join(words[i] for i in rng.integers(0, len(words), 12_000))[:50_000]
+    assert len(text) == 50_000 <= MAX_TEXT_CHARS
+    link = ExplorerParams(model=TINY, text=text, layer=2, head=1, log=True).to_query().params
+    at = new_app(**link).run()
+    assert not at.exception
+    assert at.text_area(key="text").value == text
+    assert at.query_params == link
+    assert not [w.value for w in at.warning if "link" in w.value]

@@ -49,6 +49,10 @@ def test_predicting_position_row_and_layer_means(env):
     np.testing.assert_allclose(z_of(trace), res.layer(1, rows=slice(q, q + 1))[:, 0, : q + 1], atol=1e-6)
     layers = heatmaps(specs(at)[1])[0]
     assert layers["y"] == ["layer 0", "layer 1", "layer 2"]
+    # each row is that layer's row q averaged over its heads, from the engine
+    means = np.stack([res.layer(i, rows=slice(q, q + 1))[:, 0, : q + 1].mean(0) for i in range(3)])
+    np.testing.assert_allclose(z_of(layers), means, atol=1e-6)
+    assert np.abs(means[0] - means[2]).max() > 1e-3  # the layers differ: a wrong layer would show
     assert [b.label for b in at.get("download_button")] == ["⬇ NPZ", "⬇ CSV", "⬇ HTML"]
 
 

@@ -63,6 +63,8 @@ def non_default(cls: type[P.Params]) -> P.Params:
                 "change": P.CHANGES,
                 "cmp": P.COMPARE_MODES,
                 "grow": P.GEN_ROWS,
+                "scale": P.SCALE_CHOICES,
+                "tdir": P.DIRECTIONS,
             }[f.name]
             changes[f.name] = next(o for o in options if o != d)
     return cls(**changes)

@@ -1,7 +1,9 @@
-"""CLI and loading: outputs, one-line errors, offline behaviour, device/dtype choice."""
+"""CLI and loading: outputs, one-line errors, offline behaviour, device/dtype choice (CLI in-process)."""
 
-import subprocess
-import sys
+import contextlib
+import io
+import re
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -9,13 +11,26 @@ import tiny
 import torch
 
 import attnviz
-from attnviz import loading
+from attnviz import cli, loading
 
 
-def run_cli(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "attnviz", *args], capture_output=True, text=True, env=env, timeout=300
-    )
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str) -> Ran:
+    """`python -m attnviz ARGS` in this process (the same `main`; a real process is spawned once,
+    in test_cli_args.py): exit code, stdout and stderr. An uncaught exception propagates."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    return Ran(code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +81,12 @@ def test_extract_encoder_decoder_npz(tmp_path):
 def test_info_prints_layout(tiny_folder):
     r = run_cli("info", "--model", str(tiny_folder))
     assert r.returncode == 0, r.stderr
-    assert "query heads     4" in r.stdout.replace("  ", "  ") or "query heads" in r.stdout
-    assert "2 (GQA, 2 query heads each)" in r.stdout
+    lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in lines)
+    assert rows["query heads"] == "4"
+    assert rows["kv heads"] == "2 (GQA, 2 query heads each)"
+    assert rows["layers"] == "3" and rows["head_dim"] == "16" and rows["d_model"] == "64"
+    assert rows["type"] == "llama (decoder)"
 
 
 @pytest.mark.parametrize(
@@ -109,7 +128,9 @@ def test_spec_classification():
 
 def test_device_and_dtype_resolution():
     dev = loading.resolve_device("auto")
-    assert dev.type == ("cuda" if torch.cuda.is_available() else dev.type)
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    assert dev.type == ("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
+    assert torch.ones(2, device=dev).sum().item() == 2.0  # a real device: meta has no values
     assert loading.resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert loading.resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     with pytest.raises(attnviz.AttnvizError, match="unknown dtype"):

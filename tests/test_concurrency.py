@@ -181,28 +181,44 @@ def test_model_loaded_once_under_concurrent_sessions(server, sessions):
 
 # -- in process: AppTest sessions in threads, counted loads, freed models -----------------------
 def test_one_load_for_many_simultaneous_sessions(monkeypatch):
-    """8 AppTest sessions in 8 threads ask for the same (new) model at once; the loader runs once."""
-    import tiny
+    """8 AppTest sessions in 8 threads ask for the same (new) model at once; the loader runs once
+    and every session gets that one model object. The loader holds until all 8 sessions have
+    asked the model cache (a condition, not a sleep), so a second load has every chance to start."""
     from streamlit.testing.v1 import AppTest
 
     from ui import models
 
     calls: list[str] = []
+    asked: list[int] = []  # one entry per session that called the model cache
+    got: list[int] = []  # id() of the LoadedModel each call returned
+    everyone = threading.Condition()
     gate = threading.Barrier(SESSIONS, timeout=60)
-    real = models._load_uncached
+    real_load, real_cached = models._load_uncached, models._cached_model
 
-    def slow_load(spec, token):
+    def load_when_all_asked(spec, token):
         calls.append(spec)
-        time.sleep(1.0)  # a wide window for a second load to sneak in
-        return real(spec, token)
+        with everyone:
+            assert everyone.wait_for(lambda: len(asked) >= SESSIONS, timeout=120), (
+                f"only {len(asked)} of {SESSIONS} sessions asked for the model"
+            )
+        return real_load(spec, token)
 
-    monkeypatch.setattr(models, "_load_uncached", slow_load)
+    def counted(*args):
+        with everyone:
+            asked.append(1)
+            everyone.notify_all()
+        lm = real_cached(*args)
+        got.append(id(lm))
+        return lm
+
+    monkeypatch.setattr(models, "_load_uncached", load_when_all_asked)
+    monkeypatch.setattr(models, "_cached_model", counted)
     monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
     spec = "tiny:gpt2"
     errors: list[str] = []
 
     def session(i: int) -> None:
-        at = AppTest.from_file(str(models.__file__).replace("ui/models.py", "app.py"), default_timeout=120)
+        at = AppTest.from_file(str(models.__file__).replace("ui/models.py", "app.py"), default_timeout=180)
         at.query_params.update({"model": spec, "text": text_of(WORDS[i])})
         gate.wait()
         at.run()
@@ -213,10 +229,10 @@ def test_one_load_for_many_simultaneous_sessions(monkeypatch):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(180)
+        t.join(240)
     assert not errors, errors
     assert calls == [spec], f"loaded {len(calls)} times"
-    assert tiny  # the loader imported it for the tiny: spec
+    assert len(got) >= SESSIONS and len(set(got)) == 1, "sessions got different model objects"
 
 
 def test_switching_models_frees_the_old_one(monkeypatch):

@@ -1,7 +1,7 @@
 """The Dockerfile: hadolint-clean, same install script as `make test`, non-root, health-checked.
 
 There is no Docker engine here, so the image is checked by reading the Dockerfile; the health
-check command itself is run against a stand-in HTTP server on loopback.
+check command itself is run against the app's real Streamlit server (tests/server.py).
 """
 
 from __future__ import annotations
@@ -121,34 +121,50 @@ def test_healthcheck_hits_stcore_health_without_curl():
     assert argv[0] not in {"curl", "wget"}, "the slim image has no curl/wget"
 
 
-class _Health(http.server.BaseHTTPRequestHandler):
+def _healthcheck_on(port: int) -> list[str]:
+    """The HEALTHCHECK's own command, run here: this interpreter in place of the image's python,
+    ``port`` in place of 8501; every other argument exactly as the Dockerfile has it."""
+    argv = _healthcheck_argv()
+    assert argv[0] == "python", "the check runs the image's python"
+    assert sum(":8501" in a for a in argv[1:]) == 1
+    return [sys.executable, *[a.replace(":8501", f":{port}") for a in argv[1:]]]
+
+
+def test_healthcheck_command_passes_on_the_real_server_and_fails_once_it_stops():
+    """The Dockerfile's HEALTHCHECK command against the app's real Streamlit server (the one the
+    browser tests start, tests/server.py): exit 0 while it serves, non-zero once it is stopped."""
+    from server import streamlit_server
+
+    with streamlit_server(name="docker-health") as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        check = _healthcheck_on(port)
+        up = subprocess.run(check, capture_output=True, text=True, timeout=20)
+        assert up.returncode == 0, up.stderr
+        assert server.get("/_stcore/health")[0] == 200
+    down = subprocess.run(check, capture_output=True, text=True, timeout=20)
+    assert down.returncode != 0
+
+
+class _Unhealthy(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        ok = self.path == "/_stcore/health"
-        self.send_response(200 if ok else 404)
+        self.send_response(503)
         self.end_headers()
-        self.wfile.write(b"ok" if ok else b"")
 
     def log_message(self, *args):
         pass
 
 
-def test_healthcheck_command_works_against_a_health_endpoint():
-    """Run the HEALTHCHECK's own command (python in place of the image's python, a free port in
-    place of 8501): exit 0 with the endpoint up, non-zero with it down."""
-    argv = _healthcheck_argv()
-    assert argv[0] == "python", "the check runs the image's python"
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
-    port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+def test_healthcheck_command_fails_on_an_unhealthy_answer():
+    """A server that answers 503 (Streamlit's health endpoint while it is not ready) fails the check."""
+    stand_in = http.server.HTTPServer(("127.0.0.1", 0), _Unhealthy)
+    thread = threading.Thread(target=stand_in.serve_forever, daemon=True)
     thread.start()
     try:
-        local = [sys.executable, *[a.replace(":8501", f":{port}") for a in argv[1:]]]
-        assert subprocess.run(local, capture_output=True, timeout=20).returncode == 0
+        proc = subprocess.run(_healthcheck_on(stand_in.server_address[1]), capture_output=True, timeout=20)
+        assert proc.returncode != 0
     finally:
-        server.shutdown()
-        server.server_close()
-    down = subprocess.run(local, capture_output=True, timeout=20)
-    assert down.returncode != 0
+        stand_in.shutdown()
+        stand_in.server_close()
 
 
 def test_dockerignore_keeps_local_state_and_secrets_out():
@@ -161,9 +177,11 @@ def test_dockerignore_keeps_local_state_and_secrets_out():
         assert must in ignored, f"{must} is not in .dockerignore"
 
 
-def test_the_warmup_the_image_runs_exists():
+def test_the_warmup_the_image_runs_exists(capsys):
     """`RUN python -m attnviz warmup` must be a real subcommand (it bakes the built-ins in)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "attnviz", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0 and "warmup" in proc.stdout, proc.stdout + proc.stderr
+    from attnviz import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--help"])  # the same main `python -m attnviz` runs
+    assert stop.value.code == 0
+    assert re.search(r"\bwarmup\b", capsys.readouterr().out)

@@ -25,9 +25,13 @@ def spec(fig) -> dict:
 
 def test_figures_do_not_import_streamlit():
     """Pure builders: the module imports no UI (the package-wide check runs `import attnviz`)."""
-    tree = ast.parse(Path(F.__file__).read_text())
-    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    here = Path(F.__file__)
+    files = sorted(here.parent.glob("*.py")) if here.name == "__init__.py" else [here]  # a package
+    names: set[str] = set()
+    for file in files:
+        tree = ast.parse(file.read_text())
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not any(name.split(".")[0] == "streamlit" for name in names), names
 
 
@@ -80,12 +84,27 @@ def test_grid_without_gqa_wraps_at_four_columns():
 
 def test_log_colour_transforms_z_and_labels_the_colour_bar():
     p = causal(4)[0]
-    s = spec(F.head_heatmap(p, F.token_labels(list("abcd")), log=True))
-    z = np.array(F._colour(p, True))
-    assert z.min() >= F.LOG_FLOOR_EXP and z.max() <= 0
+    p[3, 0] = 1e-9  # below the floor: drawn at the floor
+    labels = F.token_labels(list("abcd"))
+    fig = F.head_heatmap(p, labels, log=True)
+    z = np.asarray(fig.data[0].z, dtype=np.float64)
+    want = np.clip(np.log10(np.maximum(p.astype(np.float64), 10.0**F.LOG_FLOOR_EXP)), F.LOG_FLOOR_EXP, 0)
+    np.testing.assert_allclose(z, want, atol=1e-6)
+    assert z[0, 1] == F.LOG_FLOOR_EXP and z[3, 0] == F.LOG_FLOOR_EXP  # masked 0 and 1e-9
+    assert z[0, 0] == 0.0  # row 0 of a causal pattern: weight 1 on itself
+    s = spec(fig)
     bar = s["layout"]["coloraxis"]["colorbar"]
     assert bar["ticktext"][-1] == "1" and bar["ticktext"][0] == f"1e{F.LOG_FLOOR_EXP}"
     assert "log₁₀" in s["data"][0]["hovertemplate"]
+    linear = np.asarray(F.head_heatmap(p, labels).data[0].z, dtype=np.float64)
+    np.testing.assert_array_equal(linear, p)  # without log the weights are drawn as they are
+    grid = F.head_grid(causal(4, heads=2), labels, log=True)
+    for h, trace in enumerate(grid.data):
+        np.testing.assert_allclose(
+            np.asarray(trace.z, dtype=np.float64),
+            np.log10(np.maximum(causal(4, heads=2)[h], 10.0**F.LOG_FLOOR_EXP)),
+            atol=1e-6,
+        )
 
 
 def test_bin_edges_cover_every_position():
@@ -190,7 +209,8 @@ def test_metric_heatmap_puts_layers_across():
     v = np.arange(12.0).reshape(4, 3)  # (layer, head)
     s = spec(F.metric_heatmap(v, "entropy"))
     heat = s["data"][0]
-    assert np.asarray(heat["z"]["bdata"] if isinstance(heat["z"], dict) else heat["z"]).size
+    z = np.asarray(F.metric_heatmap(v, "entropy").data[0].z, dtype=np.float64)
+    np.testing.assert_array_equal(z, v.T)  # (head, layer): z[h, l] is layer l's head h
     assert heat["x"] == [f"layer {i}" for i in range(4)] and heat["y"] == ["head 0", "head 1", "head 2"]
 
 

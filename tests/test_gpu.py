@@ -1,4 +1,4 @@
-"""CUDA checks: parity in fp32 and bf16 on the GPU, device_map placement. Skipped without CUDA."""
+"""CUDA checks: fp32 parity on the GPU, device_map placement. Skipped without CUDA (bf16: test_bf16.py)."""
 
 import numpy as np
 import pytest
@@ -40,12 +40,7 @@ def test_cuda_parity_fp32(arch):
     assert _diff(fast, eager) <= tol
 
 
-@pytest.mark.parametrize("arch", ["llama-gqa", "qwen3", "gemma2", "gpt2", "bert"])
-def test_cuda_parity_bf16(arch):
-    lm = _on_cuda(arch, torch.bfloat16)
-    fast, eager = attnviz.extract(lm, TEXT), attnviz.extract(lm, TEXT, path="eager")
-    # eager rounds its fp32 softmax to bf16 (~4e-3 relative); later layers see bf16 SDPA vs eager
-    assert _diff(fast, eager) <= 2e-2
+# bfloat16 parity (CPU and CUDA, tolerances from measured drift) lives in test_bf16.py.
 
 
 @pytest.mark.slow

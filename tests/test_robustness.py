@@ -30,6 +30,8 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 from attnviz.settings import settings
+from attnviz.specs import resolve
+from ui.params import pack_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "robustness.md"
@@ -112,6 +114,13 @@ CASES: tuple[Case, ...] = (
         "`a b!! c`, a URL, `org/../x`",
         "ModelNotFound",
         r"not a built-in model, a Hub id",
+        (E, A),
+    ),
+    Case(
+        "model-id-300-chars",
+        "a 300-character model id",
+        "ModelNotFound",
+        r"is 300 characters long; a Hub id is at most",
         (E, A),
     ),
     Case(
@@ -213,6 +222,16 @@ CASES: tuple[Case, ...] = (
     # -- share links and widgets (app only; the engine never sees these) ---------------------
     Case(
         "link-text-too-long", "`?text=` of 100,001 characters", "warning", r"at most 60000 characters", (A,)
+    ),
+    Case(
+        "link-tz-garbage", "`?tz=` that is not a compressed text", "warning", r"not a compressed text", (A,)
+    ),
+    Case(
+        "link-tz-bomb",
+        "`?tz=` inflating to 3 MB (a few kB in the link)",
+        "warning",
+        r"longer than 60000 characters",
+        (A,),
     ),
     Case("link-not-a-number", "`?layer=abc`", "warning", r"use a whole number", (A,)),
     Case("link-bad-bool", "`?chat=maybe`", "warning", r"use 1 or 0", (A,)),
@@ -342,7 +361,7 @@ def demo(ctx: Ctx, spec: str):
     ctx.monkeypatch.setenv("ATTNVIZ_DEMO", "1")
     ctx.monkeypatch.delenv("ATTNVIZ_ALLOWED_MODELS", raising=False)
     s = settings()
-    s.check_model(spec)  # what the app does before loading
+    resolve(spec, s)  # what the app does before loading
     return attnviz.load_model(spec, allow_local=s.allow_local_paths)
 
 
@@ -377,6 +396,10 @@ def _malformed(ctx: Ctx):
         with pytest.raises(attnviz.ModelNotFound, match="not a built-in model"):
             attnviz.load_model(spec)
     attnviz.load_model("a b!! c")
+
+
+def _long_id(ctx: Ctx):
+    resolve("a" * 300, settings())
 
 
 def _over_cap(ctx: Ctx):
@@ -542,6 +565,7 @@ ENGINE: dict[str, Callable[[Ctx], object]] = {
     "local-refused": _local_refused,
     "model-empty": lambda c: attnviz.load_model("  "),
     "model-malformed": _malformed,
+    "model-id-300-chars": _long_id,
     "model-file-url": lambda c: attnviz.load_model("file:///etc"),
     "model-not-a-model-folder": lambda c: attnviz.load_model("/etc"),
     "hub-missing": lambda c: (
@@ -677,6 +701,9 @@ APP: dict[str, AppCase] = {
     ),
     "demo-hub-id": AppCase({"model": "gpt2"}, "warning", r"not offered on this server", demo=True),
     "model-malformed": AppCase({"model": "a b!! c"}, "error", r"not a built-in model, a Hub id"),
+    "model-id-300-chars": AppCase(
+        {"model": "a" * 300}, "error", r"is 300 characters long; a Hub id is at most"
+    ),
     "hub-missing": AppCase(
         {"model": "attnviz-test/gone"}, "error", r"not found on the Hugging Face Hub", patch=_missing_patch
     ),
@@ -700,6 +727,8 @@ APP: dict[str, AppCase] = {
         {"text": "out of memory here"}, "error", r"did not fit in memory", patch=_oom_patch
     ),
     "link-text-too-long": AppCase({"text": "a" * 100_001}, "warning", r"at most 60000 characters"),
+    "link-tz-garbage": AppCase({"tz": "%%%not-base64"}, "warning", r"not a compressed text"),
+    "link-tz-bomb": AppCase({"tz": pack_text("a" * 3_000_000)}, "warning", r"longer than 60000 characters"),
     "link-not-a-number": AppCase({"layer": "abc"}, "warning", r"use a whole number"),
     "link-bad-bool": AppCase({"chat": "maybe"}, "warning", r"use 1 or 0"),
     "link-bad-choice": AppCase({"cmap": "<script>"}, "warning", r"use one of"),
@@ -712,7 +741,6 @@ APP: dict[str, AppCase] = {
 
 def new_app(monkeypatch: pytest.MonkeyPatch, params: dict[str, str], *, demo: bool = False) -> AppTest:
     """A fresh session of app.py on the tiny test models (the link's params set)."""
-    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
     if demo:
         monkeypatch.setenv("ATTNVIZ_DEMO", "1")
         monkeypatch.setenv("ATTNVIZ_ALLOWED_MODELS", TINY)
@@ -745,8 +773,15 @@ def assert_renders(at: AppTest, text: str) -> None:
     display = list(attnviz.extract(tiny.loaded("llama-gqa"), text).tokens.display)
     assert list(at.dataframe[0].value["token"]) == display
     labels = [f"({i}) {d}" for i, d in enumerate(display)]
-    heat = next(t for t in specs[-1]["data"] if t.get("type") == "heatmap")
-    assert list(heat["x"]) == [html.escape(s, quote=False) for s in labels], "labels not escaped for Plotly"
+    escaped = [html.escape(s, quote=False) for s in labels]
+    heats = [
+        t
+        for s in specs
+        for t in s["data"]
+        if t.get("type") == "heatmap" and len(t.get("x", [])) == len(labels)
+    ]
+    assert heats, "no token heatmap"
+    assert all(list(h["x"]) == escaped for h in heats), "labels not escaped for Plotly"
 
 
 def recover(at: AppTest) -> None:
@@ -946,7 +981,7 @@ def test_package_logs_and_never_prints():
     import ast
 
     for py in (ROOT / "attnviz").rglob("*.py"):
-        if py.name in ("cli.py", "bench.py"):
+        if py.name == "cli.py" or py.name.startswith("bench"):  # the command-line reports
             continue
         for node in ast.walk(ast.parse(py.read_text())):
             if isinstance(node, ast.Call):

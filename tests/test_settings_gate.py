@@ -6,6 +6,7 @@ import pytest
 import attnviz
 from attnviz.gate import InferenceGate
 from attnviz.settings import DEMO_MAX_TOKENS, settings
+from attnviz.specs import resolve
 
 
 def test_default_settings_allow_everything(monkeypatch):
@@ -14,7 +15,7 @@ def test_default_settings_allow_everything(monkeypatch):
     s = settings()
     assert not s.demo and s.allow_local_paths and s.allow_token_field
     assert s.model_choices[:2] == ("smollm2-135m", "minilm-l6")
-    s.check_model("some/other-model")  # no exception
+    resolve("some/other-model", s)  # no exception
 
 
 def test_demo_mode_restricts(monkeypatch):
@@ -27,8 +28,8 @@ def test_demo_mode_restricts(monkeypatch):
     assert s.allowed_models == tuple(attnviz.BUILTIN_MODELS)
     for bad in ["gpt2", "../..", "/etc", "~", "file:///etc/passwd"]:
         with pytest.raises(attnviz.NotAllowed, match="public demo"):
-            s.check_model(bad)
-    s.check_model("smollm2-135m")
+            resolve(bad, s)
+    resolve("smollm2-135m", s)
 
 
 def test_demo_allow_list_and_cap_from_env(monkeypatch):
@@ -41,7 +42,15 @@ def test_demo_allow_list_and_cap_from_env(monkeypatch):
     s = settings()
     assert s.allowed_models == ("smollm2-135m", "gpt2")
     assert s.max_tokens == DEMO_MAX_TOKENS
-    s.check_model("gpt2")
+    resolve("gpt2", s)
+
+
+def until(condition, timeout: float = 10.0) -> None:
+    """Wait for ``condition()`` to hold (polling a condition; the outcome never rides on a delay)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.001)
 
 
 def test_gate_is_fifo_and_reports_positions():
@@ -70,7 +79,7 @@ def test_gate_is_fifo_and_reports_positions():
         t = threading.Thread(target=waiter, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.05)  # enqueue in order
+        until(lambda i=i: gate.waiting == i)  # waiter i is queued before waiter i + 1 starts
     assert gate.waiting == 3
     release.set()
     for t in [t0, *threads]:

@@ -78,3 +78,15 @@ def test_unknown_output_projection_is_refused():
 
     with pytest.raises(AttnvizError, match="cannot find the output projection"):
         VW.output_weight(Odd(), "attn", 2, 2)
+
+
+def test_value_weighted_result_wrapper():
+    lm = tiny.loaded("gpt2")
+    res = attnviz.extract(lm, TEXT)
+    vw = VW.value_weighted(lm, res, 2)
+    absolute = VW.ValueWeighted(lm, res, relative=False)
+    np.testing.assert_allclose(absolute.layer(2), vw, rtol=1e-6)
+    rel = VW.ValueWeighted(lm, res)
+    norms = VW.key_norms(lm, res, 2).numpy()
+    np.testing.assert_allclose(rel.head(2, 1, rows=slice(3, 6)), vw[1, 3:6] / norms.max(), rtol=1e-5)
+    assert rel.layer(2).max() <= 1.0 and rel.n_tokens == res.n_tokens and rel.tokens is res.tokens

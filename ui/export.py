@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -13,11 +14,14 @@ import streamlit as st
 HTML_PLOTLYJS: bool | str = True  # embed plotly.js: the file opens offline
 
 
-def chart(fig: go.Figure, name: str, *, key: str | None = None) -> None:
-    """``st.plotly_chart`` whose camera button saves ``<name>.png`` at 2x."""
-    st.plotly_chart(
+def chart(fig: go.Figure, name: str, *, key: str | None = None, on_select: bool = False) -> Any:
+    """``st.plotly_chart`` whose camera button saves ``<name>.png`` at 2x. ``on_select``: a click
+    on a point is a selection event (returned; needs ``key``)."""
+    return st.plotly_chart(
         fig,
         key=key,
+        on_select="rerun" if on_select else "ignore",
+        selection_mode="points",
         config={
             "displaylogo": False,
             "toImageButtonOptions": {"format": "png", "filename": name, "scale": 2},

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self, get_args
 
 import attnviz
-from attnviz.figures import COLORSCALES
+from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
+from attnviz.figures import COLORSCALES, DIRECTIONS, SCALES
 from attnviz.metrics import METRICS
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
@@ -42,6 +43,7 @@ CHANGES: tuple[str, ...] = get_args(Change)
 GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
+SCALE_CHOICES: tuple[str, ...] = ("auto", *SCALES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,6 +235,11 @@ class ExplorerParams(Params):
     hide: bool = p(False, _bool)
     nosink: bool = p(False, _bool)
     row0: int = p(0, _int())
+    scale: str = p("auto", _choice(SCALE_CHOICES))  # auto: log past LONG_TEXT_TOKENS tokens
+    perhead: bool = p(False, _bool)  # each head on its own colour scale
+    vw: bool = p(False, _bool)  # value-weighted attention
+    tok: int = p(0, _int())  # the token of the token views
+    tdir: str = p("from", _choice(DIRECTIONS))
 
 
 @dataclass(frozen=True)
@@ -287,10 +294,19 @@ class GenerationParams(Params):
     log: bool = p(False, _bool)
 
 
+@dataclass(frozen=True)
+class AtlasParams(Params):
+    PAGE: ClassVar[str] = "Head atlas"
+
+    stat: str = p("previous_token", _choice(ATLAS_STATISTICS))
+    ntexts: int = p(50, _int(1, 1000))
+
+
 PAGE_PARAMS: tuple[type[Params], ...] = (
     ExplorerParams,
     OverviewParams,
     ScratchParams,
     CompareParams,
     GenerationParams,
+    AtlasParams,
 )

@@ -16,16 +16,23 @@ Nothing here imports Streamlit; pages call ``st.plotly_chart(fig)``. Conventions
   ``MOSAIC_MAX_CELLS`` cells; one page view stays under 5 MB at any sequence length.
 """
 
-from attnviz.figures.charts import bar_chart, metric_heatmap
+from attnviz.figures.charts import bar_chart, metric_heatmap, profile_chart
 from attnviz.figures.colour import (
     COLORSCALES,
     DIVERGING,
     LOG_FLOOR_EXP,
+    LONG_TEXT_TOKENS,
+    SCALES,
     ColorScale,
+    Scale,
     _coloraxis,
     _colour,
     _max,
     _weight_hover,
+    default_scale,
+    rank_values,
+    resolve_scale,
+    scale_note,
 )
 from attnviz.figures.grid import _grid_cols, head_grid
 from attnviz.figures.heatmaps import _token_heatmap, head_heatmap, matrix_heatmap, rows_heatmap
@@ -60,23 +67,37 @@ from attnviz.figures.pooling import (
     pool,
     pooled_rows,
 )
+from attnviz.figures.tokens import (
+    DIRECTIONS,
+    Direction,
+    head_colours,
+    text_window,
+    token_lines,
+    token_text,
+    token_text_html,
+)
 
 __all__ = [
     "ALL_TICKS_MAX",
     "BYTES_PER_CELL",
     "COLORSCALES",
+    "DIRECTIONS",
     "DIVERGING",
     "GRID_MAX_CELLS",
     "GRID_MAX_SIDE",
     "LOG_FLOOR_EXP",
+    "LONG_TEXT_TOKENS",
     "MOSAIC_MAX_CELLS",
     "PAYLOAD_LIMIT",
     "POOLS",
+    "SCALES",
     "SINGLE_MAX_CELLS",
     "SINGLE_MAX_KEYS",
     "TITLE_MARGIN",
     "ColorScale",
+    "Direction",
     "Pool",
+    "Scale",
     "_coloraxis",
     "_colour",
     "_grid_cols",
@@ -88,10 +109,12 @@ __all__ = [
     "bar_chart",
     "bin_edges",
     "bin_labels",
+    "default_scale",
     "downsample",
     "escape",
     "figure_name",
     "grid_side",
+    "head_colours",
     "head_grid",
     "head_heatmap",
     "head_title",
@@ -103,7 +126,15 @@ __all__ = [
     "payload_bytes",
     "pool",
     "pooled_rows",
+    "profile_chart",
+    "rank_values",
+    "resolve_scale",
     "rows_heatmap",
+    "scale_note",
+    "text_window",
     "token_labels",
+    "token_lines",
+    "token_text",
+    "token_text_html",
     "token_ticks",
 ]

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.colour import DIVERGING, _coloraxis, _colour, _max, _weight_hover
+from attnviz.figures.colour import DIVERGING, _coloraxis, _colour, _max, _weight_hover, resolve_scale
 from attnviz.figures.labels import (
     bin_labels,
     escape,
@@ -38,14 +38,22 @@ def head_grid(
     diverging: bool = False,
     max_cells: int = GRID_MAX_CELLS,
     facet_px: int = 190,
+    scale: str | None = None,
+    selected: int | None = None,
+    pickable: bool = False,
 ) -> go.Figure:
     """All heads of one layer, one heatmap each, in one figure with a shared colour axis.
 
     ``layer_probs`` is (heads, query_pos, key_pos), already pooled or not (pooled here to fit
     ``max_cells``). ``kv_heads[i]`` labels each facet "head h · kv g"; with GQA the grid puts
-    one KV group per row. ``diverging`` draws signed differences around 0.
+    one KV group per row. ``diverging`` draws signed differences around 0. ``scale``
+    ("linear" | "log" | "rank") overrides ``log``; pass the view's ``zmax`` so the grid and the
+    big head share one colour scale. ``selected`` (index into ``heads``) outlines that facet;
+    ``pickable`` adds a small clickable marker in each facet's top-right corner (customdata: the
+    head) for selection events, leaving the cells' hover to the heatmaps.
     """
     layer_probs = np.asarray(layer_probs, dtype=np.float32)
+    mode = resolve_scale(log, scale)
     k_labels = q_labels if k_labels is None else k_labels
     n_h = layer_probs.shape[0]
     heads = list(range(n_h)) if heads is None else [int(h) for h in heads]
@@ -67,8 +75,8 @@ def head_grid(
         shared_yaxes="all",
     )
     x, y = [escape(s) for s in kl], [escape(s) for s in ql]
-    z_all = pooled if diverging else _colour(pooled, log)
-    hover = "%{z:+.4f}" if diverging else _weight_hover(log)
+    z_all = pooled if diverging else _colour(pooled, mode)
+    hover = "%{z:+.4f}" if diverging else _weight_hover(mode)
     for i in range(n_h):
         fig.add_trace(
             go.Heatmap(
@@ -87,7 +95,7 @@ def head_grid(
         bound = bound or 1.0
         axis = dict(colorscale=DIVERGING, cmin=-bound, cmax=bound, cmid=0.0, colorbar=dict(title="Δ weight"))
     else:
-        axis = _coloraxis(colorscale, log, zmax if zmax is not None else _max(pooled))
+        axis = _coloraxis(colorscale, mode, zmax if zmax is not None else _max(pooled))
     show_ticks = len(ql) <= 16
     fig.update_xaxes(type="category", showticklabels=False, ticks="", tickangle=-60)
     fig.update_yaxes(type="category", autorange="reversed", showticklabels=False, ticks="")
@@ -109,7 +117,62 @@ def head_grid(
         showlegend=False,
     )
     fig.update_annotations(font_size=12)
+    if pickable:
+        _add_pickers(fig, heads, titles, cols, x, y)
+    if selected is not None and 0 <= selected < n_h:
+        _outline(fig, selected)
     return fig
+
+
+_PICK_FILL = "rgba(255,255,255,0.85)"
+
+
+def _axis_name(i: int) -> str:
+    return "" if i == 0 else str(i + 1)
+
+
+def _add_pickers(
+    fig: go.Figure, heads: Sequence[int], titles: Sequence[str], cols: int, x: list[str], y: list[str]
+) -> None:
+    """One clickable marker per facet, in its top-right cell (masked for causal heads)."""
+    for i, h in enumerate(heads):
+        fig.add_trace(
+            go.Scatter(
+                x=[x[-1]],
+                y=[y[0]],
+                mode="markers",
+                marker=dict(
+                    symbol="square",
+                    size=12,
+                    color="rgba(255,255,255,0.85)",
+                    line=dict(width=1.5, color="#444"),
+                ),
+                customdata=[[int(h)]],
+                name=f"pick {titles[i]}",
+                hovertemplate=f"{escape(titles[i])}: click to show it big<extra></extra>",
+                showlegend=False,
+            ),
+            row=i // cols + 1,
+            col=i % cols + 1,
+        )
+
+
+def _outline(fig: go.Figure, index: int) -> None:
+    """A frame around facet ``index`` (the selected head)."""
+    n = _axis_name(index)
+    fig.add_shape(
+        type="rect",
+        xref=f"x{n} domain",
+        yref=f"y{n} domain",
+        x0=-0.015,
+        x1=1.015,
+        y0=-0.015,
+        y1=1.015,
+        line=dict(color="#e4002b", width=3),
+        fillcolor="rgba(0,0,0,0)",
+        layer="above",
+        name="selected head",
+    )
 
 
 def _grid_cols(n_heads: int, kv_heads: Sequence[int] | None) -> int:

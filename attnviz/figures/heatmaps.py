@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.colour import DIVERGING, _coloraxis, _colour, _max, _weight_hover
+from attnviz.figures.colour import DIVERGING, _coloraxis, _colour, _max, _weight_hover, resolve_scale
 from attnviz.figures.labels import (
     TITLE_MARGIN,
     _title,
@@ -24,7 +24,7 @@ from attnviz.figures.pooling import (
 
 
 def _token_heatmap(
-    z: np.ndarray, row_labels: Sequence[str], k_labels: Sequence[str], *, log: bool, row_name: str = ""
+    z: np.ndarray, row_labels: Sequence[str], k_labels: Sequence[str], *, log: bool | str, row_name: str = ""
 ) -> tuple[go.Figure, list[str], list[str]]:
     """One heatmap over token labels (escaped: tokens are text, never HTML) sharing the figure's
     colour axis; returns the figure and the escaped key (x) and row (y) labels."""
@@ -44,12 +44,14 @@ def head_heatmap(
     zmax: float | None = None,
     max_cells: int = SINGLE_MAX_CELLS,
     height: int = 640,
+    scale: str | None = None,
 ) -> go.Figure:
     """One head's (query_pos, key_pos) weights; max-pooled when larger than ``max_cells``.
 
     Hover shows the query token, the key token (with positions) and the weight.
     """
     probs = np.asarray(probs, dtype=np.float32)
+    mode = resolve_scale(log, scale)  # ``scale`` ("linear" | "log" | "rank") overrides ``log``
     k_labels = q_labels if k_labels is None else k_labels
     n_q, n_k = probs.shape
     if len(q_labels) != n_q or len(k_labels) != n_k:
@@ -62,10 +64,10 @@ def head_heatmap(
         probs, re, ce = downsample(probs, rows_max, cols_max, "max")
         q_labels, k_labels = bin_labels(q_labels, re), bin_labels(k_labels, ce)
         note = f" (max-pooled to {probs.shape[0]}×{probs.shape[1]})"
-    fig, x, y = _token_heatmap(_colour(probs, log), q_labels, k_labels, log=log, row_name="query ")
+    fig, x, y = _token_heatmap(_colour(probs, mode), q_labels, k_labels, log=mode, row_name="query ")
     fig.update_layout(
         title=_title(escape(title) + note),
-        coloraxis=_coloraxis(colorscale, log, zmax if zmax is not None else _max(probs)),
+        coloraxis=_coloraxis(colorscale, mode, zmax if zmax is not None else _max(probs)),
         height=height,
         margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),
         xaxis=dict(
@@ -86,18 +88,20 @@ def rows_heatmap(
     log: bool = False,
     highlight: int | None = None,
     max_cols: int = SINGLE_MAX_KEYS,
+    scale: str | None = None,
 ) -> go.Figure:
     """Attention rows of one query (one row per head, or per layer) over the key positions."""
     rows = np.asarray(rows, dtype=np.float32)
+    mode = resolve_scale(log, scale)
     note = ""
     if rows.shape[1] > max_cols:
         rows, _, ce = downsample(rows, rows.shape[0], max_cols, "max")
         k_labels = bin_labels(k_labels, ce)
         note = f" (keys max-pooled to {rows.shape[1]})"
-    fig, x, y = _token_heatmap(_colour(rows, log), row_labels, k_labels, log=log)
+    fig, x, y = _token_heatmap(_colour(rows, mode), row_labels, k_labels, log=mode)
     fig.update_layout(
         title=_title(escape(title) + note),
-        coloraxis=_coloraxis(colorscale, log, _max(rows)),
+        coloraxis=_coloraxis(colorscale, mode, _max(rows)),
         height=max(240, 28 * len(row_labels) + 190),
         margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),
         xaxis=dict(type="category", title=dict(text="key"), tickangle=-60, **token_ticks(x)),

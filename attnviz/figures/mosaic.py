@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.colour import _coloraxis, _colour, _max, _weight_hover
+from attnviz.figures.colour import _coloraxis, _colour, _max, _weight_hover, resolve_scale
 from attnviz.figures.labels import (
     escape,
     head_title,
@@ -28,15 +28,23 @@ def model_mosaic(
     k_labels: Sequence[str] | None = None,
     layers_across: bool | None = None,
     width_px: int = 1100,
+    scale: str | None = None,
+    pickable: bool = False,
+    selected: tuple[int, int] | None = None,
+    layer_names: Sequence[str] | None = None,
 ) -> go.Figure:
     """Every (layer, head) at once: (layers, heads, s_q, s_k) small images tiled into one heatmap.
 
     The longer of the two counts runs across (30 layers x 9 heads: layers are columns), so the
     tiles stay square and the figure short. A one-cell gap separates tiles. Hover names the
     layer, the head and (with ``q_labels`` / ``k_labels``, one per tile row / column) the tokens.
-    Build ``images`` with `pooled_rows` to fit `MOSAIC_MAX_CELLS`.
+    Build ``images`` with `pooled_rows` to fit `MOSAIC_MAX_CELLS`. ``pickable`` lays one
+    transparent marker over each tile (customdata: layer, head) so a click on a thumbnail is a
+    selection event; its hover then names the tile. ``selected`` (layer, head) frames that tile.
+    ``layer_names`` (e.g. a hybrid's block indices) replace "layer i".
     """
     images = np.asarray(images, dtype=np.float32)
+    mode = resolve_scale(log, scale)
     n_l, n_h, s_r, s_c = images.shape
     across = n_l > n_h if layers_across is None else layers_across
     grid = images.transpose(1, 0, 2, 3) if across else images  # (outer rows, outer cols, s_r, s_c)
@@ -46,7 +54,7 @@ def model_mosaic(
     for i in range(n_rows):
         for j in range(n_cols):
             canvas[i * tile_r : i * tile_r + s_r, j * tile_c : j * tile_c + s_c] = grid[i, j]
-    layer_names = [f"layer {i}" for i in range(n_l)]
+    layer_names = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(n_l)]
     head_names = [head_title(h, None if kv_heads is None else kv_heads[h]) for h in range(n_h)]
     row_names, col_names = (head_names, layer_names) if across else (layer_names, head_names)
     ql = [escape(x) for x in q_labels] if q_labels is not None else [f"bin {r}" for r in range(s_r)]
@@ -65,19 +73,19 @@ def model_mosaic(
     ]
     fig = go.Figure(
         go.Heatmap(
-            z=_colour(canvas, log),
+            z=_colour(canvas, mode),
             x=xlab,
             y=ylab,
             coloraxis="coloraxis",
             hoverongaps=False,
-            hovertemplate=f"%{{y}}<br>%{{x}}<br>{_weight_hover(log)}<extra></extra>",
+            hovertemplate=f"%{{y}}<br>%{{x}}<br>{_weight_hover(mode)}<extra></extra>",
         )
     )
     short_rows = [f"H{h}" for h in range(n_h)] if across else [f"L{i}" for i in range(n_l)]
     short_cols = [f"L{i}" for i in range(n_l)] if across else [f"H{h}" for h in range(n_h)]
     cell_px = (width_px - 120) / canvas.shape[1]
     fig.update_layout(
-        coloraxis=_coloraxis(colorscale, log, _max(images) if images.size else 1.0),
+        coloraxis=_coloraxis(colorscale, mode, _max(images) if images.size else 1.0),
         height=int(min(2400, max(260, canvas.shape[0] * cell_px + 70))),
         margin=dict(l=10, r=10, t=40, b=10),
         xaxis=dict(
@@ -99,6 +107,47 @@ def model_mosaic(
         ),
         plot_bgcolor="rgba(0,0,0,0)",
     )
+    centres_x = [xlab[j * tile_c + s_c // 2] for j in range(n_cols)]
+    centres_y = [ylab[i * tile_r + s_r // 2] for i in range(n_rows)]
+
+    def tile(layer: int, head: int) -> tuple[str, str]:
+        i, j = (head, layer) if across else (layer, head)
+        return centres_x[j], centres_y[i]
+
+    if pickable:
+        cells = [(layer, head) for layer in range(n_l) for head in range(n_h)]
+        xs, ys = zip(*(tile(layer, head) for layer, head in cells), strict=True)
+        fig.add_trace(
+            go.Scatter(
+                x=list(xs),
+                y=list(ys),
+                mode="markers",
+                marker=dict(symbol="square", size=max(6.0, cell_px * min(s_r, s_c)), color="rgba(0,0,0,0)"),
+                customdata=[[layer, head] for layer, head in cells],
+                text=[f"{layer_names[layer]} · {head_names[head]}" for layer, head in cells],
+                hovertemplate="%{text}: click to open<extra></extra>",
+                name="tiles",
+                showlegend=False,
+            )
+        )
+    if selected is not None and 0 <= selected[0] < n_l and 0 <= selected[1] < n_h:
+        sx, sy = tile(*selected)
+        fig.add_trace(
+            go.Scatter(
+                x=[sx],
+                y=[sy],
+                mode="markers",
+                marker=dict(
+                    symbol="square-open",
+                    size=max(8.0, cell_px * (min(s_r, s_c) + 2)),
+                    color="#e4002b",
+                    line=dict(width=2.5),
+                ),
+                hoverinfo="skip",
+                name="selected head",
+                showlegend=False,
+            )
+        )
     return fig
 
 

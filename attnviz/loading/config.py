@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, PretrainedConfig
+from typing import Any
+
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    PretrainedConfig,
+)
 
 from ..errors import ModelHasNoAttention
 from ..layout import AttentionLayout, ModelKind, Stack
@@ -46,7 +55,13 @@ def model_kind(config: PretrainedConfig) -> ModelKind:
         return "encoder"
     if "Masked" in archs or "SequenceClassification" in archs or archs[-5:] == "Model":
         return "encoder" if "ForMaskedLM" in archs else "decoder"
-    return "decoder"
+    if (
+        type(config) in AutoModelForCausalLM._model_mapping
+        or type(config) in AutoModelForImageTextToText._model_mapping
+    ):
+        return "decoder"
+    # No causal-LM head anywhere in transformers (NomicBERT, ConvBERT, MobileBERT, ...): an encoder.
+    return "encoder" if type(config) in AutoModel._model_mapping else "decoder"
 
 
 def attention_layout(config: PretrainedConfig) -> AttentionLayout:
@@ -92,8 +107,30 @@ def attention_layout(config: PretrainedConfig) -> AttentionLayout:
 
 
 def _auto_class(kind: ModelKind, config: PretrainedConfig):
+    """The Auto class that loads this config: the LM head where there is one; a vision-language
+    model loads whole (its language model then runs on text alone); otherwise the bare model."""
     if kind == "encoder-decoder":
-        return AutoModelForSeq2SeqLM
-    if kind == "decoder":
-        return AutoModelForCausalLM
-    return AutoModel
+        choices: tuple = (AutoModelForSeq2SeqLM, AutoModel)
+    elif kind == "decoder":
+        choices = (AutoModelForCausalLM, AutoModelForImageTextToText, AutoModel)
+    else:
+        choices = (AutoModel, AutoModelForMaskedLM)
+    for auto in choices:
+        if type(config) in auto._model_mapping:
+            return auto
+    raise ModelHasNoAttention(
+        f"transformers has no text model class for {config.model_type!r} configs "
+        f"({type(config).__name__}); attnviz loads causal LMs, encoders, encoder-decoders and "
+        "vision-language models' language models"
+    )
+
+
+def loads_eager(auto: Any, config: PretrainedConfig) -> bool:
+    """True when the class ``auto`` picks cannot switch its attention at run time (Falcon, GPT-J,
+    BLOOM, ...): such a model is loaded in eager from the start."""
+    try:
+        cls = auto._model_mapping[type(config)]
+    except (KeyError, AttributeError):
+        return False
+    can = getattr(cls, "_can_set_attn_implementation", None)
+    return callable(can) and not can()

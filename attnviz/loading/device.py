@@ -8,14 +8,32 @@ from ..errors import AttnvizError
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """ "auto" picks CUDA, then Apple MPS, then CPU."""
+    """ "auto" picks CUDA, then Apple MPS, then CPU. A named device that is not there is an
+    error (AttnvizError), never a silent fallback to another device and dtype."""
     if device != "auto":
-        return torch.device(device)
+        return _named_device(device)
     if torch.cuda.is_available():
         return torch.device("cuda")
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _named_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda", "mps"):
+        raise AttnvizError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps")
+    mps = getattr(torch.backends, "mps", None)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AttnvizError(f"device {device!r}: CUDA is not available on this machine; use cpu or auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise AttnvizError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "mps" and not (mps and mps.is_available()):
+        raise AttnvizError(f"device {device!r}: Apple MPS is not available on this machine; use cpu or auto")
+    return dev
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

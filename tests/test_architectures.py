@@ -1,0 +1,64 @@
+"""Every text architecture transformers ships: exact attention or a clear refusal, never wrong.
+
+One tiny random model per architecture (tests/archs.py), checked in two worker processes against a
+SEPARATE eager load of the same weights, fp32, tolerance 1e-4; docs/architectures.md is the table
+these rows render to.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import archs
+import pytest
+
+NAMES = sorted(archs.mapping_names())
+EXACT = ("fast exact", "eager exact (one layer at a time)")
+# Words that mark a message meant for developers, not for the person using attnviz.
+INTERNAL = ("internal", "traceback", "please report", "captured ")
+
+
+@functools.cache
+def rows() -> dict[str, archs.Row]:
+    return {r.model_type: r for r in archs.run_all(NAMES)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", NAMES)
+def test_exact_or_refused_with_a_reason(model_type):
+    row = rows()[model_type]
+    assert row.status in (*EXACT, "refused", "skipped"), f"{model_type}: {row.status}: {row.detail}"
+    if row.status in EXACT:
+        assert row.max_diff is not None and row.max_diff <= 1e-4, f"{model_type}: max |Δ| {row.max_diff}"
+    if row.status == "refused":
+        reason = row.detail
+        assert model_type.replace("-", "_") in reason.replace("-", "_") or "model" in reason, reason
+        assert len(reason.split()) >= 8, f"not a sentence: {reason!r}"
+        assert not any(w in reason.lower() for w in INTERNAL), f"internal message: {reason!r}"
+
+
+@pytest.mark.slow
+def test_coverage_is_dozens_of_architectures_and_the_named_families():
+    exact = {t for t, r in rows().items() if r.status in EXACT}
+    assert len(exact) >= 150, f"only {len(exact)} architectures exact"
+    named = {
+        "llama", "gpt2", "bert", "t5", "bart", "falcon", "gpt_oss", "t5gemma", "gptj", "codegen",
+        "bloom", "mpt", "deberta-v2", "mpnet", "xglm", "jamba", "bamba", "granitemoehybrid",
+        "qwen3_next", "minimax", "lfm2", "recurrent_gemma", "nemotron_h", "convbert", "mobilebert",
+    }  # fmt: skip
+    assert named <= exact, f"not exact: {sorted(named - exact)}"
+    for ssm in ("mamba", "rwkv", "falcon_mamba"):
+        assert rows()[ssm].status == "refused", ssm
+
+
+@pytest.mark.slow
+def test_hybrids_show_attention_blocks_only():
+    for model_type, blocks in {"jamba": "1, 3 of 4", "qwen3_next": "1, 3 of 4", "bamba": "1, 3 of 4"}.items():
+        assert rows()[model_type].detail == f"attention in blocks {blocks}", rows()[model_type]
+
+
+@pytest.mark.slow
+def test_table_in_docs_matches_the_code():
+    want = archs.render(list(rows().values()))
+    have = archs.DOC.read_text(encoding="utf-8") if archs.DOC.exists() else ""
+    assert have == want, "docs/architectures.md is stale: run `python tests/archs.py --write`"
