@@ -240,16 +240,6 @@ def attend(
         return _blocked(q, k, v, scale, spec, q_offset)
 
 
-def _with_ones(t: torch.Tensor, extra: torch.Tensor | float) -> torch.Tensor:
-    """Append one feature to the last dim: a constant or a (h, pos) tensor."""
-    col = torch.empty(*t.shape[:-1], 1, dtype=t.dtype, device=t.device)
-    if isinstance(extra, torch.Tensor):
-        col[..., 0] = extra
-    else:
-        col.fill_(extra)
-    return torch.cat([t, col], -1)
-
-
 def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
     """(kv_heads, pos, d) -> (heads, pos, d) in transformers' repeat_kv order."""
     group = cap.query.shape[1] // t.shape[0]
