@@ -58,7 +58,8 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
         )
         return None
     bar = st.progress(0.0, text="Starting…")
-    st.button("Cancel", key="atlas_cancel", help="Stops after the current text (nothing is cached).")
+    cancel = st.empty()
+    cancel.button("Cancel", key="atlas_cancel", help="Stops the run at the next text (nothing is cached).")
     t0 = [0.0]
 
     def progress(done: int, total: int, note: str) -> bool:
@@ -72,6 +73,9 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
     with models.guarded("running the atlas", frame.token, (lm.spec,)):
         atlas = AT.run_atlas(lm, texts, progress=progress)
         bar.empty()
+        cancel.empty()
+        if not atlas.cancelled and atlas.n_texts:
+            st.rerun()  # drawn from the disk cache, without the run and cancel buttons
         return atlas
     return None
 

@@ -121,3 +121,22 @@ def test_atlas_page_runs_and_ranks(env):
     again = new_app(ATLAS, model=TINY, ntexts=6).run()
     ok(again)
     assert any("disk cache" in c.value for c in again.caption)
+
+
+def test_from_scratch_opens_on_a_change_and_draws_the_difference(env):
+    from attnviz.reference import layer_walkthrough
+
+    at = new_app("pages/2_From_scratch.py", model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    assert at.segmented_control(key="change").value == "no RoPE"  # not "none": the same map twice
+    import tiny
+
+    wt = layer_walkthrough(tiny.loaded("llama-gqa"), TEXT, 1)
+    want = wt.counterfactuals.no_rope[2] - wt.probs[2]
+    diff = next(
+        s
+        for s in specs(at)
+        if [a["text"] for a in s["layout"].get("annotations", [])][:1] == ["no RoPE − real"]
+    )
+    np.testing.assert_allclose(z_of(heatmaps(diff)[0]), want, atol=1e-6)
+    assert np.abs(want).max() > 0.01
