@@ -140,3 +140,21 @@ def test_from_scratch_opens_on_a_change_and_draws_the_difference(env):
     )
     np.testing.assert_allclose(z_of(heatmaps(diff)[0]), want, atol=1e-6)
     assert np.abs(want).max() > 0.01
+
+
+def test_generation_samples_with_the_seed_from_the_link(env):
+    import tiny
+
+    from attnviz.extract import Sampling
+
+    at = new_app(
+        "pages/4_Generation.py", model=TINY, text=TEXT, k=6, sample=1, temp=1.5, topp=1.0, seed=7
+    ).run()
+    ok(at)
+    want = attnviz.extract(tiny.loaded("llama-gqa"), TEXT, generate=6, sampling=Sampling(1.5, 1.0, 7))
+    greedy = attnviz.extract(tiny.loaded("llama-gqa"), TEXT, generate=6)
+    shown = " ".join(m.value for m in at.markdown)
+    new = [d for d, g in zip(want.tokens.display, want.tokens.generated, strict=True) if g]
+    assert want.tokens.ids != greedy.tokens.ids
+    assert at.query_params["seed"] == "7" and at.toggle(key="sample").value is True
+    assert new[0] in shown, (new, shown[:300])  # the continuation shows the sampled tokens
