@@ -13,7 +13,7 @@ from attnviz import figures as F
 from attnviz.loading import cache_dir
 from ui import attention, export, models, shell, state
 from ui.params import AtlasParams, ExplorerParams
-from ui.text import md
+from ui.text import guarded, md
 
 frame = shell.begin(AtlasParams, text_label="Text (not used here: the atlas runs its corpus)")
 st.title("Head atlas")
@@ -70,7 +70,7 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
         bar.progress(done / total, text=f"{note} · about {eta:.0f} s left" if done else note)
         return True
 
-    with models.guarded("running the atlas", frame.token, (lm.spec,)):
+    with guarded("running the atlas", frame.token, (lm.spec,)):
         atlas = AT.run_atlas(lm, texts, progress=progress)
         bar.empty()
         cancel.empty()

@@ -71,6 +71,11 @@ def begin(cls: type[P], *, text_label: str = "Text") -> Frame[P]:
     """Read the link into the page's parameters, draw the sidebar, return both."""
     logs.configure()
     state.start(cls, path=entry(cls).url_path)
+    with st.sidebar:
+        st.markdown("### attnviz")
+        for e in PAGES:  # our own links: the same menu whatever the server's config says
+            st.page_link(e.file, label=e.params.PAGE, icon=e.icon)
+        st.divider()
     token, chat_slot = sidebar.draw(text_label=text_label)
     params = state.current(cls)
     assert isinstance(params, cls)
