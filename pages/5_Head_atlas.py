@@ -74,7 +74,7 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
         atlas = AT.run_atlas(lm, texts, progress=progress)
         bar.empty()
         cancel.empty()
-        if not atlas.cancelled and atlas.n_texts:
+        if not atlas.from_cache and not atlas.cancelled and atlas.n_texts:
             st.rerun()  # drawn from the disk cache, without the run and cancel buttons
         return atlas
     return None
