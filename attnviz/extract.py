@@ -17,7 +17,7 @@ from .capture import IMPLEMENTATION, CapturedAttention, recording
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
 from .layerwise import LayerInput
 from .loading import LoadedModel, is_out_of_memory
-from .probe import eager_attentions
+from .probe import decoder_start, eager_attentions
 from .result import AttentionResult
 from .tokens import Tokens
 from .verify import VerifyArg, pick_layer, self_check
@@ -102,11 +102,7 @@ def _group(lm: LoadedModel, calls: list[CapturedAttention]) -> dict[str, list[Ca
 
 
 def _decoder_start(lm: LoadedModel) -> int:
-    cfg = lm.model.config
-    start = getattr(cfg, "decoder_start_token_id", None)
-    if start is None:
-        start = getattr(cfg, "pad_token_id", None) or 0
-    return int(start)
+    return decoder_start(lm.model.config)
 
 
 def extract(

@@ -31,11 +31,8 @@ class LayerInput:
     bound: inspect.BoundArguments
     out_index: int
 
-    @property
-    def nbytes(self) -> int:
-        return sum(
-            v.numel() * v.element_size() for v in self.bound.arguments.values() if isinstance(v, torch.Tensor)
-        )
+    def tensors(self) -> list[torch.Tensor]:
+        return [v for v in self.bound.arguments.values() if isinstance(v, torch.Tensor)]
 
     def probabilities(self) -> torch.Tensor:
         """(heads, query_pos, key_pos) float32; the caller has put the model in eager mode."""

@@ -106,6 +106,11 @@ def _check_mask(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
     return True
 
 
+def _unset(value: object) -> bool:
+    """None, False or a numeric 0: an extra the capture recorded as "off"."""
+    return value is None or (isinstance(value, bool | int | float) and not value)
+
+
 def layer_spec(
     cap: CapturedAttention | None, layout: AttentionLayout, layer: int, stack: Stack
 ) -> tuple[MaskSpec | None, str]:
@@ -118,7 +123,7 @@ def layer_spec(
         if f.name in _EXACT_WHEN_NONE:
             if value is not None:
                 return None, _EXACT_WHEN_NONE[f.name]
-        elif f.name not in _KNOWN and value is not None and value is not False:
+        elif f.name not in _KNOWN and not _unset(value):
             return None, f"captured {f.name}"
     n_q, n_k = cap.query.shape[2], cap.key.shape[2]
     if cap.query.shape[1] % cap.key.shape[1]:

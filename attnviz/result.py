@@ -258,6 +258,10 @@ class AttentionResult:
                         total += t.numel() * t.element_size()
         for tensors in self._eager.values():
             total += sum(t.numel() * t.element_size() for t in tensors)
-        for inputs in self._layers.values():
-            total += sum(i.nbytes for i in inputs)
+        for inputs in self._layers.values():  # a mask shared by every layer counts once
+            for i in inputs:
+                for t in i.tensors():
+                    if id(t) not in seen:
+                        seen.add(id(t))
+                        total += t.numel() * t.element_size()
         return total

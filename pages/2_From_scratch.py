@@ -9,7 +9,7 @@ from attnviz import figures as F
 from attnviz.reference import walkthrough as W
 from ui import attention, export, models, shell, sidebar, state, steps
 from ui.params import CHANGES, SCRATCH_MODES, ScratchParams
-from ui.text import md
+from ui.text import guarded, md
 
 TOY_HEADS = [1, 2, 4, 8, 16]
 TOLERANCE = 1e-4  # float32 recomputation vs the model: differences of ~1e-7 are rounding
@@ -138,7 +138,7 @@ def real_layer() -> None:
 
     max_tokens = min(W.DEFAULT_MAX_TOKENS, models.config().max_tokens)
     wt = None
-    with models.guarded(f"recomputing {lay.layer_label(layer)} of {md(p.model)}", frame.token, (p.model,)):
+    with guarded(f"recomputing {lay.layer_label(layer)} of {md(p.model)}", frame.token, (p.model,)):
         key = (lm.spec, models.token_key(frame.token), p.text, chat, layer)
         with st.spinner(f"Recomputing layer {layer} step by step…", show_time=True):
             wt = models.cached(

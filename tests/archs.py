@@ -94,8 +94,10 @@ _HYBRID4 = {"num_hidden_layers": 4}
 _QWEN_NEXT = {"num_hidden_layers": 4, "full_attention_interval": 2}
 EXTRA: dict[str, dict] = {
     "jamba": {**_HYBRID4, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2},
-    "zamba": {**_HYBRID4, "attn_layer_period": 2, "attn_layer_offset": 1},
-    "zamba2": {**_HYBRID4, "mamba_headdim": 8, "n_mamba_heads": 8},
+    "zamba": {"num_hidden_layers": 6, "attn_layer_period": 3, "attn_layer_offset": 1},
+    "zamba2": {**_HYBRID4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "mamba2": {"head_dim": 16},
     "bamba": {**_HYBRID4, "mamba_n_heads": 4, "attn_layer_indices": [1, 3]},
     "falcon_h1": {"mamba_n_heads": 4, "mamba_d_ssm": 64},
     "granitemoehybrid": {
@@ -116,6 +118,8 @@ EXTRA: dict[str, dict] = {
     "bigbird_pegasus": {"attention_type": "original_full"},
     "encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
 }
+for _vl in ("qwen2_vl", "qwen2_5_vl"):  # M-RoPE sections must add up to head_dim / 2
+    EXTRA[_vl] = {"text_config": {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1]}}}
 for _mla in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "minicpm3"):
     EXTRA[_mla] = {"num_key_value_heads": 4}
 for _mla in ("longcat_flash", "youtu", "axk1", "axk2", "kimi_linear"):
@@ -125,7 +129,13 @@ for _mla in ("longcat_flash", "youtu", "axk1", "axk2", "kimi_linear"):
 # sum to < 1, as GPT-OSS). Compared here with eager's renormalised: the same up to that scale.
 SINK_AFTER_SOFTMAX = {"granite_swa", "granitemoe_swa"}
 # Architectures in transformers' text mappings that are not text models (with the reason).
-NOT_TEXT: dict[str, str] = {}
+NOT_TEXT: dict[str, str] = {
+    "musicgen": "audio generation over codebooks, not a text model",
+    "musicgen_melody": "audio generation over codebooks, not a text model",
+    "esmc": "protein language model (amino-acid tokens), not a text model",
+    "nemo_speechlm": "speech-to-text model (audio input), not a text model",
+    "gemma3n": "needs the timm library for its vision tower (not installed here)",
+}
 
 
 @dataclass
@@ -148,7 +158,22 @@ def mapping_names() -> dict[str, str]:
     ):
         for t in names:
             out.setdefault(t, kind)
+    for t in VISION_LANGUAGE:
+        out.setdefault(t, "vlm")
     return out
+
+
+# Vision-language models: loaded whole, their language model runs on text alone.
+VISION_LANGUAGE = (
+    "llava",
+    "llava_next",
+    "mistral3",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "paligemma",
+    "idefics3",
+)
 
 
 def _shrink(cls, overrides: dict):
@@ -161,7 +186,9 @@ def _shrink(cls, overrides: dict):
         sub = getattr(default, key, None)
         if isinstance(sub, tf.PretrainedConfig):
             kwargs[key] = _shrink(type(sub), overrides.get(key, {})).to_dict()
-    kwargs.update({k: v for k, v in overrides.items() if not isinstance(v, dict)})
+    kwargs.update(
+        {k: v for k, v in overrides.items() if not isinstance(getattr(default, k, None), tf.PretrainedConfig)}
+    )
     if "layer_types" in have:
         kwargs.setdefault("layer_types", None)
     return cls(**kwargs)
@@ -178,9 +205,19 @@ def tiny_config(model_type: str):
 def build(model_type: str, kind: str):
     """(model built with transformers' default attention, the same weights loaded eager)."""
     import torch
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSeq2SeqLM,
+    )
 
-    auto = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM, "masked": AutoModel}[kind]
+    auto = {
+        "causal": AutoModelForCausalLM,
+        "seq2seq": AutoModelForSeq2SeqLM,
+        "masked": AutoModel,
+        "vlm": AutoModelForImageTextToText,
+    }[kind]
     cfg = tiny_config(model_type)
     torch.manual_seed(0)
     model = auto.from_config(cfg)
@@ -243,11 +280,12 @@ def check(model_type: str, kind: str | None = None) -> Row:
         return Row(model_type, "error", f"eager reference failed: {type(err).__name__}: {str(err)[:160]}")
     worst = 0.0
     for stack, tensors in ref.items():
-        if stack not in res.stacks or len(tensors) != res.n_layers(stack):
+        got = res.n_layers(stack) if stack in res.stacks else 0
+        if got != len(tensors):
             return Row(
                 model_type,
                 "error",
-                f"{stack}: {len(tensors)} eager layers, attnviz has {res.n_layers(stack) if stack in res.stacks else 0}",
+                f"{stack}: {len(tensors)} eager layers, attnviz has {got}",
             )
         for i, t in enumerate(tensors):
             ours = res.layer_tensor(i, stack=stack).cpu()
@@ -298,7 +336,9 @@ of the same weights (`output_attentions=True`): every attention layer agrees wit
 - **eager exact (one layer at a time)**: the model's own eager attention module is run again on
   one layer's recorded input when that layer is asked for; never all layers' (heads, N, N) at once.
 - **refused**: attnviz says why, in the sentence shown.
-- **not covered**: no tiny model could be built here (the reason); not a statement about the model.
+- **skipped**: not a text model (the reason).
+- **not covered**: no tiny model could be built here from the config class with small sizes (the
+  error); not a statement about the model.
 
 Hybrids list the blocks that have attention; the other blocks are recurrent / state-space and have
 no attention map. Regenerate with `python tests/archs.py --write` (tests/test_architectures.py
@@ -314,7 +354,9 @@ def render(rows: list[Row]) -> str:
 
     lines = [HEADER.format(version=transformers.__version__)]
     for r in sorted(rows, key=lambda r: r.model_type):
-        if r.status == "skipped":
+        if r.model_type in NOT_TEXT:
+            status, note = "skipped", r.detail
+        elif r.status == "skipped":
             status, note = "not covered", r.detail
         elif r.status == "refused":
             status, note = "refused", r.detail

@@ -55,15 +55,7 @@ def non_default(cls: type[P.Params]) -> P.Params:
         elif f.name == "wstep":
             changes[f.name] = "scores_raw"
         else:  # a choice: another option of its Literal
-            options = {
-                "stack": P.STACKS,
-                "cmap": P.COLORSCALES,
-                "metric": P.METRICS,
-                "mode": P.SCRATCH_MODES,
-                "change": P.CHANGES,
-                "cmp": P.COMPARE_MODES,
-                "grow": P.GEN_ROWS,
-            }[f.name]
+            options = f.metadata["parse"].options  # the choice's own options
             changes[f.name] = next(o for o in options if o != d)
     return cls(**changes)
 

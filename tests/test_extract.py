@@ -113,6 +113,7 @@ def test_fast_path_never_runs_eager_attention(monkeypatch):
     softmax(QK^T) per layer); the eager path calls it once per layer."""
     from transformers.models.llama import modeling_llama
 
+    lm = tiny.loaded("llama-gqa")  # loading probes the capture against eager once: not counted
     calls: list[tuple[int, ...]] = []
     real = modeling_llama.eager_attention_forward
 

@@ -115,8 +115,8 @@ def test_fused_kernel_lse_and_expectations_equal_a_dense_softmax():
 
 
 @dataclasses.dataclass
-class _WithSinks(CapturedAttention):
-    sinks: torch.Tensor | None = None  # e.g. learned per-head sink logits a future capture records
+class _WithExtra(CapturedAttention):
+    future_bias: torch.Tensor | None = None  # a term a future capture might record
 
 
 def test_any_unknown_captured_extra_falls_back_to_dense():
@@ -125,10 +125,12 @@ def test_any_unknown_captured_extra_falls_back_to_dense():
     spec, why = lse.layer_spec(caps[1], res.layout, 1, "self")
     assert spec == lse.MaskSpec(True) and why == "fused"
     fields = {f.name: getattr(caps[1], f.name) for f in dataclasses.fields(CapturedAttention)}
-    res._captured["self"] = [caps[0], _WithSinks(**fields, sinks=torch.zeros(4)), caps[2]]
+    res._captured["self"] = [caps[0], _WithExtra(**fields, future_bias=torch.zeros(4)), caps[2]]
     hm = M.head_metrics(res)
-    assert hm.paths == ("fused", "dense: captured sinks", "fused")
-    res._captured["self"] = [caps[0], _WithSinks(**fields, sinks=None), caps[2]]
+    assert hm.paths == ("fused", "dense: captured future_bias", "fused")
+    res._captured["self"] = [caps[0], dataclasses.replace(caps[1], sinks=torch.zeros(4)), caps[2]]
+    assert M.head_metrics(res).paths[1].startswith("dense")  # learned sinks: exact dense path
+    res._captured["self"] = [caps[0], _WithExtra(**fields, future_bias=None), caps[2]]
     assert M.head_metrics(res).paths == ("fused",) * 3  # an extra that is not set changes nothing
 
 

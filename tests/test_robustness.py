@@ -31,6 +31,7 @@ from streamlit.testing.v1 import AppTest
 import attnviz
 from attnviz.settings import settings
 from attnviz.specs import resolve
+from ui.params import pack_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "robustness.md"
@@ -221,6 +222,16 @@ CASES: tuple[Case, ...] = (
     # -- share links and widgets (app only; the engine never sees these) ---------------------
     Case(
         "link-text-too-long", "`?text=` of 100,001 characters", "warning", r"at most 60000 characters", (A,)
+    ),
+    Case(
+        "link-tz-garbage", "`?tz=` that is not a compressed text", "warning", r"not a compressed text", (A,)
+    ),
+    Case(
+        "link-tz-bomb",
+        "`?tz=` inflating to 3 MB (a few kB in the link)",
+        "warning",
+        r"longer than 60000 characters",
+        (A,),
     ),
     Case("link-not-a-number", "`?layer=abc`", "warning", r"use a whole number", (A,)),
     Case("link-bad-bool", "`?chat=maybe`", "warning", r"use 1 or 0", (A,)),
@@ -716,6 +727,8 @@ APP: dict[str, AppCase] = {
         {"text": "out of memory here"}, "error", r"did not fit in memory", patch=_oom_patch
     ),
     "link-text-too-long": AppCase({"text": "a" * 100_001}, "warning", r"at most 60000 characters"),
+    "link-tz-garbage": AppCase({"tz": "%%%not-base64"}, "warning", r"not a compressed text"),
+    "link-tz-bomb": AppCase({"tz": pack_text("a" * 3_000_000)}, "warning", r"longer than 60000 characters"),
     "link-not-a-number": AppCase({"layer": "abc"}, "warning", r"use a whole number"),
     "link-bad-bool": AppCase({"chat": "maybe"}, "warning", r"use 1 or 0"),
     "link-bad-choice": AppCase({"cmap": "<script>"}, "warning", r"use one of"),
@@ -760,8 +773,15 @@ def assert_renders(at: AppTest, text: str) -> None:
     display = list(attnviz.extract(tiny.loaded("llama-gqa"), text).tokens.display)
     assert list(at.dataframe[0].value["token"]) == display
     labels = [f"({i}) {d}" for i, d in enumerate(display)]
-    heat = next(t for t in specs[-1]["data"] if t.get("type") == "heatmap")
-    assert list(heat["x"]) == [html.escape(s, quote=False) for s in labels], "labels not escaped for Plotly"
+    escaped = [html.escape(s, quote=False) for s in labels]
+    heats = [
+        t
+        for s in specs
+        for t in s["data"]
+        if t.get("type") == "heatmap" and len(t.get("x", [])) == len(labels)
+    ]
+    assert heats, "no token heatmap"
+    assert all(list(h["x"]) == escaped for h in heats), "labels not escaped for Plotly"
 
 
 def recover(at: AppTest) -> None:
@@ -961,7 +981,7 @@ def test_package_logs_and_never_prints():
     import ast
 
     for py in (ROOT / "attnviz").rglob("*.py"):
-        if py.name in ("cli.py", "bench.py"):
+        if py.name in ("cli.py", "drift.py") or py.name.startswith("bench"):  # command-line reports
             continue
         for node in ast.walk(ast.parse(py.read_text())):
             if isinstance(node, ast.Call):

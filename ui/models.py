@@ -23,7 +23,6 @@ import logging
 import secrets
 import threading
 import time
-import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -32,11 +31,11 @@ from typing import Any, TypeVar
 import streamlit as st
 
 import attnviz
-from attnviz import AttentionResult, AttnvizError, LoadedModel, env, specs
+from attnviz import AttentionResult, LoadedModel, env, specs
 from attnviz.gate import InferenceGate
 from attnviz.layout import AttentionLayout
 from attnviz.settings import Settings, settings
-from ui.text import literal, md, md_in
+from ui.text import guarded, literal, md
 
 log = logging.getLogger("attnviz.ui")
 
@@ -57,36 +56,6 @@ def token_key(token: str | None) -> str:
     if not token:
         return ""
     return hmac.new(_SECRET, token.encode(), hashlib.sha256).hexdigest()[:24]
-
-
-def scrub(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def guarded(what: str, token: str | None = None, user: tuple[str, ...] = ()) -> Iterator[list[BaseException]]:
-    """Run a block; an `AttnvizError` shows ``st.error`` with its message (which says what to
-    do), anything else a generic message; the page goes on. ``user`` strings (a model name)
-    are shown literally, never as Markdown. Yields a list that holds the error."""
-    caught: list[BaseException] = []
-    try:
-        yield caught
-    except AttnvizError as err:
-        caught.append(err)
-        st.error(md_in(scrub(str(err), token), *user), icon=":material/error:")
-    except Exception as err:  # noqa: BLE001 - the app must keep serving
-        caught.append(err)
-        log.error("unexpected error while %s: %s", what, scrub(traceback.format_exc(), token))
-        st.error(
-            f"Something unexpected went wrong while {what} ({type(err).__name__}). The app is still "
-            "running: try again, shorten the text, or pick another model. Details are in the server log.",
-            icon=":material/error:",
-        )
 
 
 # ---------------------------------------------------------------------------------------------

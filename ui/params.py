@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self, get_args
 
 import attnviz
+from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
 from attnviz.figures import COLORSCALES, DIRECTIONS, SCALES
 from attnviz.metrics import METRICS
 
@@ -78,6 +79,7 @@ def _choice(options: Sequence[str]) -> Callable[[str], str]:
             raise ValueError("use one of " + ", ".join(repr(o) for o in options if o))
         return raw
 
+    parse.options = tuple(options)  # type: ignore[attr-defined]  # what a choice accepts
     return parse
 
 
@@ -293,10 +295,19 @@ class GenerationParams(Params):
     log: bool = p(False, _bool)
 
 
+@dataclass(frozen=True)
+class AtlasParams(Params):
+    PAGE: ClassVar[str] = "Head atlas"
+
+    stat: str = p("previous_token", _choice(ATLAS_STATISTICS))
+    ntexts: int = p(50, _int(1, 1000))
+
+
 PAGE_PARAMS: tuple[type[Params], ...] = (
     ExplorerParams,
     OverviewParams,
     ScratchParams,
     CompareParams,
     GenerationParams,
+    AtlasParams,
 )

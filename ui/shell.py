@@ -22,6 +22,7 @@ from streamlit.delta_generator import DeltaGenerator
 from attnviz import AttentionResult, LoadedModel
 from ui import logs, models, sidebar, state
 from ui.params import (
+    AtlasParams,
     CompareParams,
     ExplorerParams,
     GenerationParams,
@@ -47,6 +48,7 @@ PAGES: tuple[PageEntry, ...] = (
     PageEntry("pages/2_From_scratch.py", ScratchParams, ":material/calculate:", "From_scratch"),
     PageEntry("pages/3_Compare.py", CompareParams, ":material/compare:", "Compare"),
     PageEntry("pages/4_Generation.py", GenerationParams, ":material/edit_note:", "Generation"),
+    PageEntry("pages/5_Head_atlas.py", AtlasParams, ":material/travel_explore:", "Head_atlas"),
 )
 
 
@@ -68,6 +70,11 @@ def begin(cls: type[P], *, text_label: str = "Text") -> Frame[P]:
     """Read the link into the page's parameters, draw the sidebar, return both."""
     logs.configure()
     state.start(cls, path=entry(cls).url_path)
+    with st.sidebar:
+        st.markdown("### attnviz")
+        for e in PAGES:  # our own links: the same menu whatever the server's config says
+            st.page_link(e.file, label=e.params.PAGE, icon=e.icon)
+        st.divider()
     token, chat_slot = sidebar.draw(text_label=text_label)
     params = state.current(cls)
     assert isinstance(params, cls)
