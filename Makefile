@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
 
-.PHONY: run test install dev lint format typecheck pytest bench warmup dist clean
+.PHONY: run test test-fast install dev lint format typecheck pytest bench warmup dist clean
 
 # Installs the pinned dependencies, then the project the way users do (`pip install -e ".[app]"`).
 $(VENV)/.installed: requirements.txt scripts/install.sh pyproject.toml
@@ -36,6 +36,12 @@ typecheck: dev
 
 pytest: dev
 	$(PY) -m pytest
+
+# The tier to run on every change (under 3 minutes on 2 cores): engine, figures, AppTest pages.
+# No browser, no soak, nothing marked slow, nothing that needs a GPU (markers: pyproject.toml).
+FAST := not slow and not browser and not gpu
+test-fast: dev
+	$(PY) -m pytest -m "$(FAST)"
 
 bench: install
 	$(PY) -m attnviz bench

@@ -19,6 +19,7 @@ page = st.navigation(
     [
         st.Page(e.file, title=e.params.PAGE, icon=e.icon, url_path=e.url_path or None, default=not e.url_path)
         for e in shell.PAGES
-    ]
+    ],
+    position="hidden",  # the sidebar draws the page links (ui/shell.py), above the model picker
 )
 page.run()

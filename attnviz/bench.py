@@ -319,7 +319,13 @@ def run_bench(args) -> int:
         if readme.exists() and "<!-- bench:start -->" in readme.read_text():
             write_markdown(readme, rows, _machine(device), sizes)  # the README quotes the same table
         sys.stdout.write(f"wrote {args.out}\n")
-    return 0
+    from .bench_stats import run_stats_bench  # whole-model answers: statistics, rollout, pooled view
+
+    del lm
+    gc.collect()
+    chosen = getattr(args, "stats_sizes", None)
+    stats_sizes = [int(s) for s in str(chosen).split(",") if s.strip()] if chosen else sizes
+    return run_stats_bench(args.device, stats_sizes, args.repeats, None if args.no_write else args.out)
 
 
 def replace_section(path: Path, name: str, body: str) -> None:

@@ -44,6 +44,8 @@ class StatsRow:
     rollout_s: float
     pooled_s: float
     fused_layers: str
+    stats_cpu_ratio: float = float("nan")  # (extract + statistics) / forward in process CPU time
+    rollout_cpu_ratio: float = float("nan")
 
 
 def _sync(device: torch.device) -> None:
@@ -51,13 +53,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def _time(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+_CPU: dict[str, list[float]] = {}  # process CPU seconds of the last `_time` calls, by name
+
+
+def _time(fn: Callable[[], object], device: torch.device, name: str = "") -> tuple[float, object]:
+    """Wall seconds of fn() (and its process CPU seconds into ``_CPU[name]``: on a shared CPU
+    the CPU-time ratio is the steadier one)."""
     gc.collect()
     _sync(device)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     out = fn()
     _sync(device)
-    return time.perf_counter() - t0, out
+    wall = time.perf_counter() - t0
+    if name:
+        _CPU.setdefault(name, []).append(time.process_time() - c0)
+    return wall, out
 
 
 def stats_rows(lm: LoadedModel, sizes: list[int], repeats: int) -> list[StatsRow]:
@@ -67,24 +77,27 @@ def stats_rows(lm: LoadedModel, sizes: list[int], repeats: int) -> list[StatsRow
     for n in sizes:
         ids = ids_of_length(lm, n)
         _floor(lm, ids[:32])()  # warm-up
+        _CPU.clear()
         got: dict[str, list[float]] = {k: [] for k in ("forward", "extract", "stats", "rollout", "pooled")}
         paths = ""
         for _ in range(max(1, repeats)):
-            got["forward"].append(_time(_floor(lm, ids), dev)[0])
-            t, res = _time(partial(extract_ids, lm, ids, max_tokens=n), dev)
+            got["forward"].append(_time(_floor(lm, ids), dev, "forward")[0])
+            t, res = _time(partial(extract_ids, lm, ids, max_tokens=n), dev, "extract")
             got["extract"].append(t)
-            t, hm = _time(partial(head_metrics, res), dev)  # type: ignore[arg-type]
+            t, hm = _time(partial(head_metrics, res), dev, "stats")  # type: ignore[arg-type]
             got["stats"].append(t)
             paths = f"{sum(p == 'fused' for p in hm.paths)}/{len(hm.paths)}"  # type: ignore[attr-defined]
             del res, hm
             fresh = extract_ids(lm, ids, max_tokens=n)
-            got["rollout"].append(_time(partial(token_rollout, fresh), dev)[0])
+            got["rollout"].append(_time(partial(token_rollout, fresh), dev, "rollout")[0])
             got["pooled"].append(_time(partial(pooled, fresh, fresh.n_layers() // 2), dev)[0])
             del fresh
         med = {k: statistics.median(v) for k, v in got.items()}
+        cpu = {k: statistics.median(v) for k, v in _CPU.items()}
         row = StatsRow(
-            lm.spec, n, med["forward"], med["extract"], med["stats"], med["rollout"], med["pooled"], paths
-        )
+            lm.spec, n, med["forward"], med["extract"], med["stats"], med["rollout"], med["pooled"], paths,
+            (cpu["extract"] + cpu["stats"]) / cpu["forward"], cpu["rollout"] / cpu["forward"],
+        )  # fmt: skip
         sys.stdout.write(_line(row) + "\n")
         sys.stdout.flush()
         rows.append(row)
@@ -93,8 +106,9 @@ def stats_rows(lm: LoadedModel, sizes: list[int], repeats: int) -> list[StatsRow
 
 HEADER = (
     "| model | N | (a) SDPA forward | extract + all-head statistics | ratio to (a) | "
-    "rollout of the last token | ratio | pooled view (256 cells, all heads) | ratio | fused layers |\n"
-    "|---|---|---|---|---|---|---|---|---|---|"
+    "rollout of the last token | ratio | pooled view (256 cells, all heads) | ratio | fused layers | "
+    "CPU-time ratios: stats / rollout |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -103,7 +117,8 @@ def _line(r: StatsRow) -> str:
     return (
         f"| {r.model} | {r.n} | {f:.2f} s | {r.extract_s:.2f} + {r.stats_s:.2f} s | "
         f"{(r.extract_s + r.stats_s) / f:.2f} | {r.rollout_s:.2f} s | {r.rollout_s / f:.2f} | "
-        f"{r.pooled_s:.2f} s | {r.pooled_s / f:.2f} | {r.fused_layers} |"
+        f"{r.pooled_s:.2f} s | {r.pooled_s / f:.2f} | {r.fused_layers} | "
+        f"{r.stats_cpu_ratio:.2f} / {r.rollout_cpu_ratio:.2f} |"
     )
 
 

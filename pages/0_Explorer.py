@@ -134,12 +134,14 @@ def view(ref: models.ResultRef) -> None:
         picked = views.clicked(event, "grid_chart")
         if picked and int(picked[0]) != head:
             state.put("head", int(picked[0]))
+            st.rerun()  # redraw the grid with the new head framed
         st.caption("Click a head's corner square to show it big. " + scale_note)
     with right:
         head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax)
     st.subheader("Tokens")
     names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
     views.token_section(ref, shown, stack, layer, int(state.get("head")), names, scale)
+    state.share_box()
 
 
 def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, zmax) -> None:
@@ -200,7 +202,6 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
         key="head",
         what=f"weights of {res.layout.layer_label(layer)}, head {head}",
     )
-    state.share_box()
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from attnviz import figures as F
 from attnviz.layout import Stack
 from ui import attention, export, flow, models, shell, state, views
 from ui.params import ExplorerParams, OverviewParams
-from ui.text import md
+from ui.text import guarded, md
 
 SHORT = {"previous_token": "prev. token", "diagonal": "self", "gqa_coherence": "GQA coherence"}
 
@@ -93,7 +93,7 @@ def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool,
     """One (layer, head) heatmap per statistic; the metrics, or None after an error (shown)."""
     st.subheader("Head statistics")
     hm = None
-    with models.guarded("computing the head statistics", token):
+    with guarded("computing the head statistics", token):
         with st.spinner("Computing the head statistics…", show_time=True):
             hm, note = attention.head_metrics(lm, res, key, stack, induction=induction, token=token)
         if note:

@@ -25,7 +25,7 @@ else:
     text_b = text_a
     st.caption(
         f"Model A: **{md(spec_a)}** (sidebar), model B above; both read the sidebar's text. The two "
-        "need the same layout (layers × heads), e.g. a base model and its instruct version."
+        "are paired head by head when their layouts match; otherwise by matched statistics."
     )
 
 
@@ -44,11 +44,7 @@ def main() -> None:
     la, lb = lm_a.layout, lm_b.layout
     shape_a = (la.n_layers, la.n_decoder_layers, la.n_heads, la.stacks)
     if shape_a != (lb.n_layers, lb.n_decoder_layers, lb.n_heads, lb.stacks):
-        st.error(
-            f"{md(lm_a.spec)} has {la.n_layers} layers × {la.n_heads} heads and {md(lm_b.spec)} has "
-            f"{lb.n_layers} × {lb.n_heads}: heads can only be compared between models of the same layout. "
-            "Pick two models of the same size (e.g. a base and an instruct version), or compare two texts."
-        )
+        compare.matched(lm_a, res_a, ref_a, lm_b, res_b, ref_b, frame.token)
         shell.stop()
 
     stack = attention.stack_picker(res_a.stacks)
@@ -57,7 +53,7 @@ def main() -> None:
     pair_key = (ref_a.key, ref_b.key, stack)
 
     with st.spinner("Comparing every head…", show_time=True):
-        scores = compare.change_scores(res_a, res_b, stack, p.m, pair_key)
+        scores = compare.change_scores(res_a, res_b, stack, p, pair_key)
         ent_a, _ = attention.head_metrics(lm_a, res_a, ref_a.key, stack, induction=False, token=frame.token)
         ent_b, _ = attention.head_metrics(lm_b, res_b, ref_b.key, stack, induction=False, token=frame.token)
     kv = attention.kv_heads(res_a, stack)
@@ -151,7 +147,7 @@ def names(spec_a: str, spec_b: str) -> tuple[str, str]:
 def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, cmap: str, change: float) -> None:
     """One head of A and of B next to each other, A − B under them, and the downloads."""
     st.markdown(f"**Head {head}, layer {layer}**: change {change:.3f} (TV)")
-    if p.m * p.m > F.SINGLE_MAX_CELLS:
+    if p.m * len(p.ka) > F.SINGLE_MAX_CELLS:
         st.caption(
             "The texts are long: the single-head view shows the pooled grids above; download the full block."
         )
@@ -160,24 +156,34 @@ def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, cmap: str, ch
 
     def heads_now() -> tuple[np.ndarray, np.ndarray]:  # (A, B) of this head, fetched when needed
         return (
-            compare.block(models.result_now(ref_a), layer, stack, p.m)[head],
-            compare.block(models.result_now(ref_b), layer, stack, p.m)[head],
+            compare.side(models.result_now(ref_a), p, "a", layer, stack)[head],
+            compare.side(models.result_now(ref_b), p, "b", layer, stack)[head],
         )
 
     cells = F.SINGLE_MAX_CELLS // 3  # three heads on the page: the payload stays under the budget
 
     def diff_figure(ha: np.ndarray, hb: np.ndarray):
         return F.head_grid(
-            (ha - hb)[None], p.labels, titles=["A − B"], diverging=True, max_cells=cells, facet_px=340
+            (ha - hb)[None],
+            p.labels,
+            p.k_labels,
+            titles=["A − B"],
+            diverging=True,
+            max_cells=cells,
+            facet_px=340,
         )
 
     ha, hb = heads_now()
     h1, h2 = st.columns(2)
     with h1:
-        f1 = F.head_heatmap(ha, p.labels, title=name_a, colorscale=cmap, max_cells=cells, height=460)
+        f1 = F.head_heatmap(
+            ha, p.labels, p.k_labels, title=name_a, colorscale=cmap, max_cells=cells, height=460
+        )
         export.chart(f1, F.figure_name("compare", "A", f"L{layer}", f"H{head}"), key="head_a")
     with h2:
-        f2 = F.head_heatmap(hb, p.labels, title=name_b, colorscale=cmap, max_cells=cells, height=460)
+        f2 = F.head_heatmap(
+            hb, p.labels, p.k_labels, title=name_b, colorscale=cmap, max_cells=cells, height=460
+        )
         export.chart(f2, F.figure_name("compare", "B", f"L{layer}", f"H{head}"), key="head_b")
     h3, h4 = st.columns(2)
     with h3:
@@ -193,7 +199,7 @@ def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, cmap: str, ch
 
         def csv() -> str:
             a, b = heads_now()
-            return export.csv_text(a - b, p.labels, p.labels, "A − B: query \\ key")
+            return export.csv_text(a - b, p.labels, p.k_labels, "A − B: query \\ key")
 
         export.downloads(
             F.figure_name("compare", ref_a.name, f"L{layer}", f"H{head}"),

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from test_app_explorer import TEXT, TINY, engine, heatmaps, new_app, ok, prepare, specs, titled, z_of
 
+from attnviz import align
+
 PAGE = "pages/3_Compare.py"
-OTHER_TEXT = "the bank of the lazy dog"
+OTHER_TEXT = "the old bank of a river"  # shares "the", "bank", "of", "river" with TEXT
 
 
 @pytest.fixture
@@ -30,11 +32,11 @@ def test_two_texts_rank_the_heads_that_changed_most(env):
     assert len(grids) == 3 and grids[2]["layout"]["coloraxis"]["cmid"] == 0
 
 
-def test_different_lengths_compare_the_common_prefix_and_say_so(env):
+def test_different_lengths_compare_the_aligned_tokens_and_say_so(env):
     at = new_app(PAGE, model=TINY, text=TEXT, text2=TEXT + " bank").run()
     ok(at)
     note = at.info[0].value
-    assert "compared (the common length)" in note and "causal" in note
+    assert "are aligned" in note and "left out" in note
     a = z_of(heatmaps(titled(at, "A"))[0])
     d = z_of(heatmaps(specs(at)[-1])[0])
     # causal rows of a shared prefix are identical: nothing changed
@@ -47,14 +49,15 @@ def test_the_difference_drawn_is_a_minus_b_from_the_engine(env):
     engine's A minus B (clearly non-zero), not A − A or B − B."""
     at = new_app(PAGE, model=TINY, text=TEXT, text2=OTHER_TEXT, layer=1, head=2).run()
     ok(at)
-    a, b = engine(TEXT).layer(1), engine(OTHER_TEXT).layer(1)
-    m = min(a.shape[-1], b.shape[-1])
-    want = a[:, :m, :m] - b[:, :m, :m]
-    assert np.abs(want).max() > 0.05
+    ra, rb = engine(TEXT), engine(OTHER_TEXT)
+    al = align.align_tokens(ra.tokens, rb.tokens)
+    a, b = align.aligned(ra.layer(1), al.a), align.aligned(rb.layer(1), al.b)
+    want = align.aligned_diff(ra.layer(1), rb.layer(1), al)
+    assert np.abs(want).max() > 0.05 and len(al) >= 5
     grids = [s for s in specs(at) if len(heatmaps(s)) == 4]
     for h in range(4):
-        np.testing.assert_allclose(z_of(heatmaps(grids[0])[h]), a[h, :m, :m], atol=1e-6)
-        np.testing.assert_allclose(z_of(heatmaps(grids[1])[h]), b[h, :m, :m], atol=1e-6)
+        np.testing.assert_allclose(z_of(heatmaps(grids[0])[h]), a[h], atol=1e-6)
+        np.testing.assert_allclose(z_of(heatmaps(grids[1])[h]), b[h], atol=1e-6)
         np.testing.assert_allclose(z_of(heatmaps(grids[2])[h]), want[h], atol=1e-6)
     one = next(
         s for s in specs(at) if [x["text"] for x in s["layout"].get("annotations", [])][:1] == ["A − B"]
@@ -67,11 +70,11 @@ def test_the_difference_drawn_is_a_minus_b_from_the_engine(env):
     assert abs(float(row["change (TV)"].iloc[0]) - tv) < 1e-4
 
 
-def test_differing_tokens_are_labelled_a_bar_b(env):
-    at = new_app(PAGE, model=TINY, text="the bank of the river", text2="the bank of the lazy dog").run()
+def test_shifted_tokens_are_labelled_with_both_positions(env):
+    at = new_app(PAGE, model=TINY, text="the bank of the river", text2="the old bank of the river").run()
     ok(at)
     labels = heatmaps(titled(at, "A"))[0]["x"]
-    assert any(" | " in s for s in labels)
+    assert labels[0] == "(0) &lt;s&gt;" and any("|" in s.split(")")[0] for s in labels), labels
 
 
 def test_selecting_a_row_shows_that_head(env):
@@ -93,8 +96,13 @@ def test_two_models_with_the_same_layout(env):
     assert len(at.dataframe[0].value) == 12
 
 
-def test_two_models_with_different_layouts_explain_why_not(env):
+def test_two_models_with_different_layouts_compare_matched_statistics(env):
     at = new_app(PAGE, model=TINY, text=TEXT, cmp="two models", model2="tiny:gemma2").run()
-    assert not at.exception
-    assert "same layout" in at.error[0].value
+    ok(at)
+    assert "matched statistics" in at.info[0].value
+    profile = next(s for s in specs(at) if "per layer" in (s["layout"].get("title") or {}).get("text", ""))
+    assert [t["name"] for t in profile["data"]] == ["tiny-llama-gqa", "tiny-gemma2"]
+    sim = next(s for s in specs(at) if "correlation" in (s["layout"].get("title") or {}).get("text", ""))
+    assert z_of(heatmaps(sim)[0]).shape == (4, 3)  # 4 heads x 3 layers of A, each its best r in B
+    assert len(at.dataframe[0].value) == 12
     assert at.text_area(key="text").value == TEXT  # the page keeps serving

@@ -21,6 +21,8 @@ def test_every_page_is_in_the_navigation_under_its_url_path(env, entry):
     titles = {"Explorer": "Attention explorer", "Model overview": "Model overview"}
     assert at.title[0].value.startswith(titles.get(entry.params.PAGE, at.title[0].value))
     assert set(at.query_params) == set(entry.params.names())
+    links = [link.proto.label for link in at.sidebar.get("page_link")]
+    assert links == [e.params.PAGE for e in shell.PAGES]  # the menu, on every page
 
 
 def test_the_chat_switch_shows_only_for_models_with_a_chat_template(env):

@@ -3,6 +3,7 @@ through Playwright.
 
 - The default view (built-in smollm2-135m) draws; changing layer and head redraws; the share
   link opened in a fresh browser context shows the same view (same heatmap, same numbers).
+- Long texts survive their (compressed) share links, 6,000 and 50,000 characters.
 - A screenshot of each page goes to test-output/screenshots/ (look at them).
 - Text that looks like HTML, Markdown or LaTeX shows literally in the Plotly tick labels and
   never renders or runs (the rendering rows of docs/robustness.md).
@@ -16,7 +17,7 @@ import urllib.parse
 
 import numpy as np
 import pytest
-from server import OUTPUT, alerts, charts, chromium, streamlit_server, tick_labels, wait_idle
+from server import OUTPUT, alerts, charts, chromium, reran, streamlit_server, tick_labels, wait_idle
 from test_robustness import BY_ID, PHISH
 
 import attnviz
@@ -97,12 +98,12 @@ def test_default_view_layer_head_and_share_link(server, browser, page):
 
     layer = page.locator('input[type="range"][aria-label="Layer"]')
     layer.focus()
-    for _ in range(7):
-        page.keyboard.press("ArrowRight")
-    wait_idle(page)
-    page.locator('input[role="combobox"][aria-label="Head"]').click()
-    page.get_by_role("option", name=re.compile(r"^head 4\b")).click()
-    wait_idle(page)
+    with reran(page):  # waits for the run the key presses caused, not a fixed time
+        for _ in range(7):
+            page.keyboard.press("ArrowRight")
+    with reran(page):
+        page.locator('input[role="combobox"][aria-label="Head"]').click()
+        page.get_by_role("option", name=re.compile(r"^head 4\b")).click()
     page.wait_for_function("() => /layer=7/.test(location.search) && /head=4/.test(location.search)")
     changed = head_view(page)
     assert "layer 7 · head 4" in changed["title"], changed["title"]
@@ -123,6 +124,45 @@ def test_default_view_layer_head_and_share_link(server, browser, page):
     assert shared["x"] == changed["x"] and shared["y"] == changed["y"]
     assert np.array_equal(np.array(shared["z"]), np.array(changed["z"]))
     assert fresh.locator('input[type="range"][aria-label="Layer"]').input_value() == "7"
+    fresh.context.close()
+
+
+def long_text(n_chars: int, seed: int = 0) -> str:
+    words = ["the", "bank", "river", "money", "flows", "near", "a", "quiet", "town,", "and", "it", "rains."]
+    rng = np.random.default_rng(seed)
+    return " ".join(words[i] for i in rng.integers(0, len(words), n_chars // 3))[:n_chars]
+
+
+def test_long_texts_survive_their_share_links(server, browser, page):
+    """Texts past the readable length travel compressed (``tz``): a 6,000-character text opens
+    with the same view and numbers in a fresh context, and a 50,000-character text (more tokens
+    than the server's cap) comes back into the text box character for character."""
+    from ui.params import ExplorerParams
+
+    text = long_text(6_000)
+    link = ExplorerParams(text=text, stack="self", layer=3, head=2).to_query()
+    assert "tz" in link.params and not link.left_out
+    page.goto(link.url(server.url, ""))
+    wait_idle(page, timeout_ms=240_000)
+    no_errors(page)
+    assert page.locator("textarea").first.input_value() == text
+    view = head_view(page)
+    assert "layer 3 · head 2" in view["title"], view["title"]
+    page.get_by_text("Share this view").click()
+    shared = page.locator('[data-testid="stCode"]').last.inner_text().strip()
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(shared).query)["tz"] == [link.params["tz"]]
+
+    big = long_text(50_000, seed=1)
+    link = ExplorerParams(text=big, layer=1, head=1).to_query()
+    url = link.url(server.url, "")
+    assert not link.left_out and len(url) < 60_000
+    fresh = browser.new_context(viewport={"width": WIDTH, "height": 1000}).new_page()
+    fresh.goto(url)
+    wait_idle(fresh, timeout_ms=240_000)
+    assert fresh.locator("textarea").first.input_value() == big
+    assert not fresh.locator('[data-testid="stException"]').count()
+    assert re.search(r"limit is \d+", " ".join(alerts(fresh)))  # the cap's one-line message
+    assert "tz=" in fresh.evaluate("() => location.search")
     fresh.context.close()
 
 

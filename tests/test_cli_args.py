@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,6 +67,8 @@ EXTRACT = ["extract", "--model", "smollm2-135m", "--text", "river bank"]
         (["info", "--model", "smollm2-135m", "--device", "meta"], "unknown device 'meta'"),
         (["info", "--model", "smollm2-135m", "--device", "cuda"], "CUDA is not available"),
         (["bench", "--device", "cuda:1"], "CUDA is not available"),
+        (["info", "--model", "smollm2-135m", "--dtype", "int3"], "unknown dtype 'int3'"),
+        (["extract", "--model", "smollm2-135m", "--text", "  ", "--out", "x.npz"], "the text is empty"),
         (["bench", "--sizes", "abc"], "'abc' is not a whole number"),
         (["bench", "--sizes", "0"], "'0' must be 1 or more"),
         (["bench", "--sizes", "256,-4"], "'-4' must be 1 or more"),
@@ -129,6 +133,7 @@ def test_auto_device_without_accelerators_is_cpu(monkeypatch, no_cuda):
     assert loading.resolve_device("auto") == torch.device("cpu")
 
 
+@pytest.mark.slow  # two interpreters importing torch and transformers
 def test_console_entry_point_runs_the_same_checks():
     """`python -m attnviz` (the `attnviz` script calls the same main) in a real process."""
     proc = subprocess.run(
@@ -145,3 +150,48 @@ def test_console_entry_point_runs_the_same_checks():
         [sys.executable, "-m", "attnviz", "--version"], capture_output=True, text=True, timeout=120
     )
     assert version.returncode == 0 and version.stdout.strip() == f"attnviz {attnviz.__version__}"
+
+
+def test_app_runs_streamlit_on_the_shipped_script_with_its_config(monkeypatch, capsys):
+    import subprocess as sp
+
+    from attnviz import app_files
+
+    seen: dict = {}
+
+    def fake_run(cmd, check=False):
+        seen["cmd"] = cmd
+        return sp.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(sp, "run", fake_run)
+    code, lines = run_main(capsys, "app", "--port", "8600", "--address", "0.0.0.0")
+    assert code == 0 and lines == [f"attnviz: serving {app_files.app_script()} on http://0.0.0.0:8600"]
+    cmd = seen["cmd"]
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and cmd[4] == str(app_files.app_script())
+    assert Path(cmd[4]).name == "app.py" and (Path(cmd[4]).parent / "pages").is_dir()
+    flags = cmd[5:]
+    # the shipped .streamlit/config.toml, as flags (Streamlit would not read it from the package)
+    config = tomllib.loads((Path(cmd[4]).parent / ".streamlit" / "config.toml").read_text())
+    expected = {
+        f"--{section}.{key}={str(value).lower() if isinstance(value, bool) else value}"
+        for section, options in config.items()
+        for key, value in options.items()
+    }
+    assert expected and expected <= set(flags), expected - set(flags)
+    assert flags[-4:] == [
+        "--server.port=8600",
+        "--server.address=0.0.0.0",
+        "--server.headless=true",
+        "--global.developmentMode=false",
+    ]
+
+
+def test_app_without_streamlit_says_which_extra(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a)
+    )
+    code, lines = run_main(capsys, "app")
+    assert code == 1 and lines == ['attnviz: error: the web app needs Streamlit: pip install "attnviz[app]"']

@@ -1,8 +1,9 @@
-"""CLI and loading: outputs, one-line errors, offline behaviour, device/dtype choice."""
+"""CLI and loading: outputs, one-line errors, offline behaviour, device/dtype choice (CLI in-process)."""
 
+import contextlib
+import io
 import re
-import subprocess
-import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -10,13 +11,26 @@ import tiny
 import torch
 
 import attnviz
-from attnviz import loading
+from attnviz import cli, loading
 
 
-def run_cli(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "attnviz", *args], capture_output=True, text=True, env=env, timeout=300
-    )
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str) -> Ran:
+    """`python -m attnviz ARGS` in this process (the same `main`; a real process is spawned once,
+    in test_cli_args.py): exit code, stdout and stderr. An uncaught exception propagates."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args))
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    return Ran(code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from attnviz import env, loading
 from attnviz.settings import settings
 
-BOOLEAN_FLAGS = ("ATTNVIZ_DEMO", "ATTNVIZ_ALLOW_PICKLE", "ATTNVIZ_TRUST_REMOTE_CODE")
+BOOLEAN_FLAGS = tuple(env.BOOLEAN_FLAGS)
 
 
 @pytest.mark.parametrize("raw", ["1", "true", "TRUE", "Yes", " on ", "oN"])
@@ -43,11 +43,30 @@ def test_every_boolean_flag_is_read_through_the_one_parser(monkeypatch):
     monkeypatch.setenv("ATTNVIZ_DEMO", "ON")
     monkeypatch.delenv("ATTNVIZ_MAX_TOKENS", raising=False)
     assert settings().demo is True
+    assert "ATTNVIZ_FETCH_BUILTINS" in BOOLEAN_FLAGS
     for name in BOOLEAN_FLAGS:
         monkeypatch.setenv(name, "ture")
         with pytest.raises(env.BadSetting, match=name):
             env.check_all()
         monkeypatch.setenv(name, "0")
+
+
+def test_no_flag_is_read_by_hand():
+    """Every ATTNVIZ_* yes/no or number goes through attnviz.env: no other module of the package
+    compares an ATTNVIZ_ variable with "1" or a set of spellings."""
+    import re
+    from pathlib import Path
+
+    root = Path(env.__file__).parent
+    by_hand = re.compile(r"environ\.get\(\s*[\"']ATTNVIZ_(?!CACHE|ALLOWED_MODELS|LOG_LEVEL)")
+    offenders = [
+        f"{p.relative_to(root)}:{i}"
+        for p in root.rglob("*.py")
+        if p.name != "env.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if by_hand.search(line)
+    ]
+    assert not offenders, offenders
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,7 @@ def test_fast_path_never_runs_eager_attention(monkeypatch):
     softmax(QK^T) per layer); the eager path calls it once per layer."""
     from transformers.models.llama import modeling_llama
 
+    lm = tiny.loaded("llama-gqa")  # loading probes the capture against eager once: not counted
     calls: list[tuple[int, ...]] = []
     real = modeling_llama.eager_attention_forward
 
@@ -120,7 +121,6 @@ def test_fast_path_never_runs_eager_attention(monkeypatch):
         calls.append(tuple(query.shape))
         return real(module, query, *args, **kwargs)
 
-    lm = tiny.loaded("llama-gqa")  # loading runs one 6-token eager probe (attnviz.probe)
     monkeypatch.setattr(modeling_llama, "eager_attention_forward", counting)
     fast = attnviz.extract(lm, LONG)
     assert fast.path == "fast" and calls == []

@@ -115,8 +115,8 @@ def test_fused_kernel_lse_and_expectations_equal_a_dense_softmax():
 
 
 @dataclasses.dataclass
-class _WithSinks(CapturedAttention):
-    sinks: torch.Tensor | None = None  # e.g. learned per-head sink logits a future capture records
+class _WithExtra(CapturedAttention):
+    future_bias: torch.Tensor | None = None  # a term a future capture might record
 
 
 def test_any_unknown_captured_extra_falls_back_to_dense():
@@ -124,13 +124,13 @@ def test_any_unknown_captured_extra_falls_back_to_dense():
     caps = res._captured["self"]
     spec, why = lse.layer_spec(caps[1], res.layout, 1, "self")
     assert spec == lse.MaskSpec(True) and why == "fused"
-    fields = {
-        f.name: getattr(caps[1], f.name) for f in dataclasses.fields(CapturedAttention) if f.name != "sinks"
-    }
-    res._captured["self"] = [caps[0], _WithSinks(**fields, sinks=torch.zeros(4)), caps[2]]
+    fields = {f.name: getattr(caps[1], f.name) for f in dataclasses.fields(CapturedAttention)}
+    res._captured["self"] = [caps[0], _WithExtra(**fields, future_bias=torch.zeros(4)), caps[2]]
     hm = M.head_metrics(res)
-    assert hm.paths == ("fused", "dense: captured sinks", "fused")
-    res._captured["self"] = [caps[0], _WithSinks(**fields, sinks=None), caps[2]]
+    assert hm.paths == ("fused", "dense: captured future_bias", "fused")
+    res._captured["self"] = [caps[0], dataclasses.replace(caps[1], sinks=torch.zeros(4)), caps[2]]
+    assert M.head_metrics(res).paths[1].startswith("dense")  # learned sinks: exact dense path
+    res._captured["self"] = [caps[0], _WithExtra(**fields, future_bias=None), caps[2]]
     assert M.head_metrics(res).paths == ("fused",) * 3  # an extra that is not set changes nothing
 
 
@@ -202,3 +202,27 @@ def test_smollm2_fast_equals_dense():
     print("smollm2 float32 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})
     probe = M.induction_probe(lm, length=50)
     assert np.abs(M.head_induction(probe) - M.head_induction(probe, dense=True)).max() < 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "falcon", "jamba", "gemma3_text", "phi3", "olmo2", "gptj"])
+def test_fast_equals_dense_on_more_families(model_type):
+    """Families from tests/archs.py: learned sinks (GPT-OSS) must fall back, hybrids keep their
+    attention layers, everything else equals the dense definitions (statistics and rollout)."""
+    import archs
+    import transformers as tf
+
+    from attnviz import rollout as R
+
+    kind = archs.mapping_names().get(model_type, "causal")
+    model, _ = archs.build(model_type, kind)
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=archs._tokenizer(), pad_token="<pad>")
+    lm = attnviz.wrap_model(model, tok, spec=f"tiny-{model_type}")
+    res = attnviz.extract_ids(lm, [3 + (i * 37) % 300 for i in range(40)])
+    fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
+    _assert_same(fast, dense, 1e-4)
+    roll = R.token_rollout(res, sink_aware=True)
+    want = R.token_rollout(res, sink_aware=True, computation="dense")
+    assert np.abs(roll.sources - want.sources).max() < 1e-5
+    if model_type == "gpt_oss":
+        assert set(fast.paths) == {"dense: captured sinks"} and set(roll.paths) == {"dense: captured sinks"}
+    print(model_type, res.path if hasattr(res, "path") else "", sorted(set(fast.paths)))

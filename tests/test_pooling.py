@@ -71,3 +71,18 @@ def test_a_view_too_big_for_memory_is_a_message(monkeypatch):
         OutOfMemory, match=r"a pooled view needs .* GiB, 0.00 GiB free on cpu — try fewer cells"
     ):
         P.pooled(res, 0)
+
+
+def test_pooled_on_given_bins_equals_the_figures_pooling():
+    """The app's own bins (attnviz.figures.bin_edges, near-equal) and its max-pool, from the device."""
+    from attnviz import figures as F
+
+    res = attnviz.extract(sharp("llama-gqa"), TEXT)
+    dense = res.layer(2)
+    re, ce = F.bin_edges(dense.shape[1], 10), F.bin_edges(dense.shape[2], 13)
+    view = P.pooled(res, 2, row_edges=re, col_edges=ce)
+    assert view.path == "fused" and view.max.shape == (4, 10, 13)
+    np.testing.assert_allclose(view.max, F.pool(dense, re, ce, "max"), atol=1e-5)
+    np.testing.assert_allclose(view.mean, F.pool(dense, re, ce, "mean"), atol=1e-5)
+    with pytest.raises(AttnvizError):
+        P.pooled(res, 2, row_edges=[1, 5])

@@ -23,7 +23,6 @@ import logging
 import secrets
 import threading
 import time
-import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -32,11 +31,12 @@ from typing import Any, TypeVar
 import streamlit as st
 
 import attnviz
-from attnviz import AttentionResult, AttnvizError, LoadedModel, env, specs
+from attnviz import AttentionResult, LoadedModel, env, specs
+from attnviz.extract import Sampling
 from attnviz.gate import InferenceGate
 from attnviz.layout import AttentionLayout
 from attnviz.settings import Settings, settings
-from ui.text import literal, md, md_in
+from ui.text import guarded, literal, md
 
 log = logging.getLogger("attnviz.ui")
 
@@ -57,36 +57,6 @@ def token_key(token: str | None) -> str:
     if not token:
         return ""
     return hmac.new(_SECRET, token.encode(), hashlib.sha256).hexdigest()[:24]
-
-
-def scrub(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors
-# ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def guarded(what: str, token: str | None = None, user: tuple[str, ...] = ()) -> Iterator[list[BaseException]]:
-    """Run a block; an `AttnvizError` shows ``st.error`` with its message (which says what to
-    do), anything else a generic message; the page goes on. ``user`` strings (a model name)
-    are shown literally, never as Markdown. Yields a list that holds the error."""
-    caught: list[BaseException] = []
-    try:
-        yield caught
-    except AttnvizError as err:
-        caught.append(err)
-        st.error(md_in(scrub(str(err), token), *user), icon=":material/error:")
-    except Exception as err:  # noqa: BLE001 - the app must keep serving
-        caught.append(err)
-        log.error("unexpected error while %s: %s", what, scrub(traceback.format_exc(), token))
-        st.error(
-            f"Something unexpected went wrong while {what} ({type(err).__name__}). The app is still "
-            "running: try again, shorten the text, or pick another model. Details are in the server log.",
-            icon=":material/error:",
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,9 +195,17 @@ def results_cache() -> ResultCache:
     return ResultCache(RESULT_CACHE_ENTRIES, RESULT_CACHE_BYTES)
 
 
-def result_key(lm: LoadedModel, token: str | None, text: str, *, chat: bool, generate: int = 0) -> tuple:
+def result_key(
+    lm: LoadedModel,
+    token: str | None,
+    text: str,
+    *,
+    chat: bool,
+    generate: int = 0,
+    sampling: Sampling | None = None,
+) -> tuple:
     """What identifies a result: model, token digest, text and options (never the token)."""
-    return (lm.spec, token_key(token), text, bool(chat), int(generate), config().max_tokens)
+    return (lm.spec, token_key(token), text, bool(chat), int(generate), config().max_tokens, sampling)
 
 
 @dataclass(frozen=True)
@@ -244,6 +222,7 @@ class ResultRef:
     chat: bool
     generate: int = 0
     token: str | None = field(default=None, repr=False, compare=False)
+    sampling: Sampling | None = None
 
 
 def extract(
@@ -254,11 +233,12 @@ def extract(
     token: str | None = None,
     chat: bool = False,
     generate: int = 0,
+    sampling: Sampling | None = None,
 ) -> tuple[AttentionResult, ResultRef] | tuple[None, None]:
     """(result, ref) from the cache or a fresh run with a spinner; (None, None) after an error.
     ``spec`` is what `load` was given for ``lm`` (default ``lm.spec``), for a re-run."""
-    key = result_key(lm, token, text, chat=chat, generate=generate)
-    ref = ResultRef(key, (spec or lm.spec).strip(), lm.spec, text, bool(chat), int(generate), token)
+    key = result_key(lm, token, text, chat=chat, generate=generate, sampling=sampling)
+    ref = ResultRef(key, (spec or lm.spec).strip(), lm.spec, text, bool(chat), int(generate), token, sampling)
     cache = results_cache()
     hit = cache.get(key)
     if hit is not None:
@@ -268,7 +248,13 @@ def extract(
     with guarded(what, token, (lm.spec, text)):
         with st.spinner(f"{what[0].upper()}{what[1:]}…", show_time=True), _turn():
             res = attnviz.extract(
-                lm, text, chat=chat, generate=generate, max_tokens=config().max_tokens, verify="auto"
+                lm,
+                text,
+                chat=chat,
+                generate=generate,
+                max_tokens=config().max_tokens,
+                verify="auto",
+                sampling=sampling,
             )
         cache.put(key, res, res.nbytes)
         return res, ref
@@ -284,7 +270,15 @@ def result(ref: ResultRef) -> AttentionResult | None:
     lm = load(ref.spec, ref.token)
     if lm is None:
         return None
-    res, _ = extract(lm, ref.text, spec=ref.spec, token=ref.token, chat=ref.chat, generate=ref.generate)
+    res, _ = extract(
+        lm,
+        ref.text,
+        spec=ref.spec,
+        token=ref.token,
+        chat=ref.chat,
+        generate=ref.generate,
+        sampling=ref.sampling,
+    )
     return res
 
 
@@ -300,7 +294,12 @@ def result_now(ref: ResultRef) -> AttentionResult:
     lm = _cached_model(ref.spec, token_key(ref.token), ref.token)
     with _gate().turn() if config().demo else contextlib.nullcontext():
         res = attnviz.extract(
-            lm, ref.text, chat=ref.chat, generate=ref.generate, max_tokens=config().max_tokens
+            lm,
+            ref.text,
+            chat=ref.chat,
+            generate=ref.generate,
+            max_tokens=config().max_tokens,
+            sampling=ref.sampling,
         )
     cache.put(ref.key, res, res.nbytes)
     return res

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self, get_args
 
 import attnviz
+from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
 from attnviz.figures import COLORSCALES, DIRECTIONS, SCALES
 from attnviz.metrics import METRICS
 
@@ -65,6 +66,19 @@ def _int(lo: int = 0, hi: int = 1_000_000) -> Callable[[str], int]:
             value = int(raw.strip())
         except ValueError:
             raise ValueError("use a whole number") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"use {lo}..{hi}")
+        return value
+
+    return parse
+
+
+def _float(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError("use a number") from None
         if not lo <= value <= hi:
             raise ValueError(f"use {lo}..{hi}")
         return value
@@ -289,8 +303,20 @@ class GenerationParams(Params):
     gstep: int = p(1, _int(1, 64))
     layer: int = p(0, _int())
     grow: str = p("new token", _choice(GEN_ROWS))
+    sample: bool = p(False, _bool)  # sampling instead of greedy decoding
+    temp: float = p(1.0, _float(0.05, 5.0))
+    topp: float = p(0.95, _float(0.01, 1.0))
+    seed: int = p(0, _int(0, 2**31 - 1))
     cmap: str = p("Viridis", _choice(COLORSCALES))
     log: bool = p(False, _bool)
+
+
+@dataclass(frozen=True)
+class AtlasParams(Params):
+    PAGE: ClassVar[str] = "Head atlas"
+
+    stat: str = p("previous_token", _choice(ATLAS_STATISTICS))
+    ntexts: int = p(50, _int(1, 1000))
 
 
 PAGE_PARAMS: tuple[type[Params], ...] = (
@@ -299,4 +325,5 @@ PAGE_PARAMS: tuple[type[Params], ...] = (
     ScratchParams,
     CompareParams,
     GenerationParams,
+    AtlasParams,
 )

@@ -20,8 +20,10 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from attnviz import AttentionResult, LoadedModel
+from attnviz.extract import Sampling
 from ui import logs, models, sidebar, state
 from ui.params import (
+    AtlasParams,
     CompareParams,
     ExplorerParams,
     GenerationParams,
@@ -47,6 +49,7 @@ PAGES: tuple[PageEntry, ...] = (
     PageEntry("pages/2_From_scratch.py", ScratchParams, ":material/calculate:", "From_scratch"),
     PageEntry("pages/3_Compare.py", CompareParams, ":material/compare:", "Compare"),
     PageEntry("pages/4_Generation.py", GenerationParams, ":material/edit_note:", "Generation"),
+    PageEntry("pages/5_Head_atlas.py", AtlasParams, ":material/travel_explore:", "Head_atlas"),
 )
 
 
@@ -68,6 +71,11 @@ def begin(cls: type[P], *, text_label: str = "Text") -> Frame[P]:
     """Read the link into the page's parameters, draw the sidebar, return both."""
     logs.configure()
     state.start(cls, path=entry(cls).url_path)
+    with st.sidebar:
+        st.markdown("### attnviz")
+        for e in PAGES:  # our own links: the same menu whatever the server's config says
+            st.page_link(e.file, label=e.params.PAGE, icon=e.icon)
+        st.divider()
     token, chat_slot = sidebar.draw(text_label=text_label)
     params = state.current(cls)
     assert isinstance(params, cls)
@@ -90,7 +98,7 @@ def load(spec: str, token: str | None) -> LoadedModel:
 
 
 def load_and_extract(
-    frame: Frame, *, generate: int = 0
+    frame: Frame, *, generate: int = 0, sampling: Sampling | None = None
 ) -> tuple[LoadedModel, AttentionResult, models.ResultRef]:
     """(model, result, `models.ResultRef`) for the sidebar's choice, or stop the page after
     showing the error. Keep the model and the result in function locals: callables that outlive
@@ -104,7 +112,9 @@ def load_and_extract(
         stop()
     lm = load(p.model, frame.token)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
-    res, ref = models.extract(lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate)
+    res, ref = models.extract(
+        lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate, sampling=sampling
+    )
     if res is None or ref is None:
         stop()
     return lm, res, ref

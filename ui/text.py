@@ -12,11 +12,23 @@ stop it. The tools:
   user text that runs inside prose (a model name in a caption, a prompt).
 - `md_in` makes the user values inside one of our messages literal.
 - `continuation`: a prompt and its generated tokens as Markdown, every piece literal.
+- `guarded`: a block whose error is shown as one message (user values literal, the token
+  scrubbed) while the page goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+import traceback
+from collections.abc import Iterator
+
+import streamlit as st
+
+from attnviz import AttnvizError
+
+log = logging.getLogger("attnviz.ui")
 
 # Markdown-active characters: links, images, autolinks (the ':' of "http:"), emphasis, code,
 # HTML-looking tags, LaTeX, Streamlit's :color[...] directives, tables. '-' and '.' stay: they
@@ -81,3 +93,28 @@ def continuation(prompt: str, tokens: list[str], current: int, max_prompt_chars:
     text = _LIST_START.sub(r"\1\\\2", md(shown.lstrip()))  # "1. x" / "- x" first: not a list
     chips = [f"**{code(f'⟦{t}⟧')}**" if i == current else code(t) for i, t in enumerate(tokens)]
     return f"{text} ▸ " + " ".join(chips)
+
+
+def scrub(text: str, token: str | None) -> str:
+    return text.replace(token, "***") if token else text
+
+
+@contextlib.contextmanager
+def guarded(what: str, token: str | None = None, user: tuple[str, ...] = ()) -> Iterator[list[BaseException]]:
+    """Run a block; an `AttnvizError` shows ``st.error`` with its message (which says what to
+    do), anything else a generic message; the page goes on. ``user`` strings (a model name)
+    are shown literally, never as Markdown. Yields a list that holds the error."""
+    caught: list[BaseException] = []
+    try:
+        yield caught
+    except AttnvizError as err:
+        caught.append(err)
+        st.error(md_in(scrub(str(err), token), *user), icon=":material/error:")
+    except Exception as err:  # noqa: BLE001 - the app must keep serving
+        caught.append(err)
+        log.error("unexpected error while %s: %s", what, scrub(traceback.format_exc(), token))
+        st.error(
+            f"Something unexpected went wrong while {what} ({type(err).__name__}). The app is still "
+            "running: try again, shorten the text, or pick another model. Details are in the server log.",
+            icon=":material/error:",
+        )

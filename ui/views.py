@@ -21,6 +21,7 @@ from ui.text import literal
 SCALE_NAMES = {"auto": "auto", "linear": "linear", "log": "log₁₀", "rank": "rank"}
 DIRECTION_NAMES = {"from": "attends to", "to": "is attended by"}
 _SEEN = "_attnviz_seen_clicks"
+_PENDING_TOK = "_attnviz_pending_tok"
 
 
 def scale_for(choice: str, n_tokens: int, *, log: bool = False) -> tuple[str, str]:
@@ -55,10 +56,9 @@ def scale_picker(key: str = "scale") -> str:
 def clicked(event: Any, key: str) -> list | None:
     """The customdata of a new click on a chart drawn with ``on_select="rerun"`` (None when the
     selection is the one already handled, so a later widget change is not overridden)."""
-    points = []
-    try:
-        points = list(event.selection.points) if event is not None and event.selection else []
-    except AttributeError:
+    try:  # PlotlyState supports both attribute and item access; a plain dict only items
+        points = list(event["selection"]["points"]) if event else []
+    except (KeyError, TypeError):
         points = []
     data = next((p.get("customdata") for p in points if p.get("customdata") is not None), None)
     seen = st.session_state.setdefault(_SEEN, {})
@@ -103,6 +103,8 @@ def token_section(
         st.info("Token views show self-attention; pick the encoder or decoder stack.")
         return
     n = len(q_tokens)
+    if _PENDING_TOK in st.session_state:
+        state.put("tok", st.session_state.pop(_PENDING_TOK))
     state.clamp("tok", 0, n - 1, "token")
     c1, c2, c3 = st.columns([2, 3, 2])
     with c1:
@@ -146,7 +148,8 @@ def token_section(
 
 
 def _apply_token_click(event: Any, key: str) -> None:
+    """A clicked token becomes ``tok`` on the rerun (its number input is already drawn in this one)."""
     data = clicked(event, key)
     if data:
-        state.put("tok", int(data[0]))
-        st.rerun(scope="fragment")
+        st.session_state[_PENDING_TOK] = int(data[0])
+        st.rerun()

@@ -16,7 +16,7 @@ Nothing here imports Streamlit; pages call ``st.plotly_chart(fig)``. Conventions
   ``MOSAIC_MAX_CELLS`` cells; one page view stays under 5 MB at any sequence length.
 """
 
-from attnviz.figures.charts import bar_chart, metric_heatmap
+from attnviz.figures.charts import bar_chart, metric_heatmap, profile_chart
 from attnviz.figures.colour import (
     COLORSCALES,
     DIVERGING,
@@ -126,6 +126,7 @@ __all__ = [
     "payload_bytes",
     "pool",
     "pooled_rows",
+    "profile_chart",
     "rank_values",
     "resolve_scale",
     "rows_heatmap",

@@ -98,3 +98,36 @@ def bar_chart(
         yaxis=dict(type="category", autorange="reversed"),
     )
     return fig
+
+
+def profile_chart(
+    x: Sequence[float],
+    series: dict[str, Sequence[float]],
+    *,
+    title: str = "",
+    x_title: str = "",
+    y_title: str = "",
+) -> go.Figure:
+    """Lines over a shared x axis, one per named series (e.g. two models' per-layer entropy on a
+    relative depth axis)."""
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=list(x),
+                y=list(v),
+                mode="lines+markers",
+                name=escape(name),
+                hovertemplate=f"{escape(name)}<br>%{{x:.2f}}: %{{y:.4f}}<extra></extra>",
+            )
+            for name, v in series.items()
+        ]
+    )
+    fig.update_layout(
+        title=_title(escape(title)),
+        height=340,
+        margin=dict(l=10, r=10, t=56, b=10),
+        xaxis=dict(title=dict(text=escape(x_title))),
+        yaxis=dict(title=dict(text=escape(y_title))),
+        legend=dict(orientation="h", y=-0.2),
+    )
+    return fig

@@ -12,10 +12,11 @@ import torch
 from transformers import PreTrainedModel
 
 from .. import capture
-from ..errors import AttnvizError, ModelHasNoAttention
+from ..errors import AttnvizError, ModelHasNoAttention, OutOfMemory
 from ..layout import AttentionLayout
 from ..probe import AttentionSite, Probe, probe
 from .config import attention_layout
+from .device import is_out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,11 @@ def prepare(
     except AttnvizError:
         raise
     except Exception as err:  # noqa: BLE001 - said in a sentence that names the architecture
+        if is_out_of_memory(err):
+            raise OutOfMemory(
+                f"{spec!r} did not fit in memory on {lm.device} for a 6-token test run; "
+                "pick a smaller model or free memory"
+            ) from None
         first = (str(err).splitlines() or [""])[0][:200]
         raise AttnvizError(
             f"this {layout.model_type!r} model failed on a 6-token test input "

@@ -1,0 +1,160 @@
+"""The new views through AppTest: head atlas page, token views, value-weighted toggle, clicks on
+the grid and on tokens (selection events set the head / token), the shared colour scale."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+from test_app_explorer import TEXT, TINY, heatmaps, new_app, ok, prepare, specs, z_of
+
+import attnviz
+from attnviz import value_weighted as VW
+
+ATLAS = "pages/5_Head_atlas.py"
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path))
+    return prepare(monkeypatch)
+
+
+def tiny_result():
+    import tiny
+
+    lm = tiny.loaded("llama-gqa")
+    return lm, attnviz.extract(lm, TEXT)
+
+
+def vals(v) -> np.ndarray:
+    """A 1-D figure array as numbers (Plotly writes numpy arrays as base64 without a shape)."""
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+    return np.asarray(v, dtype=float)
+
+
+def named(spec: dict, name: str) -> dict:
+    return next(t for t in spec["data"] if t.get("name") == name)
+
+
+def grid_of(at) -> dict:
+    return next(s for s in specs(at) if len(heatmaps(s)) > 1)
+
+
+def big_of(at) -> dict:
+    return next(s for s in specs(at) if "head" in (s["layout"].get("title") or {}).get("text", ""))
+
+
+def test_grid_and_big_view_share_one_colour_scale_and_frame_the_head(env):
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    grid, big = grid_of(at), big_of(at)
+    _, res = tiny_result()
+    layer = res.layer(1)
+    assert grid["layout"]["coloraxis"]["cmax"] == pytest.approx(float(layer.max()), rel=1e-6)
+    assert big["layout"]["coloraxis"]["cmax"] == grid["layout"]["coloraxis"]["cmax"]
+    frame = [sh for sh in grid["layout"]["shapes"] if sh.get("name") == "selected head"]
+    assert frame and frame[0]["xref"] == "x3 domain"  # head 2 is the third facet
+    at.toggle(key="perhead").set_value(True).run()
+    big = big_of(at)
+    assert big["layout"]["coloraxis"]["cmax"] == pytest.approx(float(layer[2].max()), rel=1e-6)
+
+
+def test_clicking_a_grid_tile_selects_the_head(env):
+    at = new_app(model=TINY, text=TEXT, layer=1, head=0).run()
+    at.session_state["grid_chart"] = {"selection": {"points": [{"customdata": [3]}], "point_indices": [0]}}
+    at.run()
+    ok(at)
+    assert at.selectbox(key="head").value == 3
+    np.testing.assert_allclose(z_of(heatmaps(big_of(at))[0]), tiny_result()[1].head(1, 3), atol=1e-6)
+    assert at.query_params["head"] == "3"
+
+
+def test_token_views_and_clicking_a_token(env):
+    at = new_app(model=TINY, text=TEXT, layer=2, head=1, tok=4).run()
+    ok(at)
+    _, res = tiny_result()
+    text_fig = next(s for s in specs(at) if (s["data"][0].get("type") == "bar"))
+    bar = text_fig["data"][0]
+    np.testing.assert_allclose(vals(bar["marker"]["color"]), res.head(2, 1)[4], atol=1e-6)
+    lines = next(s for s in specs(at) if any(t.get("name") == "query tokens" for t in s["data"]))
+    assert [c[0] for c in named(lines, "query tokens")["customdata"]] == list(range(len(res.tokens)))
+    click = {"points": [{"customdata": [6, 0.1]}], "point_indices": [6]}
+    at.session_state["text_chart"] = {"selection": click}
+    at.run()
+    ok(at)
+    assert at.number_input(key="tok").value == 6 and at.query_params["tok"] == "6"
+    bar = next(s for s in specs(at) if (s["data"][0].get("type") == "bar"))["data"][0]
+    np.testing.assert_allclose(vals(bar["marker"]["color"]), res.head(2, 1)[6], atol=1e-6)
+
+
+def test_value_weighted_toggle_draws_the_norms(env):
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2, vw=1).run()
+    ok(at)
+    lm, res = tiny_result()
+    want = VW.value_weighted(lm, res, 1)
+    want = want / VW.key_norms(lm, res, 1).numpy().max()
+    np.testing.assert_allclose(z_of(heatmaps(big_of(at))[0]), want[2], atol=1e-6)
+
+
+def test_long_text_defaults_to_log_and_says_so(env):
+    words = "the river bank and the money bank are not the same bank at all " * 30
+    at = new_app(model=TINY, text=words).run()
+    ok(at)
+    big = big_of(at)
+    assert big["layout"]["coloraxis"]["cmin"] == -5  # log10 colour axis
+    assert any("Auto colour scale" in c.value for c in at.caption)
+
+
+def test_atlas_page_runs_and_ranks(env):
+    at = new_app(ATLAS, model=TINY, ntexts=6).run()
+    ok(at)
+    at.button(key="atlas_run").click().run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert len(table) == 12 and np.all(np.diff(table["mean"].to_numpy()) <= 1e-9)
+    heat = heatmaps(specs(at)[0])[0]
+    assert z_of(heat).shape == (4, 3)  # heads x layers
+    # a second visit loads from the disk cache without a button
+    again = new_app(ATLAS, model=TINY, ntexts=6).run()
+    ok(again)
+    assert any("disk cache" in c.value for c in again.caption)
+
+
+def test_from_scratch_opens_on_a_change_and_draws_the_difference(env):
+    from attnviz.reference import layer_walkthrough
+
+    at = new_app("pages/2_From_scratch.py", model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    assert at.segmented_control(key="change").value == "no RoPE"  # not "none": the same map twice
+    import tiny
+
+    wt = layer_walkthrough(tiny.loaded("llama-gqa"), TEXT, 1)
+    want = wt.counterfactuals.no_rope[2] - wt.probs[2]
+    diff = next(
+        s
+        for s in specs(at)
+        if [a["text"] for a in s["layout"].get("annotations", [])][:1] == ["no RoPE − real"]
+    )
+    np.testing.assert_allclose(z_of(heatmaps(diff)[0]), want, atol=1e-6)
+    assert np.abs(want).max() > 0.01
+
+
+def test_generation_samples_with_the_seed_from_the_link(env):
+    import tiny
+
+    from attnviz.extract import Sampling
+
+    at = new_app(
+        "pages/4_Generation.py", model=TINY, text=TEXT, k=6, sample=1, temp=1.5, topp=1.0, seed=7
+    ).run()
+    ok(at)
+    want = attnviz.extract(tiny.loaded("llama-gqa"), TEXT, generate=6, sampling=Sampling(1.5, 1.0, 7))
+    greedy = attnviz.extract(tiny.loaded("llama-gqa"), TEXT, generate=6)
+    shown = " ".join(m.value for m in at.markdown)
+    new = [d for d, g in zip(want.tokens.display, want.tokens.generated, strict=True) if g]
+    assert want.tokens.ids != greedy.tokens.ids
+    assert at.query_params["seed"] == "7" and at.toggle(key="sample").value is True
+    assert new[0] in shown, (new, shown[:300])  # the continuation shows the sampled tokens

@@ -1,0 +1,181 @@
+"""Clicks in a real browser (Debian's Chromium through Playwright) on the built-in smollm2-135m:
+a grid tile selects the head, an overview thumbnail opens that head in the explorer, a token
+selects the token. Screenshots of the new views at N≈100 and N≈2000 go to
+test-output/screenshots/ (look at them)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from server import OUTPUT, alerts, chromium, reran, streamlit_server, wait_idle
+
+from ui.params import AtlasParams, CompareParams, ExplorerParams, OverviewParams
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+SHOTS = OUTPUT / "screenshots"
+WIDTH = 1440
+SENTENCE = (
+    "The old lighthouse keeper walked down to the river bank every morning, counted the boats, "
+    "wrote the same line in his log and went back up the hill before the bank opened. "
+)
+TEXT_100 = SENTENCE * 3  # ~100 tokens
+TEXT_2000 = SENTENCE * 60  # ~2000 tokens
+
+
+@pytest.fixture(scope="module")
+def server():
+    with streamlit_server(name="views") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": WIDTH, "height": 1000})
+    p = ctx.new_page()
+    yield p
+    ctx.close()
+
+
+def url(server, params) -> str:
+    return params.to_query().url(server.url, "" if isinstance(params, ExplorerParams) else path_of(params))
+
+
+def path_of(params) -> str:
+    return {
+        OverviewParams: "Model_overview",
+        CompareParams: "Compare",
+        AtlasParams: "Head_atlas",
+    }[type(params)]
+
+
+def no_errors(page) -> None:
+    assert not [a for a in alerts(page) if "Error" in a or "error" in a], alerts(page)
+
+
+# Centre (in page pixels) of the n-th point of the trace named ``name`` in the chart at ``index``.
+POINT_JS = """([index, name, n]) => {
+  const gd = document.querySelectorAll('.js-plotly-plot')[index];
+  const traces = Array.from(gd.querySelectorAll('g.trace'));
+  const named = t => t.name === name || (t.name || '').startsWith(name + ' ');
+  const tr = traces.find(t => t.__data__ && t.__data__[0] && t.__data__[0].trace
+                              && named(t.__data__[0].trace));
+  if (!tr) return null;
+  const pts = tr.querySelectorAll('path.point, g.point > path');
+  const r = pts[n].getBoundingClientRect();
+  return [r.left + r.width / 2, r.top + r.height / 2];
+}"""
+
+CHART_INDEX_JS = """(name) => Array.from(document.querySelectorAll('.js-plotly-plot'))
+  .findIndex(gd => (gd._fullData || [])
+    .some(t => t.name === name || (t.name || '').startsWith(name + ' ')))"""
+
+
+def click_point(page, name: str, n: int = 0) -> None:
+    """Scroll the chart holding trace ``name`` into view and click its n-th point."""
+    index = page.evaluate(CHART_INDEX_JS, name)
+    assert index >= 0, f"no chart with a trace {name!r}"
+    page.locator(".js-plotly-plot").nth(index).scroll_into_view_if_needed()
+    xy = page.evaluate(POINT_JS, [index, name, n])
+    assert xy, name
+    page.mouse.click(xy[0], xy[1])
+
+
+def screenshot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    height = page.evaluate(
+        """() => Math.max(...['[data-testid="stMain"]', '[data-testid="stAppViewContainer"]', 'body']
+            .map(s => document.querySelector(s)).filter(Boolean).map(e => e.scrollHeight))"""
+    )
+    page.set_viewport_size({"width": WIDTH, "height": int(min(max(height, 800), 9000))})
+    wait_idle(page)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    page.set_viewport_size({"width": WIDTH, "height": 1000})
+
+
+def head_title(page) -> str:
+    titles = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => "
+        "(gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '')"
+    )
+    found = [t for t in titles if re.search(r"layer \d+ · head \d+", t)]
+    assert found, titles
+    return found[0]
+
+
+def test_click_a_grid_tile_then_a_token(server, page):
+    page.goto(url(server, ExplorerParams(text=TEXT_100, layer=3, head=0, tok=20)))
+    wait_idle(page, timeout_ms=240_000)
+    no_errors(page)
+    assert "layer 3 · head 0" in head_title(page)
+    with reran(page):
+        click_point(page, "pick head 5")
+    page.wait_for_function("() => /head=5/.test(location.search)")
+    assert "layer 3 · head 5" in head_title(page)
+    # the grid frames the selected head: facet 6 of the grid
+    frame = page.evaluate(
+        """() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(gd =>
+             ((gd._fullLayout || {}).shapes || [])
+               .filter(s => s.name === 'selected head').map(s => s.xref))"""
+    )
+    assert frame == ["x6 domain"], frame
+    page.get_by_role("tab", name=re.compile("Coloured text")).click()
+    with reran(page):
+        click_point(page, "tokens", 25)  # the coloured text: token 25
+    page.wait_for_function("() => /tok=25/.test(location.search)")
+    assert page.locator('input[aria-label="Token position"]').input_value() == "25"
+    screenshot(page, "views_explorer_n100")
+
+
+def test_click_an_overview_thumbnail_opens_that_head(server, page):
+    page.goto(url(server, OverviewParams(text=TEXT_100)))
+    wait_idle(page, timeout_ms=240_000)
+    no_errors(page)
+    screenshot(page, "views_overview_n100")
+    n_heads = 9  # smollm2-135m: 30 layers x 9 heads
+    layer, head = 12, 4
+    with reran(page):
+        click_point(page, "tiles", layer * n_heads + head)
+    page.wait_for_function(
+        "() => !/Model_overview/.test(location.pathname) && /layer=12/.test(location.search)"
+        " && /head=4/.test(location.search)",
+        timeout=240_000,
+    )
+    wait_idle(page, timeout_ms=240_000)
+    assert "layer=12" in page.url and "head=4" in page.url, page.url
+    assert "layer 12 · head 4" in head_title(page)
+
+
+def test_long_text_views(server, page):
+    page.goto(url(server, ExplorerParams(text=TEXT_2000, layer=5, head=2, tok=1500)))
+    wait_idle(page, timeout_ms=480_000)
+    no_errors(page)
+    assert page.get_by_text("Auto colour scale").count() > 0
+    screenshot(page, "views_explorer_n2000")
+
+
+def test_compare_and_atlas_screens(server, page):
+    page.goto(url(server, CompareParams(text="the cat sat on the mat", text2="the big cat sat on a mat")))
+    wait_idle(page, timeout_ms=240_000)
+    no_errors(page)
+    screenshot(page, "views_compare_aligned")
+    page.goto(url(server, CompareParams(cmp="two models", model2="minilm-l6")))
+    wait_idle(page, timeout_ms=240_000)
+    no_errors(page)
+    assert page.get_by_text("matched statistics").count() > 0
+    screenshot(page, "views_compare_two_models")
+    page.goto(url(server, AtlasParams(ntexts=8)))
+    wait_idle(page, timeout_ms=240_000)
+    if page.get_by_role("button", name=re.compile("Run the atlas")).count():
+        with reran(page, timeout_ms=480_000):
+            page.get_by_role("button", name=re.compile("Run the atlas")).click()
+    no_errors(page)
+    assert page.locator('[data-testid="stDataFrame"]').count() > 0
+    screenshot(page, "views_atlas")
