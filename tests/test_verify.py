@@ -193,3 +193,29 @@ def test_auto_check_skips_models_without_an_eager_function(monkeypatch):
     assert attnviz.extract(lm, TEXT, verify="auto").check is None
     with pytest.raises(verify.CannotCheck, match="no eager attention function"):
         attnviz.extract(lm, TEXT, verify=True)
+
+
+def test_cli_extract_verify_prints_the_check(tmp_path, capsys):
+    from attnviz import cli
+
+    folder = tmp_path / "tiny-llama"
+    tiny.model("llama-gqa").save_pretrained(folder)
+    tiny.tokenizer().save_pretrained(folder)
+    argv = [
+        "extract",
+        "--model",
+        str(folder),
+        "--text",
+        TEXT,
+        "--out",
+        str(tmp_path / "a.npz"),
+        "--device",
+        "cpu",
+    ]
+    assert cli.main([*argv, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "checked against eager: max |Δ| " in out and "float32 (self layer 1)" in out
+    assert cli.main([*argv, "--verify", "0"]) == 0
+    assert "(self layer 0)" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert "checked against eager" not in capsys.readouterr().out
