@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 SLIDER_MAX_CELLS = 240_000  # every layer's heads in one slider figure (~1.7 MB of JSON)
 REPR_MAX_CELLS = 120_000  # the cell display: the slider figure at half that (bundle ~2 MB)
+# The cell display walks every layer only while that is quick (layers x heads x N^2 probabilities
+# computed, ~1 s on 2 cores); past it, one layer, and `head_view(res)` draws the slider on request.
+REPR_ALL_LAYERS_CELLS = 50_000_000
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
@@ -198,8 +201,15 @@ def mimebundle(result: AttentionResult, max_cells: int = REPR_MAX_CELLS) -> dict
     """What a notebook cell shows for ``result``: text, HTML (summary + figure, plotly.js from
     its CDN) and the Plotly JSON that JupyterLab, Notebook 7 and VS Code draw natively."""
     rows = summary(result)
+    stack = result.stacks[0]
+    q_tok, k_tok = result.axes(stack)
+    n_layers = result.n_layers(stack)
+    layer = None
+    if n_layers * result.n_heads * len(q_tok) * len(k_tok) > REPR_ALL_LAYERS_CELLS:
+        layer = n_layers // 2
+        rows.append(("shown", f"layer {layer} of {n_layers}; attnviz.head_view(res) walks every layer"))
     text = "AttentionResult\n" + "".join(f"  {k}: {v}\n" for k, v in rows)
-    fig = head_view(result, max_cells=max_cells, heading=f"{rows[1][1][:80]}")
+    fig = head_view(result, layer, max_cells=max_cells, heading=f"{rows[1][1][:80]}")
     left = "style='text-align:left'"
     table = "".join(
         f"<tr><th {left}>{html.escape(k)}</th><td {left}>{html.escape(v)}</td></tr>" for k, v in rows
