@@ -8,6 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
@@ -105,6 +106,28 @@ def _decoder_start(lm: LoadedModel) -> int:
     return decoder_start(lm.model.config)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Sampled generation: temperature > 0, nucleus top-p in (0, 1], and a seed (same seed, same
+    tokens on the same device)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+            raise AttnvizError("sampling needs temperature > 0 and 0 < top-p <= 1")
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "do_sample": True,
+            "temperature": float(self.temperature),
+            "top_p": float(self.top_p),
+            "top_k": 0,
+        }
+
+
 def extract(
     lm: LoadedModel,
     text: str,
@@ -114,6 +137,7 @@ def extract(
     generate: int = 0,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     verify: VerifyArg = False,
+    sampling: Sampling | None = None,
 ) -> AttentionResult:
     """Attention of ``lm`` on ``text``.
 
@@ -126,11 +150,13 @@ def extract(
     ``verify`` (True, "auto" or a layer index) recomputes one layer with transformers' own eager
     attention on the same layer input and records max |Δ| in ``result.check``; a mismatch above
     the dtype's tolerance raises. "auto" checks only where it is cheap (<= 1024 tokens).
+    ``sampling`` generates by sampling (temperature, top-p, seed: reproducible) instead of greedily.
     """
     ids, template = tokenize(lm, text, chat=chat)
     return extract_ids(
-        lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens, verify=verify
-    )
+        lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens, verify=verify,
+        sampling=sampling,
+    )  # fmt: skip
 
 
 def extract_ids(
@@ -142,6 +168,7 @@ def extract_ids(
     generate: int = 0,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     verify: VerifyArg = False,
+    sampling: Sampling | None = None,
 ) -> AttentionResult:
     """`extract` on token ids you already have (e.g. the induction probe's repeated random ids)."""
     if path not in PATHS:
@@ -167,13 +194,16 @@ def extract_ids(
             dec_ids: list[int] | None = None
             generated = [False] * len(ids)
             if generate:
-                out = model.generate(
-                    input_ids,
-                    attention_mask=torch.ones_like(input_ids),
-                    max_new_tokens=generate,
-                    do_sample=False,
-                    pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None),
-                )[0].tolist()
+                with torch.random.fork_rng(devices=[]):  # a seeded draw leaves the global RNG alone
+                    if sampling is not None:
+                        torch.manual_seed(sampling.seed)
+                    out = model.generate(
+                        input_ids,
+                        attention_mask=torch.ones_like(input_ids),
+                        max_new_tokens=generate,
+                        **(sampling.kwargs() if sampling is not None else {"do_sample": False}),
+                        pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None),
+                    )[0].tolist()
                 if enc_dec:
                     dec_ids = out
                 else:

@@ -5,7 +5,9 @@ import math
 import numpy as np
 import streamlit as st
 
+import attnviz
 from attnviz import figures as F
+from attnviz import token_views as TV
 from attnviz.reference import walkthrough as W
 from ui import attention, export, models, shell, sidebar, state, steps
 from ui.params import CHANGES, SCRATCH_MODES, ScratchParams
@@ -137,14 +139,24 @@ def real_layer() -> None:
         head = attention.head_picker(lay.n_heads, kv)
 
     max_tokens = min(W.DEFAULT_MAX_TOKENS, models.config().max_tokens)
+    text = p.text
+    n_ids = len(attnviz.tokenize(lm, text, chat=chat)[0]) if text.strip() else 0
+    if n_ids > max_tokens:
+        st.warning(
+            f"The text has {n_ids} tokens; the step-by-step view keeps (heads, N, N) arrays at every "
+            f"step and takes up to {max_tokens}. It shows the first {max_tokens} tokens instead "
+            "(switch to the toy mode for a made-up layer).",
+            icon=":material/content_cut:",
+        )
+        text = TV.first_tokens(lm, text, max_tokens, chat=chat)
     wt = None
     with guarded(f"recomputing {lay.layer_label(layer)} of {md(p.model)}", frame.token, (p.model,)):
-        key = (lm.spec, models.token_key(frame.token), p.text, chat, layer)
+        key = (lm.spec, models.token_key(frame.token), text, chat, layer)
         with st.spinner(f"Recomputing layer {layer} step by step…", show_time=True):
             wt = models.cached(
                 "walkthrough",
                 key,
-                lambda: W.layer_walkthrough(lm, p.text, layer, chat=chat, max_tokens=max_tokens),
+                lambda: W.layer_walkthrough(lm, text, layer, chat=chat, max_tokens=max_tokens),
                 nbytes=lambda w: sum(s.value.nbytes for s in w.steps),
             )
     if wt is None:
@@ -209,6 +221,9 @@ def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int
         "key).",
         "ungrouped K/V": "Query head h reads KV head h % n_kv, not h // group: the learned pairing is lost.",
     }
+    if state.get("change") == "none" and state.page_changed() and not state.applied("change"):
+        first = next((c for c in CHANGES if c != "none" and available.get(c) is not None), "none")
+        state.put("change", first)  # open on a real change, not the same map twice
     change = str(st.segmented_control("Change", CHANGES, key="change", required=True))
     changed = available.get(change)
     if changed is None:
@@ -232,9 +247,20 @@ def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int
                 height=460,
             )
             export.chart(fig, F.figure_name(spec, f"L{layer}", f"H{head}", change), key="cf_changed")
-            if change != "none":
-                diff = float(np.abs(changed[head] - wt.probs[head]).max())
-                st.caption(f"Largest change of a weight in this head: {diff:.3f}.")
+        if change != "none":
+            delta = changed[head] - wt.probs[head]
+            diff = float(np.abs(delta).max())
+            d1, d2 = st.columns(2)
+            with d1:
+                fig = F.head_grid(
+                    delta[None], labels, titles=[f"{change} − real"], diverging=True, facet_px=380
+                )
+                export.chart(fig, F.figure_name(spec, f"L{layer}", f"H{head}", change, "diff"), key="cf_diff")
+            with d2:
+                st.caption(
+                    f"The change itself: red where '{change}' puts more weight on a key than the real "
+                    f"layer, blue where less. Largest change of a weight in this head: {diff:.3f}."
+                )
 
 
 mode = st.segmented_control("Mode", SCRATCH_MODES, key="mode", required=True)

@@ -1,9 +1,10 @@
-"""Generation: generate k tokens greedily and step through them, one attention row per head."""
+"""Generation: generate k tokens (greedy or sampled) and step through them, one attention row per head."""
 
 import numpy as np
 import streamlit as st
 
 from attnviz import figures as F
+from attnviz.extract import Sampling
 from ui import attention, export, shell, state
 from ui.params import GEN_ROWS, GenerationParams
 from ui.text import continuation, md
@@ -13,12 +14,23 @@ frame = shell.begin(GenerationParams, text_label="Prompt")
 st.title("Attention while generating")
 c1, c2 = st.columns([1, 3])
 with c1:
-    k = st.number_input("Tokens to generate", 1, 64, key="k", step=1, help="Greedy decoding (no sampling).")
+    k = st.number_input("Tokens to generate", 1, 64, key="k", step=1)
+    sample = st.toggle(
+        "Sample", key="sample", help="Draw each token (temperature, top-p, seed) instead of greedy."
+    )
 with c2:
     st.caption(
-        "The model continues the prompt one token at a time, always taking the most likely token. "
-        "For each step you see where the new token's query looks, in every head of a layer."
+        "The model continues the prompt one token at a time, taking the most likely token (greedy) or "
+        "drawing one (sampling, reproducible with its seed). For each step you see where the new token's "
+        "query looks, in every head of a layer."
     )
+    sampling = None
+    if sample:
+        s1, s2, s3 = st.columns(3)
+        temp = s1.number_input("Temperature", 0.05, 5.0, key="temp", step=0.05)
+        topp = s2.number_input("Top-p", 0.01, 1.0, key="topp", step=0.05)
+        seed = s3.number_input("Seed", 0, 2**31 - 1, key="seed", step=1)
+        sampling = Sampling(temperature=float(temp), top_p=float(topp), seed=int(seed))
 
 
 def main() -> None:
@@ -33,7 +45,7 @@ def main() -> None:
                 "text. Pick a decoder such as smollm2-135m, or an encoder-decoder model."
             )
             shell.stop()
-    lm, res, _ = shell.load_and_extract(frame, generate=int(k))
+    lm, res, _ = shell.load_and_extract(frame, generate=int(k), sampling=sampling)
 
     stack = attention.stack_picker([s for s in res.stacks if s in ("self", "decoder", "cross")])
     q_tokens, k_tokens = res.axes(stack)

@@ -13,7 +13,7 @@ from attnviz import figures as F
 from attnviz.loading import cache_dir
 from ui import attention, export, models, shell, state
 from ui.params import AtlasParams, ExplorerParams
-from ui.text import md
+from ui.text import guarded, md
 
 frame = shell.begin(AtlasParams, text_label="Text (not used here: the atlas runs its corpus)")
 st.title("Head atlas")
@@ -58,7 +58,8 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
         )
         return None
     bar = st.progress(0.0, text="Starting…")
-    st.button("Cancel", key="atlas_cancel", help="Stops after the current text (nothing is cached).")
+    cancel = st.empty()
+    cancel.button("Cancel", key="atlas_cancel", help="Stops the run at the next text (nothing is cached).")
     t0 = [0.0]
 
     def progress(done: int, total: int, note: str) -> bool:
@@ -69,9 +70,12 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
         bar.progress(done / total, text=f"{note} · about {eta:.0f} s left" if done else note)
         return True
 
-    with models.guarded("running the atlas", frame.token, (lm.spec,)):
+    with guarded("running the atlas", frame.token, (lm.spec,)):
         atlas = AT.run_atlas(lm, texts, progress=progress)
         bar.empty()
+        cancel.empty()
+        if not atlas.from_cache and not atlas.cancelled and atlas.n_texts:
+            st.rerun()  # drawn from the disk cache, without the run and cancel buttons
         return atlas
     return None
 

@@ -121,3 +121,40 @@ def test_atlas_page_runs_and_ranks(env):
     again = new_app(ATLAS, model=TINY, ntexts=6).run()
     ok(again)
     assert any("disk cache" in c.value for c in again.caption)
+
+
+def test_from_scratch_opens_on_a_change_and_draws_the_difference(env):
+    from attnviz.reference import layer_walkthrough
+
+    at = new_app("pages/2_From_scratch.py", model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    assert at.segmented_control(key="change").value == "no RoPE"  # not "none": the same map twice
+    import tiny
+
+    wt = layer_walkthrough(tiny.loaded("llama-gqa"), TEXT, 1)
+    want = wt.counterfactuals.no_rope[2] - wt.probs[2]
+    diff = next(
+        s
+        for s in specs(at)
+        if [a["text"] for a in s["layout"].get("annotations", [])][:1] == ["no RoPE − real"]
+    )
+    np.testing.assert_allclose(z_of(heatmaps(diff)[0]), want, atol=1e-6)
+    assert np.abs(want).max() > 0.01
+
+
+def test_generation_samples_with_the_seed_from_the_link(env):
+    import tiny
+
+    from attnviz.extract import Sampling
+
+    at = new_app(
+        "pages/4_Generation.py", model=TINY, text=TEXT, k=6, sample=1, temp=1.5, topp=1.0, seed=7
+    ).run()
+    ok(at)
+    want = attnviz.extract(tiny.loaded("llama-gqa"), TEXT, generate=6, sampling=Sampling(1.5, 1.0, 7))
+    greedy = attnviz.extract(tiny.loaded("llama-gqa"), TEXT, generate=6)
+    shown = " ".join(m.value for m in at.markdown)
+    new = [d for d, g in zip(want.tokens.display, want.tokens.generated, strict=True) if g]
+    assert want.tokens.ids != greedy.tokens.ids
+    assert at.query_params["seed"] == "7" and at.toggle(key="sample").value is True
+    assert new[0] in shown, (new, shown[:300])  # the continuation shows the sampled tokens

@@ -64,8 +64,9 @@ def no_errors(page) -> None:
 POINT_JS = """([index, name, n]) => {
   const gd = document.querySelectorAll('.js-plotly-plot')[index];
   const traces = Array.from(gd.querySelectorAll('g.trace'));
+  const named = t => t.name === name || (t.name || '').startsWith(name + ' ');
   const tr = traces.find(t => t.__data__ && t.__data__[0] && t.__data__[0].trace
-                              && (t.__data__[0].trace.name === name || t.__data__[0].trace.name.startsWith(name + ' ')));
+                              && named(t.__data__[0].trace));
   if (!tr) return null;
   const pts = tr.querySelectorAll('path.point, g.point > path');
   const r = pts[n].getBoundingClientRect();
@@ -73,7 +74,8 @@ POINT_JS = """([index, name, n]) => {
 }"""
 
 CHART_INDEX_JS = """(name) => Array.from(document.querySelectorAll('.js-plotly-plot'))
-  .findIndex(gd => (gd._fullData || []).some(t => t.name === name || (t.name || '').startsWith(name + ' ')))"""
+  .findIndex(gd => (gd._fullData || [])
+    .some(t => t.name === name || (t.name || '').startsWith(name + ' ')))"""
 
 
 def click_point(page, name: str, n: int = 0) -> None:
@@ -120,7 +122,8 @@ def test_click_a_grid_tile_then_a_token(server, page):
     # the grid frames the selected head: facet 6 of the grid
     frame = page.evaluate(
         """() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(gd =>
-             ((gd._fullLayout || {}).shapes || []).filter(s => s.name === 'selected head').map(s => s.xref))"""
+             ((gd._fullLayout || {}).shapes || [])
+               .filter(s => s.name === 'selected head').map(s => s.xref))"""
     )
     assert frame == ["x6 domain"], frame
     page.get_by_role("tab", name=re.compile("Coloured text")).click()
@@ -140,7 +143,11 @@ def test_click_an_overview_thumbnail_opens_that_head(server, page):
     layer, head = 12, 4
     with reran(page):
         click_point(page, "tiles", layer * n_heads + head)
-    page.wait_for_url(re.compile(r"/\?"), timeout=240_000)
+    page.wait_for_function(
+        "() => !/Model_overview/.test(location.pathname) && /layer=12/.test(location.search)"
+        " && /head=4/.test(location.search)",
+        timeout=240_000,
+    )
     wait_idle(page, timeout_ms=240_000)
     assert "layer=12" in page.url and "head=4" in page.url, page.url
     assert "layer 12 · head 4" in head_title(page)

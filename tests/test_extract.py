@@ -121,7 +121,6 @@ def test_fast_path_never_runs_eager_attention(monkeypatch):
         calls.append(tuple(query.shape))
         return real(module, query, *args, **kwargs)
 
-    lm = tiny.loaded("llama-gqa")  # loading may probe capture against eager once: not counted
     monkeypatch.setattr(modeling_llama, "eager_attention_forward", counting)
     fast = attnviz.extract(lm, LONG)
     assert fast.path == "fast" and calls == []

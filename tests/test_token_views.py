@@ -176,3 +176,13 @@ def test_token_rows_from_and_to_match_the_layer():
     np.testing.assert_allclose(TV.token_weights(res, 1, 5, direction="to"), full[:, :, 5].mean(0), rtol=1e-6)
     with pytest.raises(attnviz.AttnvizError, match="out of range"):
         TV.token_rows(res, 1, [n])
+
+
+def test_first_tokens_cuts_at_a_token_boundary():
+    lm = tiny.loaded("llama-gqa")
+    long = "the financial bank is located on river bank " * 20
+    cut = TV.first_tokens(lm, long, 50)
+    ids = attnviz.tokenize(lm, cut)[0]
+    assert len(ids) <= 50 and len(ids) >= 48 and long.startswith(cut)
+    assert ids == attnviz.tokenize(lm, long)[0][: len(ids)]  # the same tokens as the long text's start
+    assert TV.first_tokens(lm, "short text", 50) == "short text"

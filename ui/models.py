@@ -32,6 +32,7 @@ import streamlit as st
 
 import attnviz
 from attnviz import AttentionResult, LoadedModel, env, specs
+from attnviz.extract import Sampling
 from attnviz.gate import InferenceGate
 from attnviz.layout import AttentionLayout
 from attnviz.settings import Settings, settings
@@ -194,9 +195,17 @@ def results_cache() -> ResultCache:
     return ResultCache(RESULT_CACHE_ENTRIES, RESULT_CACHE_BYTES)
 
 
-def result_key(lm: LoadedModel, token: str | None, text: str, *, chat: bool, generate: int = 0) -> tuple:
+def result_key(
+    lm: LoadedModel,
+    token: str | None,
+    text: str,
+    *,
+    chat: bool,
+    generate: int = 0,
+    sampling: Sampling | None = None,
+) -> tuple:
     """What identifies a result: model, token digest, text and options (never the token)."""
-    return (lm.spec, token_key(token), text, bool(chat), int(generate), config().max_tokens)
+    return (lm.spec, token_key(token), text, bool(chat), int(generate), config().max_tokens, sampling)
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,7 @@ class ResultRef:
     chat: bool
     generate: int = 0
     token: str | None = field(default=None, repr=False, compare=False)
+    sampling: Sampling | None = None
 
 
 def extract(
@@ -223,11 +233,12 @@ def extract(
     token: str | None = None,
     chat: bool = False,
     generate: int = 0,
+    sampling: Sampling | None = None,
 ) -> tuple[AttentionResult, ResultRef] | tuple[None, None]:
     """(result, ref) from the cache or a fresh run with a spinner; (None, None) after an error.
     ``spec`` is what `load` was given for ``lm`` (default ``lm.spec``), for a re-run."""
-    key = result_key(lm, token, text, chat=chat, generate=generate)
-    ref = ResultRef(key, (spec or lm.spec).strip(), lm.spec, text, bool(chat), int(generate), token)
+    key = result_key(lm, token, text, chat=chat, generate=generate, sampling=sampling)
+    ref = ResultRef(key, (spec or lm.spec).strip(), lm.spec, text, bool(chat), int(generate), token, sampling)
     cache = results_cache()
     hit = cache.get(key)
     if hit is not None:
@@ -236,7 +247,15 @@ def extract(
     what = f"generating {generate} tokens with {name}" if generate else f"running {name} on the text"
     with guarded(what, token, (lm.spec, text)):
         with st.spinner(f"{what[0].upper()}{what[1:]}…", show_time=True), _turn():
-            res = attnviz.extract(lm, text, chat=chat, generate=generate, max_tokens=config().max_tokens)
+            res = attnviz.extract(
+                lm,
+                text,
+                chat=chat,
+                generate=generate,
+                max_tokens=config().max_tokens,
+                verify="auto",
+                sampling=sampling,
+            )
         cache.put(key, res, res.nbytes)
         return res, ref
     return None, None
@@ -251,7 +270,15 @@ def result(ref: ResultRef) -> AttentionResult | None:
     lm = load(ref.spec, ref.token)
     if lm is None:
         return None
-    res, _ = extract(lm, ref.text, spec=ref.spec, token=ref.token, chat=ref.chat, generate=ref.generate)
+    res, _ = extract(
+        lm,
+        ref.text,
+        spec=ref.spec,
+        token=ref.token,
+        chat=ref.chat,
+        generate=ref.generate,
+        sampling=ref.sampling,
+    )
     return res
 
 
@@ -267,7 +294,12 @@ def result_now(ref: ResultRef) -> AttentionResult:
     lm = _cached_model(ref.spec, token_key(ref.token), ref.token)
     with _gate().turn() if config().demo else contextlib.nullcontext():
         res = attnviz.extract(
-            lm, ref.text, chat=ref.chat, generate=ref.generate, max_tokens=config().max_tokens
+            lm,
+            ref.text,
+            chat=ref.chat,
+            generate=ref.generate,
+            max_tokens=config().max_tokens,
+            sampling=ref.sampling,
         )
     cache.put(ref.key, res, res.nbytes)
     return res

@@ -73,13 +73,25 @@ def _int(lo: int = 0, hi: int = 1_000_000) -> Callable[[str], int]:
     return parse
 
 
+def _float(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError("use a number") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"use {lo}..{hi}")
+        return value
+
+    return parse
+
+
 def _choice(options: Sequence[str]) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         if raw not in options:
             raise ValueError("use one of " + ", ".join(repr(o) for o in options if o))
         return raw
 
-    parse.options = tuple(options)  # type: ignore[attr-defined]  # what a choice accepts
     return parse
 
 
@@ -291,6 +303,10 @@ class GenerationParams(Params):
     gstep: int = p(1, _int(1, 64))
     layer: int = p(0, _int())
     grow: str = p("new token", _choice(GEN_ROWS))
+    sample: bool = p(False, _bool)  # sampling instead of greedy decoding
+    temp: float = p(1.0, _float(0.05, 5.0))
+    topp: float = p(0.95, _float(0.01, 1.0))
+    seed: int = p(0, _int(0, 2**31 - 1))
     cmap: str = p("Viridis", _choice(COLORSCALES))
     log: bool = p(False, _bool)
 

@@ -20,6 +20,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from attnviz import AttentionResult, LoadedModel
+from attnviz.extract import Sampling
 from ui import logs, models, sidebar, state
 from ui.params import (
     AtlasParams,
@@ -97,7 +98,7 @@ def load(spec: str, token: str | None) -> LoadedModel:
 
 
 def load_and_extract(
-    frame: Frame, *, generate: int = 0
+    frame: Frame, *, generate: int = 0, sampling: Sampling | None = None
 ) -> tuple[LoadedModel, AttentionResult, models.ResultRef]:
     """(model, result, `models.ResultRef`) for the sidebar's choice, or stop the page after
     showing the error. Keep the model and the result in function locals: callables that outlive
@@ -111,7 +112,9 @@ def load_and_extract(
         stop()
     lm = load(p.model, frame.token)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
-    res, ref = models.extract(lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate)
+    res, ref = models.extract(
+        lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate, sampling=sampling
+    )
     if res is None or ref is None:
         stop()
     return lm, res, ref
