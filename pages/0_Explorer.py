@@ -142,6 +142,7 @@ def view(ref: models.ResultRef) -> None:
             state.put("head", int(picked[0]))
             st.rerun()  # redraw the grid with the new head framed
         st.caption("Click a head's corner square to show it big. " + scale_note)
+        export.html_buttons(lambda: [grid_fig], name, key="grid", what="this layer's grid")
     with right:
         head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax, how)
     st.subheader("Tokens")

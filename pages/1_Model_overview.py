@@ -86,6 +86,7 @@ def every_head(
     name = F.figure_name(spec, stack if stack != "self" else "", "all_heads")
     event = export.chart(mosaic, name, key="mosaic_chart", on_select=True)
     st.caption("Click a tile to open that head in the explorer. " + note)
+    export.html_buttons(lambda: [mosaic], name, key="mosaic", what="every head")
     picked = views.clicked(event, "mosaic_chart")
     if picked:
         state.commit()

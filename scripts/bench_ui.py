@@ -1,12 +1,14 @@
-"""UI benchmark: server time to redraw the explorer after a head change, and payload per view.
+"""UI benchmark: submit-to-first-view against one plain forward, redraw after a head change, payload.
 
     .venv/bin/python scripts/bench_ui.py [--sizes 128,1024,4096] [--repeats 3] [--no-write]
 
 Runs app.py in Streamlit's AppTest (the real script, in-process) on the built-in smollm2-135m.
 The first run extracts (cached); then the head selector changes `--repeats` times and each rerun is
 timed: that is the server's work for a head change (the model never reruns). Payload = bytes of
-the Plotly figure JSON the view sends to the browser. Results go into docs/benchmarks.md between
-the ui markers.
+the Plotly figure JSON the view sends to the browser. "first view / forward" divides the first run
+of a text (extract + every view drawn; the model is loaded by a warm-up run first) by one plain SDPA
+forward of the same ids measured right after in the same process (`attnviz.bench` floor). Results
+go into docs/benchmarks.md between the ui markers.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import attnviz  # noqa: E402
-from attnviz.bench import ids_of_length, replace_section  # noqa: E402
+from attnviz.bench import _floor, ids_of_length, replace_section  # noqa: E402
 
 
 def text_of(lm: attnviz.LoadedModel, n: int) -> str:
@@ -32,6 +34,14 @@ def text_of(lm: attnviz.LoadedModel, n: int) -> str:
 
 def payload(at: AppTest) -> int:
     return sum(len(c.proto.spec) for c in at.get("plotly_chart"))
+
+
+def forward_seconds(lm: attnviz.LoadedModel, n: int) -> float:
+    """One plain SDPA forward of the same n ids (no capture): the floor."""
+    run = _floor(lm, ids_of_length(lm, n))
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
 
 
 def measure(text: str, repeats: int) -> tuple[float, float, int, int]:
@@ -52,7 +62,7 @@ def measure(text: str, repeats: int) -> tuple[float, float, int, int]:
         if at.exception:
             raise RuntimeError(at.exception[0].value)
     charts = at.get("plotly_chart")
-    return first, statistics.median(times), payload(at), len(charts)
+    return first, statistics.median(times) if times else 0.0, payload(at), len(charts)
 
 
 def main() -> int:
@@ -63,15 +73,21 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     lm = attnviz.load_model("smollm2-135m", device="cpu")
+    measure("warm up: load the model", 0)  # the first view of each size then excludes the load
     header = (
-        "| N tokens | first view (load + extract + draw) | redraw after a head change (median) | "
-        "payload of the view (figure JSON) | figures |\n|---|---|---|---|---|"
+        "| N tokens | first view (extract + draw) | one plain forward | first view / forward | "
+        "redraw after a head change (median) | payload of the view (figure JSON) | figures |\n"
+        "|---|---|---|---|---|---|---|"
     )
     lines = []
     sys.stdout.write(header + "\n")
     for n in [int(s) for s in args.sizes.split(",")]:
         first, redraw, size, charts = measure(text_of(lm, n), args.repeats)
-        line = f"| {n} | {first:.2f} s | {redraw:.3f} s | {size / 2**20:.2f} MB | {charts} |"
+        floor = forward_seconds(lm, n)
+        line = (
+            f"| {n} | {first:.2f} s | {floor:.2f} s | {first / floor:.2f}x | {redraw:.3f} s | "
+            f"{size / 2**20:.2f} MB | {charts} |"
+        )
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
         lines.append(line)

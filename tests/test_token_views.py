@@ -186,3 +186,19 @@ def test_first_tokens_cuts_at_a_token_boundary():
     assert len(ids) <= 50 and len(ids) >= 48 and long.startswith(cut)
     assert ids == attnviz.tokenize(lm, long)[0][: len(ids)]  # the same tokens as the long text's start
     assert TV.first_tokens(lm, "short text", 50) == "short text"
+
+
+def test_html_page_carries_plotly_js_once():
+    from ui import export
+
+    figs = [
+        F.head_grid(
+            np.random.default_rng(0).random((4, 8, 8)).astype(np.float32), F.token_labels(list("abcdefgh"))
+        )
+    ]
+    one = export.html_page(figs, "one")
+    three = export.html_page(figs * 3, "<three>")
+    assert len(three) - len(one) < 3 * 200_000 < len(one)  # plotly.js (~4.6 MB) once, not three times
+    assert three.count(b"Plotly.newPlot") == 3 and b"&lt;three&gt;" in three
+    cdn = export.html_page(figs * 3, "cdn", cdn=True)
+    assert len(cdn) < 300_000 and b"cdn.plot.ly" in cdn

@@ -181,3 +181,41 @@ def test_bf16_real_model_keeps_the_fast_path_and_passes_the_self_check():
     res = attnviz.extract(lm, TEXT, verify=True)
     assert res.method == "fast exact" and res.check.dtype == "bfloat16"
     assert res.check.max_abs_diff <= 2.0**-9 + 1e-6  # eager's rounding of its fp32 softmax to bf16
+
+
+def test_auto_check_skips_models_without_an_eager_function(monkeypatch):
+    """Custom code may have no eager function to compare with: "auto" (the app) then shows no
+    check, an explicit verify says why it cannot."""
+    from attnviz import verify
+
+    lm = tiny.loaded("llama-gqa")
+    monkeypatch.setattr(verify, "eager_function", lambda module: None)
+    assert attnviz.extract(lm, TEXT, verify="auto").check is None
+    with pytest.raises(verify.CannotCheck, match="no eager attention function"):
+        attnviz.extract(lm, TEXT, verify=True)
+
+
+def test_cli_extract_verify_prints_the_check(tmp_path, capsys):
+    from attnviz import cli
+
+    folder = tmp_path / "tiny-llama"
+    tiny.model("llama-gqa").save_pretrained(folder)
+    tiny.tokenizer().save_pretrained(folder)
+    argv = [
+        "extract",
+        "--model",
+        str(folder),
+        "--text",
+        TEXT,
+        "--out",
+        str(tmp_path / "a.npz"),
+        "--device",
+        "cpu",
+    ]
+    assert cli.main([*argv, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "checked against eager: max |Δ| " in out and "float32 (self layer 1)" in out
+    assert cli.main([*argv, "--verify", "0"]) == 0
+    assert "(self layer 0)" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert "checked against eager" not in capsys.readouterr().out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import io
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,6 +49,42 @@ def csv_text(matrix: np.ndarray, row_labels: Sequence[str], col_labels: Sequence
 
 def html_bytes(fig: go.Figure) -> bytes:
     return fig.to_html(include_plotlyjs=HTML_PLOTLYJS, full_html=True).encode()
+
+
+def html_page(figs: Sequence[go.Figure], title: str, *, cdn: bool = False) -> bytes:
+    """Several figures in one standalone HTML file that carries plotly.js once (~4.6 MB), or
+    loads it from the CDN (``cdn=True``: a few hundred KB, needs a network to open)."""
+    parts = [
+        f.to_html(include_plotlyjs=("cdn" if cdn else True) if i == 0 else False, full_html=False)
+        for i, f in enumerate(figs)
+    ]
+    head = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
+    )
+    return (head + "\n".join(parts) + "</body></html>").encode()
+
+
+def html_buttons(figs: Callable[[], Sequence[go.Figure]], name: str, *, key: str, what: str) -> None:
+    """Two downloads of ``figs()`` as one HTML page: offline (plotly.js inside once) and small (CDN)."""
+    c1, c2 = st.columns(2)
+    c1.download_button(
+        f"⬇ HTML: {what}",
+        data=lambda: html_page(figs(), name),
+        file_name=f"{name}.html",
+        mime="text/html",
+        key=f"{key}_html_all",
+        on_click="ignore",
+        help="One standalone file with plotly.js inside once (opens offline).",
+    )
+    c2.download_button(
+        "⬇ HTML (small, CDN)",
+        data=lambda: html_page(figs(), name, cdn=True),
+        file_name=f"{name}_cdn.html",
+        mime="text/html",
+        key=f"{key}_html_cdn",
+        on_click="ignore",
+        help="The same page loading plotly.js from its CDN: far smaller, needs a network to open.",
+    )
 
 
 def downloads(

@@ -112,6 +112,12 @@ def describe_layout(lay: AttentionLayout) -> str:
         )
     if lay.group_size > 1:
         text += f" · {lay.n_kv_heads} KV heads (each shared by {lay.group_size} query heads)"
+    if lay.attention_layers:  # a hybrid: say where the attention is and that the rest has none
+        blocks = ", ".join(map(str, lay.attention_layers))
+        text += (
+            f" · attention in blocks {blocks} of {lay.n_blocks}; the other blocks are recurrent / "
+            "state-space, with no attention map"
+        )
     return text + f" · d_model {lay.d_model}, head_dim {lay.head_dim}"
 
 
