@@ -166,3 +166,16 @@ def test_over_budget_text_gets_the_limit_message_and_the_app_keeps_serving(env):
     at.sidebar.text_area(key="text").set_value("the bank of the river").run()
     ok(at)
     assert heatmaps(titled(at, "layer 0 · head 0 "))
+
+
+@pytest.mark.slow
+def test_zoom_without_the_sink_is_the_renormalised_rows(env):
+    q0, k0, side = 900, 10, 64
+    at = new_app(model=TINY, text=LONG, scale="linear", nosink=1, zoom=1, zq=q0, zk=k0, zn=side).run()
+    ok(at)
+    res = engine(LONG)
+    rows = np.asarray(res.head(0, 0), dtype=np.float32)[q0 : q0 + side, 1:]  # key 0 dropped
+    want = (rows / rows.sum(-1, keepdims=True))[:, k0 : k0 + side]  # shown keys k0.. (positions k0+1..)
+    head = heatmaps(titled(at, "layer 0 · head 0 "))[0]
+    assert np.abs(z_of(head) - want).max() <= 1e-6
+    assert head["x"] == labels(LONG)[k0 + 1 : k0 + 1 + side]
