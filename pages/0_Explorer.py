@@ -190,7 +190,9 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
             return longview.zoomed(r, layer, head, v, ax, sel, cols), ax.q_labels[sel], ax.k_labels[cols], ""
         return attention.head_rows(r, layer, head, v, ax, sel), ax.q_labels[sel], ax.k_labels, ""
 
-    probs, q_lab1, k_lab1, made = matrix(res)
+    waits = mode == "pooled" and n_q * n_k > 1 << 20
+    with st.spinner("Pooling the head…", show_time=True) if waits else contextlib.nullcontext():
+        probs, q_lab1, k_lab1, made = matrix(res)
     note = made or note
     title = f"{ref.name} · {res.layout.layer_label(layer)} · {F.head_title(head, kv[head] if kv else None)}"
     if stack != "self":
