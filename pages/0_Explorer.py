@@ -14,7 +14,7 @@ from attnviz import AttentionResult
 from attnviz import figures as F
 from ui import attention, export, longview, models, shell, state, views
 from ui.params import ExplorerParams
-from ui.text import md
+from ui.text import guarded, md
 
 STACK_NAMES = {
     "self": "self",
@@ -112,8 +112,12 @@ def view(ref: models.ResultRef) -> None:
     left, right = st.columns([1, 1], gap="medium")
     with left:
         big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
-        with st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext():
+        spin = st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext()
+        with guarded("pooling the heads") as caught, spin:  # past the free memory: the message
             img = longview.grid(shown, key, layer, v, ax, side, how)
+        if caught:
+            state.share_box()
+            return
         pooled, q_lab, k_lab = img.z, img.q_labels, img.k_labels
         pooled_note = f" · {img.note}" if img.note else ""
         layer_name = res.layout.layer_label(layer)
@@ -191,8 +195,11 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
         return attention.head_rows(r, layer, head, v, ax, sel), ax.q_labels[sel], ax.k_labels, ""
 
     waits = mode == "pooled" and n_q * n_k > 1 << 20
-    with st.spinner("Pooling the head…", show_time=True) if waits else contextlib.nullcontext():
+    spin = st.spinner("Pooling the head…", show_time=True) if waits else contextlib.nullcontext()
+    with guarded("drawing the head") as caught, spin:  # past the free memory: the message
         probs, q_lab1, k_lab1, made = matrix(res)
+    if caught:
+        return
     note = made or note
     title = f"{ref.name} · {res.layout.layer_label(layer)} · {F.head_title(head, kv[head] if kv else None)}"
     if stack != "self":

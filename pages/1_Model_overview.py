@@ -66,7 +66,10 @@ def every_head(
     for layer in range(n_layers):
         if bar is None and len(ax.q_idx) > 256:
             bar = st.progress(0.0, text="Pooling the layers…")
-        img = longview.grid(res, key, layer, view, ax, side, how)
+        with guarded("pooling the layers") as caught:  # a size past the free memory: the message
+            img = longview.grid(res, key, layer, view, ax, side, how)
+        if caught:
+            return
         tiles.append(img.z)
         q_bins, k_bins, pooled_note = img.q_labels, img.k_labels, f", {img.note}" if img.note else ""
         if bar is not None:

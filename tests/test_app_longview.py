@@ -179,3 +179,19 @@ def test_zoom_without_the_sink_is_the_renormalised_rows(env):
     head = heatmaps(titled(at, "layer 0 · head 0 "))[0]
     assert np.abs(z_of(head) - want).max() <= 1e-6
     assert head["x"] == labels(LONG)[k0 + 1 : k0 + 1 + side]
+
+
+@pytest.mark.slow
+def test_a_view_past_the_free_memory_is_a_message(env):
+    at = new_app(model=TINY, text=LONG, layer=0).run()
+    ok(at)
+    env.setattr(limits, "free_bytes", lambda device: 2**20)  # 1 MiB free from now on
+    at.slider(key="layer").set_value(LAYER).run()  # the result is cached; the pooled view is new
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert errors and all(
+        "a pooled view needs" in e and "GiB free on cpu — try fewer cells" in e for e in errors
+    )
+    env.setattr(limits, "free_bytes", lambda device: 2**40)
+    at.slider(key="layer").set_value(0).run()  # the app keeps serving
+    ok(at)
