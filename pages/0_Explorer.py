@@ -108,7 +108,7 @@ def view(ref: models.ResultRef) -> None:
             how = st.segmented_control(
                 "Pooling", F.POOLS, key="pool", required=True,
                 help="A long text is drawn in blocks: each block's largest weight (max) or its mean.",
-            )  # fmt: skip
+            ) or "max"  # required=True: never None  # fmt: skip
     left, right = st.columns([1, 1], gap="medium")
     with left:
         big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20

@@ -60,7 +60,7 @@ def every_head(
         how = st.segmented_control(
             "Pooling", F.POOLS, key="pool", required=True,
             help="Each tile is drawn in blocks: each block's largest weight (max) or its mean.",
-        )  # fmt: skip
+        ) or "max"  # required=True: never None  # fmt: skip
     tiles, bar, pooled_note = [], None, ""
     q_bins, k_bins = ax.q_labels, ax.k_labels
     for layer in range(n_layers):
