@@ -143,6 +143,8 @@ def test_click_an_overview_thumbnail_opens_that_head(server, page):
     layer, head = 12, 4
     with reran(page):
         click_point(page, "tiles", layer * n_heads + head)
+    wait_idle(page, timeout_ms=240_000)
+    screenshot(page, "views_explorer_after_thumbnail_click")
     page.wait_for_function(
         "() => Array.from(document.querySelectorAll('.js-plotly-plot')).some(gd => gd._fullLayout"
         " && gd._fullLayout.title && /layer 12 · head 4/.test(gd._fullLayout.title.text || ''))",
