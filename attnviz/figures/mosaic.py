@@ -17,7 +17,6 @@ from attnviz.figures.pooling import (
     MOSAIC_MAX_CELLS,
 )
 
-
 _CLEAR = "rgba(0,0,0,0)"
 
 
