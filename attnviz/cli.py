@@ -236,9 +236,10 @@ def _info(args) -> int:
         ("device / dtype", f"{lm.device} / {str(lm.dtype).removeprefix('torch.')}"),
         (
             "fast path",
-            "capture (SDPA + Q/K)"
-            if lm.supports_capture
-            else "eager (model does not use AttentionInterface)",
+            "fast exact (SDPA + captured Q/K)"
+            if lm.fast_exact
+            else "eager exact, one layer at a time"
+            + (f" ({lm.probe.why_not_fast})" if lm.probe and lm.probe.why_not_fast else ""),
         ),
     ]
     if lay.sliding_window:

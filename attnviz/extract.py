@@ -21,7 +21,7 @@ from .loading import LoadedModel, is_out_of_memory
 from .probe import decoder_start, eager_attentions
 from .result import AttentionResult
 from .tokens import Tokens
-from .verify import VerifyArg, pick_layer, self_check
+from .verify import CannotCheck, VerifyArg, pick_layer, self_check
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,12 @@ def extract_ids(
         verify = False
     layer = pick_layer(result, verify)
     if layer is not None:
-        result.check = self_check(lm.model, result, layer)
+        try:
+            result.check = self_check(lm.model, result, layer)
+        except CannotCheck:
+            if verify != "auto":
+                raise
+            log.info("%s: no eager attention function to self-check against", lm.spec)
     return result
 
 

@@ -240,16 +240,6 @@ def attend(
         return _blocked(q, k, v, scale, spec, q_offset)
 
 
-def _with_ones(t: torch.Tensor, extra: torch.Tensor | float) -> torch.Tensor:
-    """Append one feature to the last dim: a constant or a (h, pos) tensor."""
-    col = torch.empty(*t.shape[:-1], 1, dtype=t.dtype, device=t.device)
-    if isinstance(extra, torch.Tensor):
-        col[..., 0] = extra
-    else:
-        col.fill_(extra)
-    return torch.cat([t, col], -1)
-
-
 def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
     """(kv_heads, pos, d) -> (heads, pos, d) in transformers' repeat_kv order."""
     group = cap.query.shape[1] // t.shape[0]
@@ -266,6 +256,8 @@ class LayerPass:
     lse: torch.Tensor  # (heads, q)
     e_key: torch.Tensor  # (heads, q, d)
     e_pos: torch.Tensor  # (heads, q)
+    query: torch.Tensor  # (heads, q, d) float32, the pass's own buffer (a view)
+    key: torch.Tensor  # (heads, k, d) float32, GQA-expanded (a view)
     lse_causal: torch.Tensor | None = None
     pos_causal: torch.Tensor | None = None
 
@@ -281,17 +273,27 @@ def _remember(cap: CapturedAttention, lse: torch.Tensor) -> None:
     _LSE[id(cap)] = (weakref.ref(cap.query), lse)
 
 
+def _features(cap: CapturedAttention) -> tuple[torch.Tensor, torch.Tensor]:
+    """q1 = [q, 0] (heads, q, d + 1) and kv = [k, key_pos] (heads, k, d + 1), float32, GQA-expanded,
+    each built in one copy. q1·kv = q·k, so kv serves as both keys and values."""
+    query, key = cap.query[0], cap.key[0]  # (heads, q, d), (kv_heads, k, d)
+    h, n_q, d = query.shape
+    n_kv, n_k, _ = key.shape
+    q1 = torch.zeros(h, n_q, d + 1, dtype=torch.float32, device=query.device)
+    q1[..., :d] = query
+    kv = torch.empty(n_kv, h // n_kv, n_k, d + 1, dtype=torch.float32, device=key.device)
+    kv[..., :d] = key[:, None]
+    kv[..., d] = torch.arange(n_k, device=key.device, dtype=torch.float32)
+    return q1, kv.view(h, n_k, d + 1)
+
+
 def layer_pass(cap: CapturedAttention, spec: MaskSpec, *, distance: bool = True) -> LayerPass:
     """L, E_p[k] and E_p[key_pos] of every query head in one fused call (positions in float32)."""
-    q = cap.query[0].float()  # (heads, q, d)
-    k = expand_kv(cap, cap.key[0].float())  # (heads, k, d)
-    n_k = k.shape[1]
-    pos = torch.arange(n_k, device=k.device, dtype=torch.float32).expand(k.shape[0], n_k)
-    q1, k1, v1 = _with_ones(q, 0.0), _with_ones(k, 0.0), _with_ones(k, pos)  # (h, pos, d + 1)
-    out, lse = attend(q1, k1, v1, scale=cap.scaling, spec=spec)
-    got = LayerPass(lse=lse, e_key=out[..., :-1], e_pos=out[..., -1])
+    q1, kv = _features(cap)  # (h, pos, d + 1)
+    out, lse = attend(q1, kv, kv, scale=cap.scaling, spec=spec)
+    got = LayerPass(lse=lse, e_key=out[..., :-1], e_pos=out[..., -1], query=q1[..., :-1], key=kv[..., :-1])
     if distance and not spec.causal:
-        out_c, lse_c = attend(q1, k1, v1, scale=cap.scaling, spec=MaskSpec(True, spec.window))
+        out_c, lse_c = attend(q1, kv, kv, scale=cap.scaling, spec=MaskSpec(True, spec.window))
         got.lse_causal, got.pos_causal = lse_c, out_c[..., -1]
     _remember(cap, lse)
     return got
@@ -302,10 +304,23 @@ def layer_lse(cap: CapturedAttention, spec: MaskSpec) -> torch.Tensor:
     hit = _LSE.get(id(cap))
     if hit is not None and hit[0]() is cap.query:
         return hit[1]
-    q = cap.query[0].float()
-    k = expand_kv(cap, cap.key[0].float())
-    _, lse = attend(q, k, k, scale=cap.scaling, spec=spec)
+    q1, kv = _features(cap)
+    _, lse = attend(q1, kv, kv, scale=cap.scaling, spec=spec)
     _remember(cap, lse)
+    return lse
+
+
+def lse_without_first(cap: CapturedAttention, spec: MaskSpec) -> torch.Tensor:
+    """L'_i = log Σ_{j >= 1} exp s_ij (heads, q) float32: the log-sum-exp without key_pos 0, so
+    that p_ij / (1 - p_i0) = exp(s_ij - L'_i) keeps full relative precision even when the first
+    token takes almost all of a row. A row with no other key gives -inf."""
+    q1, kv = _features(cap)
+    if kv.shape[1] < 2:
+        return torch.full(q1.shape[:2], float("-inf"), device=q1.device)
+    rest = kv[:, 1:].contiguous()
+    _, lse = attend(q1, rest, rest, scale=cap.scaling, spec=spec, q_offset=-1)  # key_pos shifted by 1
+    if spec.causal:
+        lse[:, 0] = float("-inf")  # row 0 sees only key 0
     return lse
 
 

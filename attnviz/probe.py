@@ -201,8 +201,9 @@ def probe(model: Any, encoder_decoder: bool, capture_ok: bool, names: dict[int, 
             f"({sum(expected.values())})"
         )
     else:
-        worst = _worst_diff(result, rec.calls, eager_probs)
-        if worst > probe_tolerance(model.dtype):
+        half = next(model.parameters()).dtype != torch.float32
+        worst = _worst_diff(model, result, rec.calls, eager_probs, half)
+        if worst > (PROBE_TOLERANCE if half else 1e-4):
             # e.g. a decoder whose SDPA path drops the causal mask (NLLB-MoE): never show that
             result.why_not_fast = f"its capture differs from eager by {worst:.1e} on a test input"
         else:
@@ -210,20 +211,19 @@ def probe(model: Any, encoder_decoder: bool, capture_ok: bool, names: dict[int, 
     return result
 
 
-# Probe input: 6 tokens. A dropped mask or a missing term is off by ~0.1-1; bf16 drift of the
-# hidden states between an SDPA and an eager forward stays far below this.
+# Probe input: 6 tokens. A dropped mask or a missing term is off by ~0.1-1. In bf16/fp16 the
+# hidden states of an SDPA forward and an eager forward drift apart with depth (the kernels
+# round differently), so there only each stack's first layer (same input in both forwards) is
+# compared with the eager forward, and deeper layers with eager's function on the same Q/K.
 PROBE_TOLERANCE = 2e-2
-# bf16/fp16: eager rounds its probabilities to the model dtype (steps of 2^-8 near 1) and the two
-# forwards' hidden states drift apart; a sharp tiny bf16 model measured 2.1e-2 at 6 tokens.
-HALF_PROBE_TOLERANCE = 6e-2
 
 
-def probe_tolerance(dtype: torch.dtype) -> float:
-    return PROBE_TOLERANCE if dtype == torch.float32 else HALF_PROBE_TOLERANCE
-
-
-def _worst_diff(found: Probe, calls: list, eager_probs: dict[str, list[torch.Tensor]]) -> float:
+def _worst_diff(
+    model: Any, found: Probe, calls: list, eager_probs: dict[str, list[torch.Tensor]], half: bool
+) -> float:
+    from .errors import AttnvizError
     from .result import probs_from_capture
+    from .verify import eager_probabilities
 
     seen: Counter[str] = Counter()
     worst = 0.0
@@ -232,7 +232,13 @@ def _worst_diff(found: Probe, calls: list, eager_probs: dict[str, list[torch.Ten
         seen[c.module_name] += 1
         if where is None:
             return float("inf")
-        ref = eager_probs[where[0]][where[1]][0].float()
+        if not half or (where[1] == 0 and where[0] != "cross"):
+            ref = eager_probs[where[0]][where[1]][0].float()
+        else:
+            try:
+                ref = eager_probabilities(model, c)
+            except AttnvizError:
+                continue  # no eager function to compare with; the first layer was compared
         ours = probs_from_capture(c).to(ref.device)
         if c.sinks is not None and bool(((ref.sum(-1) - 1).abs() < 1e-3).all()):
             ours = ours / ours.sum(-1, keepdim=True)  # eager weights before the sink scaling

@@ -22,7 +22,7 @@ import torch
 from .capture import CapturedAttention
 from .errors import AttnvizError
 from .layout import Stack
-from .lse import NEG, MaskSpec, _with_ones, attend, captured, expand_kv, layer_lse, layer_spec
+from .lse import NEG, MaskSpec, attend, captured, layer_lse, layer_spec, lse_without_first
 from .result import AttentionResult
 
 log = logging.getLogger(__name__)
@@ -195,34 +195,37 @@ def _transposed(cap: CapturedAttention, spec: MaskSpec, r: torch.Tensor, residua
     u_hj = Σ_i r_i p_hij = exp(LSE_i [scale k_j·q_hi + log r_i - L_hi]): an attention with K as
     queries, Q as keys and a per-key bias folded into one extra dim ([k_j, 1]·[scale q_i, b_i]).
     The transposed mask (i >= j, window i < j + W) is the causal one on reversed positions.
-    Sink-aware: p' = p / (1 - p_i0) for j >= 1, so b_i -= log(1 - p_i0) and u_0 = 0.
+    Sink-aware: p' = p / (1 - p_i0) = exp(s_ij - L'_i) for j >= 1 (L' without key 0), so the bias
+    uses L' and u_0 = 0.
     """
     q = cap.query[0].float()  # (h, q, d)
-    k = expand_kv(cap, cap.key[0].float())  # (h, k, d)
-    n = q.shape[1]
-    lse = layer_lse(cap, spec)  # (h, q)
-    mass = torch.ones(n, device=q.device)
-    rest = None
+    key = cap.key[0]  # (kv_heads, k, d)
+    h, n, d = q.shape
+    n_kv = key.shape[0]
     if sink_aware:
-        pos = torch.arange(n, device=q.device)
-        s0 = (q * k[:, :1]).sum(-1) * cap.scaling
-        seen0 = pos < spec.window if spec.window is not None else torch.ones_like(pos, dtype=torch.bool)
-        rest = torch.where(seen0, -torch.expm1(s0 - lse), 1.0).clamp(min=0.0)  # 1 - p_i0, (h, q)
-        if spec.causal:
-            rest[:, 0] = 0.0  # row 0 sees only the sink: nothing is left
-        mass = (rest > 0).float().mean(0)
+        # p'_ij = p_ij / (1 - p_i0) = exp(s_ij - L'_i) for j >= 1, L' the log-sum-exp without key 0
+        lse = lse_without_first(cap, spec)
+        mass = torch.isfinite(lse).float().mean(0)  # a row left with no key has row sum 0
+    else:
+        lse = layer_lse(cap, spec)  # (h, q)
+        mass = torch.ones(n, device=q.device)
     r_tilde = _scaled(r, mass, residual)
     bias = torch.log(r_tilde)[None, :] - lse  # (h, q)
-    if rest is not None:
-        bias = bias - torch.log(rest)
     bias = torch.nan_to_num(bias, nan=NEG, neginf=NEG, posinf=NEG).clamp(min=NEG)
-    queries = _with_ones(k, 1.0)  # (h, key_pos, d + 1)
-    keys = torch.cat([q * cap.scaling, bias[..., None]], -1)  # (h, query_pos, d + 1)
-    if spec.causal:
-        _, got = attend(queries.flip(1), keys.flip(1), keys.flip(1), scale=1.0, spec=spec)
-        got = got.flip(1)
-    else:
-        _, got = attend(queries, keys, keys, scale=1.0, spec=spec)
+    flip = spec.causal  # the transposed causal mask is the causal one on reversed positions
+
+    def order(t: torch.Tensor) -> torch.Tensor:
+        return t.flip(-2) if flip else t
+
+    queries = torch.empty(n_kv, h // n_kv, n, d + 1, dtype=torch.float32, device=q.device)
+    queries[..., :d] = order(key)[:, None]  # [k_j, 1], GQA-expanded in the copy
+    queries[..., d] = 1.0
+    keys = torch.empty(h, n, d + 1, dtype=torch.float32, device=q.device)
+    torch.mul(order(q), cap.scaling, out=keys[..., :d])  # [scale q_i, b_i]
+    keys[..., d] = order(bias[..., None])[..., 0]
+    _, got = attend(queries.view(h, n, d + 1), keys, keys, scale=1.0, spec=spec)
+    if flip:
+        got = got.flip(-1)
     u = torch.exp(got)  # (h, key_pos)
     if sink_aware:
         u[:, 0] = 0.0

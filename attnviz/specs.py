@@ -95,11 +95,17 @@ def check_id(spec: str, *, allow_local: bool) -> None:
             f"the model name is {len(spec)} characters long; a Hub id is at most {MAX_HUB_ID} "
             "(owner/name, like 'gpt2' or 'Qwen/Qwen2.5-0.5B')"
         )
+    if not allow_local:
+        _check_hub_chars(spec)
+
+
+def _check_hub_chars(spec: str) -> None:
     bad = sorted({c for c in spec if not _HUB_CHARS.match(c)})
-    if bad and not allow_local:
+    if bad:
         shown = " ".join(repr(c) for c in bad[:8])
         raise ModelNotFound(
-            f"a Hub id has only letters, digits, '-', '_', '.' and one '/'; this name also has {shown}"
+            f"{spec!r} is not a built-in model, a Hub id or a local folder: a Hub id has only letters, "
+            f"digits, '-', '_', '.' and one '/', and this name also has {shown}"
         )
 
 
@@ -120,7 +126,11 @@ def resolve(spec: str, cfg: Settings | None = None) -> ModelSpec:
     check_id(spec, allow_local=cfg.allow_local_paths)
     source: Source = "hub"
     if cfg.allow_local_paths:
-        kind = classify_spec(spec)  # may look at the filesystem: only where paths are served
+        try:
+            kind = classify_spec(spec)  # may look at the filesystem: only where paths are served
+        except ModelNotFound:
+            _check_hub_chars(spec)  # say which characters, where that is the reason
+            raise
         source = "local" if kind == "local" else "hub"
     return ModelSpec(spec, source, SOURCE_LABELS[source])
 

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 VerifyArg = bool | str | int
 
 
+class CannotCheck(AttnvizError):
+    """The model has no eager attention function to compare with (custom code)."""
+
+
 def tolerance(dtype: torch.dtype) -> float:
     """Allowed max |Δ| of probabilities: 1e-5 in fp32; eager rounds its output to the model dtype
     (half an ulp at 1.0 is eps/2 in bf16/fp16), so eps there."""
@@ -60,12 +64,17 @@ def _additive(cap: CapturedAttention, dtype: torch.dtype) -> torch.Tensor | None
     return torch.where(mask, zero, torch.finfo(dtype).min)
 
 
+def eager_function(module: Any):
+    """The eager attention function of the module's modeling file (None for custom code)."""
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+
+
 def eager_probabilities(model: Any, cap: CapturedAttention) -> torch.Tensor:
     """(heads, q_pos, key_pos) float32 from the model's own eager attention function."""
     module = model.get_submodule(cap.module_name)
-    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    eager = eager_function(module)
     if eager is None or cap.value is None:
-        raise AttnvizError(
+        raise CannotCheck(
             f"cannot self-check {type(module).__name__}: its module has no eager attention function"
         )
     kwargs: dict = {}

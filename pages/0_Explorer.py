@@ -31,7 +31,9 @@ def summary(res: AttentionResult) -> None:
     """The model line and the token table."""
     st.caption(
         f"**{md(res.model_name)}** · {models.describe_layout(res.layout)} · {res.n_tokens} tokens · "
-        f"{res.path} path, extracted in {res.seconds:.2f} s"
+        f"{res.method or res.path}, extracted in {res.seconds:.2f} s"
+        + (f" · {res.check.caption()}" if res.check else "")
+        + (" · rows give part of their weight to learned sinks (they sum to < 1)" if res.has_sinks else "")
     )
     with st.expander(f"Tokens ({res.n_tokens})", expanded=False):
         toks = res.tokens

@@ -327,7 +327,9 @@ def quiet_check(model_type: str) -> Row:
 HEADER = """# Architectures
 
 Every text architecture in transformers {version}'s causal-LM, masked-LM and seq2seq mappings,
-as a tiny random model (hidden 32, 2-4 layers, fp32, built from the architecture's own config
+plus the vision-language models llava, llava_next, mistral3, qwen2_vl, qwen2_5_vl, qwen3_vl,
+paligemma and idefics3 (loaded whole; their language model runs on text alone), as a tiny
+random model (hidden 32, 2-4 layers, fp32, built from the architecture's own config
 class), run through attnviz's default path and compared layer by layer with a SEPARATE eager load
 of the same weights (`output_attentions=True`): every attention layer agrees within 1e-4
 (measured: 3e-7 or less), and the self-check (`extract(..., verify=True)`) passes.

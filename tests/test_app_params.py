@@ -39,6 +39,20 @@ def prose(n_chars: int, seed: int = 0) -> str:
     return out[:n_chars]
 
 
+CHOICES = [o for opts in (P.STACKS, P.COLORSCALES, P.METRICS, P.SCRATCH_MODES, P.CHANGES,
+    P.COMPARE_MODES, P.GEN_ROWS, *(v for k, v in vars(P).items() if k.endswith("_CHOICES")),
+    *(v for k, v in vars(P.attnviz.figures).items() if k.isupper() and isinstance(v, tuple))) for o in opts
+    if isinstance(o, str)]  # fmt: skip
+
+
+def _parses(f: dataclasses.Field, raw: str) -> bool:
+    try:
+        f.metadata["parse"](raw)
+    except ValueError:
+        return False
+    return True
+
+
 def non_default(cls: type[P.Params]) -> P.Params:
     """An instance whose every field differs from its default (and still parses)."""
     changes = {}
@@ -54,9 +68,8 @@ def non_default(cls: type[P.Params]) -> P.Params:
             changes[f.name] = "a [link](http://x) *and* ü 🙂\nnew line"
         elif f.name == "wstep":
             changes[f.name] = "scores_raw"
-        else:  # a choice: another option of its Literal
-            options = f.metadata["parse"].options  # the choice's own options
-            changes[f.name] = next(o for o in options if o != d)
+        else:  # a choice: another option that its parser accepts
+            changes[f.name] = next(o for o in CHOICES if o != d and _parses(f, o))
     return cls(**changes)
 
 

@@ -185,6 +185,20 @@ def test_display_tokens_are_clean_text():
     assert res.tokens.labels[0].startswith("(0) ")
 
 
+def test_package_source_never_imports_streamlit():
+    """No module of the package imports Streamlit (read from the source: no interpreter start)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(attnviz.__file__).parent
+    for py in root.rglob("*.py"):
+        tree = ast.parse(py.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not any(name.split(".")[0] == "streamlit" for name in names), py
+
+
+@pytest.mark.slow  # a fresh interpreter (~5 s): also catches an import through another package
 def test_package_never_imports_streamlit():
     code = "import attnviz, attnviz.metrics, attnviz.cli, sys; assert 'streamlit' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -202,3 +202,27 @@ def test_smollm2_fast_equals_dense():
     print("smollm2 float32 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})
     probe = M.induction_probe(lm, length=50)
     assert np.abs(M.head_induction(probe) - M.head_induction(probe, dense=True)).max() < 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "falcon", "jamba", "gemma3_text", "phi3", "olmo2", "gptj"])
+def test_fast_equals_dense_on_more_families(model_type):
+    """Families from tests/archs.py: learned sinks (GPT-OSS) must fall back, hybrids keep their
+    attention layers, everything else equals the dense definitions (statistics and rollout)."""
+    import archs
+    import transformers as tf
+
+    from attnviz import rollout as R
+
+    kind = archs.mapping_names().get(model_type, "causal")
+    model, _ = archs.build(model_type, kind)
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=archs._tokenizer(), pad_token="<pad>")
+    lm = attnviz.wrap_model(model, tok, spec=f"tiny-{model_type}")
+    res = attnviz.extract_ids(lm, [3 + (i * 37) % 300 for i in range(40)])
+    fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
+    _assert_same(fast, dense, 1e-4)
+    roll = R.token_rollout(res, sink_aware=True)
+    want = R.token_rollout(res, sink_aware=True, computation="dense")
+    assert np.abs(roll.sources - want.sources).max() < 1e-5
+    if model_type == "gpt_oss":
+        assert set(fast.paths) == {"dense: captured sinks"} and set(roll.paths) == {"dense: captured sinks"}
+    print(model_type, res.path if hasattr(res, "path") else "", sorted(set(fast.paths)))

@@ -63,3 +63,12 @@ def test_vision_language_models_load_their_language_model():
         cfg = archs.tiny_config(encoder)
         assert attnviz.loading.model_kind(cfg) == "encoder", encoder
         assert attnviz.loading._auto_class("encoder", cfg) is tf.AutoModel
+
+
+def test_the_app_says_which_blocks_have_no_attention_map():
+    from ui import models
+
+    lm, _ = _loaded("jamba")
+    line = models.describe_layout(lm.layout)
+    assert "2 layers × 4 heads" in line
+    assert "attention in blocks 1, 3 of 4; the other blocks are recurrent / state-space" in line

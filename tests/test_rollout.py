@@ -71,3 +71,16 @@ def test_token_rollout_rejects_bad_input():
         R.token_rollout(res, residual=1.5)
     with pytest.raises(AttnvizError):
         R.token_rollout(attnviz.extract(sharp("bart"), TEXT), stack="cross")
+
+
+@pytest.mark.slow
+def test_smollm2_token_rollout_equals_dense():
+    lm = attnviz.load_model("smollm2-135m")
+    res = attnviz.extract(lm, TEXT * 3)
+    for sink_aware in (False, True):
+        fast = R.token_rollout(res, sink_aware=sink_aware)
+        dense = R.token_rollout(res, sink_aware=sink_aware, computation="dense")
+        assert fast.paths == ("fused",) * 30
+        err = np.abs(fast.sources - dense.sources).max()
+        print(f"smollm2 rollout sink_aware={sink_aware}: max |fast - dense| {err:.1e}")
+        assert err < 1e-5

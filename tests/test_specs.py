@@ -28,6 +28,8 @@ def test_control_characters_and_bad_characters_are_named():
         specs.resolve("gpt2\nx", OPEN)
     with pytest.raises(attnviz.ModelNotFound, match=r"this name also has '!' '\?'"):
         specs.check_id("owner/na!me?", allow_local=False)
+    with pytest.raises(attnviz.ModelNotFound, match=r"not a built-in model.*also has ' ' '!'$"):
+        specs.resolve("a b!! c", OPEN)  # where local folders are served too (and none is called so)
 
 
 def test_a_public_server_never_looks_at_its_disk(monkeypatch):

@@ -154,3 +154,68 @@ def test_t5gemma_decoder_soft_capping_is_applied():
     for stack, ref in (("decoder", out.decoder_attentions), ("cross", out.cross_attentions)):
         for layer, t in enumerate(ref):
             assert np.abs(res.layer(layer, stack=stack) - t[0].numpy()).max() <= 1e-5
+
+
+def test_explorer_shows_the_self_check_next_to_the_heatmaps(monkeypatch):
+    """The app runs the self-check by default on short texts and says what it measured."""
+    import re
+
+    from test_app_explorer import TINY, new_app, prepare
+
+    prepare(monkeypatch)
+    at = new_app(model=TINY, text="the bank of the river").run()
+    assert not at.exception
+    text = " ".join(c.value for c in at.caption)
+    m = re.search(r"checked against eager: max \|Δ\| (\S+), float32 \(self layer 1\)", text)
+    assert m, text[:600]
+    assert float(m.group(1)) <= 1e-5
+    assert "fast exact" in text
+
+
+@pytest.mark.slow
+def test_bf16_real_model_keeps_the_fast_path_and_passes_the_self_check():
+    """30 bf16 layers: the SDPA and eager forwards drift apart with depth, which must not be
+    mistaken for a capture error at load (it once sent every bf16 model to the slow path)."""
+    lm = attnviz.load_model("smollm2-135m", device="cpu", dtype="bfloat16")
+    assert lm.fast_exact, lm.probe.why_not_fast
+    res = attnviz.extract(lm, TEXT, verify=True)
+    assert res.method == "fast exact" and res.check.dtype == "bfloat16"
+    assert res.check.max_abs_diff <= 2.0**-9 + 1e-6  # eager's rounding of its fp32 softmax to bf16
+
+
+def test_auto_check_skips_models_without_an_eager_function(monkeypatch):
+    """Custom code may have no eager function to compare with: "auto" (the app) then shows no
+    check, an explicit verify says why it cannot."""
+    from attnviz import verify
+
+    lm = tiny.loaded("llama-gqa")
+    monkeypatch.setattr(verify, "eager_function", lambda module: None)
+    assert attnviz.extract(lm, TEXT, verify="auto").check is None
+    with pytest.raises(verify.CannotCheck, match="no eager attention function"):
+        attnviz.extract(lm, TEXT, verify=True)
+
+
+def test_cli_extract_verify_prints_the_check(tmp_path, capsys):
+    from attnviz import cli
+
+    folder = tmp_path / "tiny-llama"
+    tiny.model("llama-gqa").save_pretrained(folder)
+    tiny.tokenizer().save_pretrained(folder)
+    argv = [
+        "extract",
+        "--model",
+        str(folder),
+        "--text",
+        TEXT,
+        "--out",
+        str(tmp_path / "a.npz"),
+        "--device",
+        "cpu",
+    ]
+    assert cli.main([*argv, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "checked against eager: max |Δ| " in out and "float32 (self layer 1)" in out
+    assert cli.main([*argv, "--verify", "0"]) == 0
+    assert "(self layer 0)" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert "checked against eager" not in capsys.readouterr().out

@@ -112,6 +112,12 @@ def describe_layout(lay: AttentionLayout) -> str:
         )
     if lay.group_size > 1:
         text += f" · {lay.n_kv_heads} KV heads (each shared by {lay.group_size} query heads)"
+    if lay.attention_layers:  # a hybrid: say where the attention is and that the rest has none
+        blocks = ", ".join(map(str, lay.attention_layers))
+        text += (
+            f" · attention in blocks {blocks} of {lay.n_blocks}; the other blocks are recurrent / "
+            "state-space, with no attention map"
+        )
     return text + f" · d_model {lay.d_model}, head_dim {lay.head_dim}"
 
 
@@ -248,7 +254,13 @@ def extract(
     with guarded(what, token, (lm.spec, text)):
         with st.spinner(f"{what[0].upper()}{what[1:]}…", show_time=True), _turn():
             res = attnviz.extract(
-                lm, text, chat=chat, generate=generate, max_tokens=config().max_tokens, sampling=sampling
+                lm,
+                text,
+                chat=chat,
+                generate=generate,
+                max_tokens=config().max_tokens,
+                verify="auto",
+                sampling=sampling,
             )
         cache.put(key, res, res.nbytes)
         return res, ref

@@ -92,7 +92,6 @@ def _choice(options: Sequence[str]) -> Callable[[str], str]:
             raise ValueError("use one of " + ", ".join(repr(o) for o in options if o))
         return raw
 
-    parse.options = tuple(options)  # type: ignore[attr-defined]  # what a choice accepts
     return parse
 
 

@@ -38,14 +38,28 @@ def _allowed_at(q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec, n_k: i
     return ok
 
 
-def _prob_at(
-    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, q_pos, k_pos, spec: MaskSpec
+def _prob_shifted(
+    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, q0: int, shift: int, spec: MaskSpec
 ) -> torch.Tensor:
-    """p[h, r] = exp(scale · q[h, r]·k[h, k_pos[r]] - L[h, r]) where allowed, else 0."""
-    n_k = k.shape[1]
-    ok = _allowed_at(q_pos, k_pos, spec, n_k)
-    s = (q * k[:, k_pos.clamp(0, n_k - 1)]).sum(-1) * scale  # (h, rows)
-    return torch.where(ok, torch.exp(s - lse), 0.0)
+    """p[h, r] = exp(scale · q[h, r]·k[h, q0 + r + shift] - L[h, r]) where allowed, else 0: the
+    diagonal (shift 0), previous token (-1), induction target (1 - length), by slicing, no gather."""
+    n_rows, n_k = q.shape[1], k.shape[1]
+    qpos = torch.arange(q0, q0 + n_rows, device=q.device)
+    ok = _allowed_at(qpos, qpos + shift, spec, n_k)
+    s = q.new_zeros(q.shape[0], n_rows)
+    lo, hi = max(0, -(q0 + shift)), min(n_rows, n_k - (q0 + shift))
+    if hi > lo:
+        a = q0 + shift
+        s[:, lo:hi] = torch.linalg.vecdot(q[:, lo:hi], k[:, a + lo : a + hi])
+    return torch.where(ok, torch.exp(s * scale - lse), 0.0)
+
+
+def _prob_first(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, spec: MaskSpec):
+    """p[h, i] on key_pos 0 (the sink) for every row: one matrix-vector product per head."""
+    qpos = torch.arange(q.shape[1], device=q.device)
+    ok = _allowed_at(qpos, torch.zeros_like(qpos), spec, k.shape[1])
+    s = torch.matmul(q, k[:, 0, :, None])[..., 0]  # (h, q)
+    return torch.where(ok, torch.exp(s * scale - lse), 0.0)
 
 
 def _reduce(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,8 +71,7 @@ def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -
     """Per-metric (sum over eligible rows, number of eligible rows) of every head of one layer,
     shaped (head,) — (kv_head,) for "gqa_coherence" — like the dense `_row_sums`."""
     lp: LayerPass = layer_pass(cap, spec)
-    q = cap.query[0].float()  # (h, q, d)
-    k = expand_kv(cap, cap.key[0].float())  # (h, k, d)
+    q, k = lp.query, lp.key  # (h, q, d), (h, k, d) float32 views of the pass's buffers
     n_q, n_k = q.shape[1], k.shape[1]
     scale = cap.scaling
     qpos = torch.arange(n_q, device=q.device)
@@ -67,13 +80,13 @@ def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -
     lse = lp.lse
     out: Sums = {}
     # H_i = L_i - scale * q_i . E_p[k]
-    raw_entropy = lse - scale * (q * lp.e_key).sum(-1)  # (h, q)
+    raw_entropy = lse - scale * torch.linalg.vecdot(q, lp.e_key)  # (h, q)
     log_len = torch.log(counts.clamp(min=2).float())
     out["entropy"] = _reduce((raw_entropy / log_len).clamp(0.0, 1.0), informative)
-    out["sink"] = _reduce(_prob_at(q, k, lse, scale, qpos, torch.zeros_like(qpos), spec), informative)
+    out["sink"] = _reduce(_prob_first(q, k, lse, scale, spec), informative)
     prev_ok = informative & (qpos >= 1) & (qpos - 1 < n_k)
-    out["previous_token"] = _reduce(_prob_at(q, k, lse, scale, qpos, qpos - 1, spec), prev_ok)
-    out["diagonal"] = _reduce(_prob_at(q, k, lse, scale, qpos, qpos, spec), informative & (qpos < n_k))
+    out["previous_token"] = _reduce(_prob_shifted(q, k, lse, scale, 0, -1, spec), prev_ok)
+    out["diagonal"] = _reduce(_prob_shifted(q, k, lse, scale, 0, 0, spec), informative & (qpos < n_k))
     fpos = qpos.float()
     if spec.causal:
         dist = fpos - lp.e_pos  # every allowed key is at or before the query
@@ -99,8 +112,8 @@ def _coherence(
     for g in range(n_kv):
         for a, b in pairs:
             ia, ib = g * group_size + a, g * group_size + b
-            ce_ab = lse[ib] - scale * (q[ib] * e_key[ia]).sum(-1)  # CE(p^a, p^b) per row
-            ce_ba = lse[ia] - scale * (q[ia] * e_key[ib]).sum(-1)
+            ce_ab = lse[ib] - scale * torch.linalg.vecdot(q[ib], e_key[ia])  # CE(p^a, p^b) per row
+            ce_ba = lse[ia] - scale * torch.linalg.vecdot(q[ia], e_key[ib])
             sym_kl = (ce_ab - raw_entropy[ia]) + (ce_ba - raw_entropy[ib])
             total[g] += (torch.exp(-0.5 * sym_kl.clamp(min=0.0)) * valid).sum()
     rows = valid.sum() * len(pairs)
@@ -117,5 +130,5 @@ def induction_sums(
     n_k = k.shape[1]
     qpos = torch.arange(rows.start, rows.stop, device=q.device)
     ok = (qpos >= start + length) & (qpos < start + 2 * length) & (qpos - length + 1 < n_k)
-    p = _prob_at(q, k, lse, cap.scaling, qpos, qpos - length + 1, spec)
+    p = _prob_shifted(q, k, lse, cap.scaling, rows.start, 1 - length, spec)
     return _reduce(p, ok)[0], ok.float().sum()
