@@ -283,7 +283,8 @@ def test_long_text_pools_the_grid_and_windows_the_head_under_5_mb(env):
 def test_downloads_and_png_name(env):
     at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
     ok(at)
-    assert [b.label for b in at.get("download_button")] == ["⬇ NPZ", "⬇ CSV", "⬇ HTML"]
+    labels = [b.label for b in at.get("download_button")]
+    assert labels == ["⬇ HTML: this layer's grid", "⬇ HTML (small, CDN)", "⬇ NPZ", "⬇ CSV", "⬇ HTML"]
     config = json.loads(at.get("plotly_chart")[1].proto.config)
     assert config["toImageButtonOptions"]["filename"] == "attnviz_tiny-llama-gqa_L1_H2"
 

@@ -143,12 +143,9 @@ def test_click_an_overview_thumbnail_opens_that_head(server, page):
     layer, head = 12, 4
     with reran(page):
         click_point(page, "tiles", layer * n_heads + head)
-    page.wait_for_function(
-        "() => Array.from(document.querySelectorAll('.js-plotly-plot')).some(gd => gd._fullLayout"
-        " && gd._fullLayout.title && /layer 12 · head 4/.test(gd._fullLayout.title.text || ''))",
-        timeout=240_000,
-    )
+    page.get_by_role("heading", name="Attention explorer").wait_for(timeout=240_000)
     wait_idle(page, timeout_ms=240_000)
+    screenshot(page, "views_explorer_after_thumbnail_click")
     assert page.get_by_role("heading", name="Attention explorer").count() == 1
     assert "layer=12" in page.url and "head=4" in page.url, page.url
     assert "layer 12 · head 4" in head_title(page)

@@ -17,6 +17,8 @@ from attnviz.figures.pooling import (
     MOSAIC_MAX_CELLS,
 )
 
+_CLEAR = "rgba(0,0,0,0)"
+
 
 def model_mosaic(
     images: np.ndarray,
@@ -122,7 +124,9 @@ def model_mosaic(
                 x=list(xs),
                 y=list(ys),
                 mode="markers",
-                marker=dict(symbol="square", size=max(6.0, cell_px * min(s_r, s_c)), color="rgba(0,0,0,0)"),
+                # half a tile: the chart may be drawn narrower than width_px, and markers that
+                # overlap their neighbours make a click pick the wrong tile
+                marker=dict(symbol="square", size=max(4.0, 0.5 * cell_px * min(s_r, s_c)), color=_CLEAR),
                 customdata=[[layer, head] for layer, head in cells],
                 text=[f"{layer_names[layer]} · {head_names[head]}" for layer, head in cells],
                 hovertemplate="%{text}: click to open<extra></extra>",
