@@ -129,7 +129,10 @@ def find_sites(
         for h in handles:
             h.remove()
     sites: dict[str, list[AttentionSite]] = {}
-    probs = eager_attentions(out, encoder_decoder)
+    probs = {
+        stack: [t for t in tensors if _is_probabilities(t, inputs, stack)]
+        for stack, tensors in eager_attentions(out, encoder_decoder).items()
+    }
     for stack, tensors in probs.items():
         found: list[AttentionSite] = []
         for t in tensors:
@@ -146,6 +149,17 @@ def find_sites(
             found.append(AttentionSite(stack, name, index, call))
         sites[stack] = found
     return sites, probs
+
+
+def _is_probabilities(t: torch.Tensor, inputs: dict, stack: str) -> bool:
+    """Whether an "attention" output is a map of softmax probabilities (one row per query token,
+    rows of non-negative weights summing to at most 1). Linear-attention layers of some hybrids
+    (MiniMax's lightning attention) return a state tensor there instead: not an attention map."""
+    ids = inputs["decoder_input_ids"] if stack in ("decoder", "cross") else inputs["input_ids"]
+    if t.dim() != 4 or t.shape[-2] != ids.shape[1]:
+        return False
+    t = t.float()
+    return bool((t >= 0).all()) and bool((t.sum(-1) <= 1 + 1e-2).all())
 
 
 def _no_cache(model: Any) -> dict:

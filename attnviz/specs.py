@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from . import limits
 from .errors import ModelNotFound, NotAllowed
 from .loading import BUILTIN_MODELS, LoadedModel, classify_spec, load_model, needs_conversion
 from .settings import Settings, settings
@@ -144,3 +145,21 @@ def load(ms: ModelSpec, token: str | None = None, cfg: Settings | None = None) -
             raise ModelNotFound(f"{ms.spec!r}: no such model source on this server; pick a built-in model")
         return found[0].load(found[1])
     return load_model(ms.spec, token=token or None, allow_local=cfg.allow_local_paths)
+
+
+def token_cap(lm: LoadedModel, cfg: Settings | None = None) -> int:
+    """The most tokens this server extracts with ``lm``: the configured cap (demo 512, default
+    8192, ``ATTNVIZ_MAX_TOKENS``) or what the free memory of the model's device holds
+    (`attnviz.limits.token_budget`), whichever is smaller."""
+    cfg = cfg or settings()
+    return min(cfg.max_tokens, limits.token_budget(lm.layout, lm.device, lm.dtype))
+
+
+def check_tokens(lm: LoadedModel, n_tokens: int, cfg: Settings | None = None) -> None:
+    """Before an extraction of ``n_tokens`` (prompt + generation): a text within the configured
+    cap that the device's free memory cannot hold raises `OutOfMemory` ("… tokens need X GiB, Y
+    GiB free on cpu — try at most N tokens"); a text over the cap is left to `attnviz.extract`,
+    which refuses it with the cap."""
+    cfg = cfg or settings()
+    if n_tokens <= cfg.max_tokens:
+        limits.check_tokens(n_tokens, lm.layout, lm.device, lm.dtype)

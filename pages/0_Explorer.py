@@ -12,9 +12,9 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import attention, export, models, shell, state, views
+from ui import attention, export, longview, models, shell, state, views
 from ui.params import ExplorerParams
-from ui.text import md
+from ui.text import guarded, md
 
 STACK_NAMES = {
     "self": "self",
@@ -101,19 +101,29 @@ def view(ref: models.ResultRef) -> None:
         state.share_box()
         return
 
+    side = F.grid_side(n_heads, n_tokens=max(len(ax.q_idx), len(ax.k_idx)))
+    how = "max"
+    if max(len(ax.q_idx), len(ax.k_idx)) > side and longview.applies(shown, v, ax):
+        with c2:
+            how = st.segmented_control(
+                "Pooling", F.POOLS, key="pool", required=True,
+                help="A long text is drawn in blocks: each block's largest weight (max) or its mean.",
+            ) or "max"  # required=True: never None  # fmt: skip
     left, right = st.columns([1, 1], gap="medium")
     with left:
-        side = F.grid_side(n_heads, n_tokens=max(len(ax.q_idx), len(ax.k_idx)))
         big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
-        with st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext():
-            pooled, q_lab, k_lab = attention.grid(shown, key, layer, v, ax, side)
-        pooled_note = (
-            f" · max-pooled to {pooled.shape[1]}×{pooled.shape[2]}"
-            if pooled.shape[1:] != (len(ax.q_idx), len(ax.k_idx))
-            else ""
-        )
+        spin = st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext()
+        with guarded("pooling the heads") as caught, spin:  # past the free memory: the message
+            img = longview.grid(shown, key, layer, v, ax, side, how)
+        if caught:
+            state.share_box()
+            return
+        pooled, q_lab, k_lab = img.z, img.q_labels, img.k_labels
+        pooled_note = f" · {img.note}" if img.note else ""
         layer_name = res.layout.layer_label(layer)
         st.markdown(f"**{layer_name.capitalize()}: all {n_heads} heads**{pooled_note}")
+        if img.caveat:
+            st.caption(img.caveat)
         if kv:
             st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
         head = state.clamp("head", 0, n_heads - 1, "head")
@@ -138,16 +148,18 @@ def view(ref: models.ResultRef) -> None:
         st.caption("Click a head's corner square to show it big. " + scale_note)
         export.html_buttons(lambda: [grid_fig], name, key="grid", what="this layer's grid")
     with right:
-        head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax)
+        head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax, how)
     st.subheader("Tokens")
     names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
     views.token_section(ref, shown, stack, layer, int(state.get("head")), names, scale)
     state.share_box()
 
 
-def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, zmax) -> None:
+def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, zmax, how) -> None:
     """The head selector and the single-head view (a head change redraws the grid too, to move
-    its frame)."""
+    its frame). A text too long to draw whole shows the head block-pooled on the device, or a
+    zoomed region at full resolution; with hidden tokens / no sink (or value-weighted), a window
+    of exact query rows."""
     n_heads = res.n_heads
     state.clamp("head", 0, n_heads - 1, "head")
     n_q, n_k = len(ax.q_idx), len(ax.k_idx)
@@ -155,35 +167,64 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
     c1, c2 = st.columns([1, 1])
     with c1:
         head = attention.head_picker(n_heads, kv)
-    sel = slice(None)
+    sel, cols, mode, note = slice(None), slice(None), "rows", ""
     if w < n_q:
-        state.clamp("row0", 0, n_q - w, "first query row")
         with c2:
-            row0 = st.slider(f"Query rows ({w} of {n_q} at a time)", 0, n_q - w, key="row0", step=1)
-        sel = slice(row0, row0 + w)
-    q_lab1 = ax.q_labels[sel]
+            zoom = st.toggle("Zoom", key="zoom", help="One region of the head at full resolution.")
+        if zoom:
+            sel, cols = longview.zoom_controls(n_q, n_k)
+            mode = "zoom"
+            note = f"Query {sel.start}–{sel.stop - 1}, key {cols.start}–{cols.stop - 1} at full resolution."
+        elif longview.applies(res, v, ax):
+            mode = "pooled"
+        else:
+            state.clamp("row0", 0, n_q - w, "first query row")
+            with c2:
+                row0 = st.slider(f"Query rows ({w} of {n_q} at a time)", 0, n_q - w, key="row0", step=1)
+            sel = slice(row0, row0 + w)
+            if type(res) is AttentionResult:
+                note = "A window of exact rows: " + longview.FALLBACK_NOTE + "."
+
+    def matrix(r) -> tuple[np.ndarray, list[str], list[str], str]:
+        """(weights, query labels, key labels, how they were made) of the view, from result ``r``."""
+        if mode == "pooled":
+            img = longview.head(r, ref.key, layer, head, v, ax, how)
+            return img.z, img.q_labels, img.k_labels, img.note[0].upper() + img.note[1:] + "."
+        if mode == "zoom":
+            return longview.zoomed(r, layer, head, v, ax, sel, cols), ax.q_labels[sel], ax.k_labels[cols], ""
+        return attention.head_rows(r, layer, head, v, ax, sel), ax.q_labels[sel], ax.k_labels, ""
+
+    waits = mode == "pooled" and n_q * n_k > 1 << 20
+    spin = st.spinner("Pooling the head…", show_time=True) if waits else contextlib.nullcontext()
+    with guarded("drawing the head") as caught, spin:  # past the free memory: the message
+        probs, q_lab1, k_lab1, made = matrix(res)
+    if caught:
+        return
+    note = made or note
     title = f"{ref.name} · {res.layout.layer_label(layer)} · {F.head_title(head, kv[head] if kv else None)}"
     if stack != "self":
         title += f" · {stack}"
 
     def figure(probs: np.ndarray):
-        return F.head_heatmap(
-            probs, q_lab1, ax.k_labels, title=title, colorscale=cmap, scale=scale, zmax=zmax
-        )
+        return F.head_heatmap(probs, q_lab1, k_lab1, title=title, colorscale=cmap, scale=scale, zmax=zmax)
 
     def rows_now(rows: slice = sel) -> np.ndarray:  # for the downloads: fetched when clicked
         return attention.head_rows(models.result_now(ref), layer, head, v, ax, rows)  # raw weights
 
-    head_fig = figure(attention.head_rows(res, layer, head, v, ax, sel))
+    def shown_now() -> np.ndarray:  # what the view draws (pooled, zoomed or rows), for CSV and HTML
+        return matrix(models.result_now(ref))[0]
+
+    head_fig = figure(probs)
     head_name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}", f"H{head}")
     export.chart(head_fig, head_name, key="head_chart")
-    notes = []
+    notes = [note.rstrip(".")] if note else []
     if v.hide and res.axes(stack)[0].hidden.any():
         notes.append("special/template tokens hidden, rows renormalised")
     if v.nosink:
         notes.append("key 0 dropped, rows renormalised (a causal row 0 has nothing left and shows 0)")
     if notes:
-        st.caption("; ".join(notes).capitalize() + ".")
+        text = "; ".join(notes)
+        st.caption(text[0].upper() + text[1:] + ".")
 
     export.downloads(
         head_name,
@@ -198,8 +239,8 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
             head=head,
             stack=stack,
         ),
-        csv=lambda: export.csv_text(rows_now(), q_lab1, ax.k_labels, "query \\ key"),
-        fig=lambda: figure(rows_now()),
+        csv=lambda: export.csv_text(shown_now(), q_lab1, k_lab1, "query \\ key"),
+        fig=lambda: figure(shown_now()),
         key="head",
         what=f"weights of {res.layout.layer_label(layer)}, head {head}",
     )

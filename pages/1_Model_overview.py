@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, export, flow, models, shell, state, views
+from ui import attention, export, flow, longview, models, shell, state, views
 from ui.params import ExplorerParams, OverviewParams
 from ui.text import guarded, md
 
@@ -55,21 +55,28 @@ def every_head(
     ax = attention.axes(res, view)
     st.subheader(f"Every head: {n_layers} layers × {n_heads} heads")
     side = F.mosaic_side(n_layers, n_heads)
-    tiles, bar = [], None
+    how = "max"
+    if max(len(ax.q_idx), len(ax.k_idx)) > side:
+        how = st.segmented_control(
+            "Pooling", F.POOLS, key="pool", required=True,
+            help="Each tile is drawn in blocks: each block's largest weight (max) or its mean.",
+        ) or "max"  # required=True: never None  # fmt: skip
+    tiles, bar, pooled_note = [], None, ""
     q_bins, k_bins = ax.q_labels, ax.k_labels
     for layer in range(n_layers):
         if bar is None and len(ax.q_idx) > 256:
             bar = st.progress(0.0, text="Pooling the layers…")
-        pooled, q_bins, k_bins = attention.grid(res, key, layer, view, ax, side)
-        tiles.append(pooled)
+        with guarded("pooling the layers") as caught:  # a size past the free memory: the message
+            img = longview.grid(res, key, layer, view, ax, side, how)
+        if caught:
+            return
+        tiles.append(img.z)
+        q_bins, k_bins, pooled_note = img.q_labels, img.k_labels, f", {img.note}" if img.note else ""
         if bar is not None:
             bar.progress((layer + 1) / n_layers, text=f"Pooling layer {layer + 1} of {n_layers}…")
     if bar is not None:
         bar.empty()
     images = np.stack(tiles)
-    pooled_note = (
-        "" if images.shape[-2:] == (len(ax.q_idx), len(ax.k_idx)) else f", max-pooled to {side}×{side}"
-    )
     across = "Columns: layers, rows: heads" if n_layers > n_heads else "Rows: layers, columns: heads"
     st.caption(
         f"{across}. Each tile is one head's attention pattern (queries down, keys across){pooled_note}."

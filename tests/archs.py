@@ -241,7 +241,10 @@ def _eager_attentions(eager, inputs: dict) -> dict:
             "decoder": list(out.decoder_attentions),
             "cross": list(out.cross_attentions),
         }
-    return {"self": [a for a in out.attentions if a is not None]}
+    # A (queries x keys) map per layer; hybrids' linear-attention layers return None or a state
+    # tensor of another shape (MiniMax's lightning attention), which is not an attention map.
+    n = inputs["input_ids"].shape[1]
+    return {"self": [a for a in out.attentions if a is not None and tuple(a.shape[-2:]) == (n, n)]}
 
 
 def check(model_type: str, kind: str | None = None) -> Row:
@@ -300,6 +303,8 @@ def check(model_type: str, kind: str | None = None) -> Row:
             f"attention in blocks {', '.join(map(str, lm.layout.attention_layers))} of {lm.layout.n_blocks}"
         )
     status = res.method
+    if status != "fast exact" and lm.probe is not None and lm.probe.why_not_fast:
+        detail = "; ".join(d for d in (detail, f"not fast: {lm.probe.why_not_fast}") if d)
     return Row(model_type, status if worst <= 1e-4 else "WRONG", detail, worst)
 
 

@@ -62,6 +62,8 @@ def non_default(cls: type[P.Params]) -> P.Params:
             changes[f.name] = not d
         elif isinstance(d, int):
             changes[f.name] = d + 1
+        elif isinstance(d, float):
+            changes[f.name] = d / 2
         elif f.name in ("model", "model2"):
             changes[f.name] = "tiny:qwen3"
         elif f.name in ("text", "text2"):

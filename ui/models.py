@@ -32,7 +32,7 @@ import streamlit as st
 
 import attnviz
 from attnviz import AttentionResult, LoadedModel, env, specs
-from attnviz.extract import Sampling
+from attnviz.extract import Sampling, tokenize
 from attnviz.gate import InferenceGate
 from attnviz.layout import AttentionLayout
 from attnviz.settings import Settings, settings
@@ -252,6 +252,8 @@ def extract(
     name = md(lm.spec)
     what = f"generating {generate} tokens with {name}" if generate else f"running {name} on the text"
     with guarded(what, token, (lm.spec, text)):
+        ids, _ = tokenize(lm, text, chat=chat)
+        specs.check_tokens(lm, len(ids) + int(generate), config())  # too big for memory: a message
         with st.spinner(f"{what[0].upper()}{what[1:]}…", show_time=True), _turn():
             res = attnviz.extract(
                 lm,

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal, Self, get_args
 
 import attnviz
 from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
-from attnviz.figures import COLORSCALES, DIRECTIONS, SCALES
+from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS, SCALES
 from attnviz.metrics import METRICS
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
@@ -253,6 +253,11 @@ class ExplorerParams(Params):
     vw: bool = p(False, _bool)  # value-weighted attention
     tok: int = p(0, _int())  # the token of the token views
     tdir: str = p("from", _choice(DIRECTIONS))
+    pool: str = p("max", _choice(POOLS))  # how a long text's blocks are pooled: max or mean
+    zoom: bool = p(False, _bool)  # a long text's head view: one region at full resolution
+    zq: int = p(0, _int())  # the region's first query position
+    zk: int = p(0, _int())  # its first key position
+    zn: int = p(256, _int(8, 632))  # its side (tokens)
 
 
 @dataclass(frozen=True)
@@ -263,6 +268,7 @@ class OverviewParams(Params):
     cmap: str = p("Viridis", _choice(COLORSCALES))
     log: bool = p(False, _bool)
     metric: str = p("entropy", _choice(METRICS))
+    pool: str = p("max", _choice(POOLS))  # how a long text's blocks are pooled: max or mean
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ class Frame(Generic[P]):
     params: P
     token: str | None
     chat_slot: DeltaGenerator  # where the sidebar's chat switch goes once the model is known
+    cap_slot: DeltaGenerator | None = None  # the sidebar's token cap, rewritten for the model
 
 
 def begin(cls: type[P], *, text_label: str = "Text") -> Frame[P]:
@@ -76,10 +77,10 @@ def begin(cls: type[P], *, text_label: str = "Text") -> Frame[P]:
         for e in PAGES:  # our own links: the same menu whatever the server's config says
             st.page_link(e.file, label=e.params.PAGE, icon=e.icon)
         st.divider()
-    token, chat_slot = sidebar.draw(text_label=text_label)
+    token, chat_slot, cap_slot = sidebar.draw(text_label=text_label)
     params = state.current(cls)
     assert isinstance(params, cls)
-    return Frame(params, token, chat_slot)
+    return Frame(params, token, chat_slot, cap_slot)
 
 
 def stop() -> NoReturn:
@@ -111,6 +112,8 @@ def load_and_extract(
         st.info("Type a text in the sidebar to see its attention.")
         stop()
     lm = load(p.model, frame.token)
+    if frame.cap_slot is not None:
+        sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
     res, ref = models.extract(
         lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate, sampling=sampling

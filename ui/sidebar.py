@@ -13,7 +13,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
-from attnviz import LoadedModel
+from attnviz import LoadedModel, specs
 from ui import models, state
 from ui.params import MAX_TEXT_CHARS
 from ui.text import literal
@@ -80,10 +80,10 @@ def model_picker(
     return spec
 
 
-def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator]:
+def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, DeltaGenerator]:
     """Model, token and text in the sidebar (the chat switch comes with the model: see
     `chat_toggle`). Call after `state.start`. Returns this session's token, if any, and the
-    place of the chat switch."""
+    place of the chat switch and of the token cap caption (see `token_cap`)."""
     cfg = models.config()
     with st.sidebar:
         st.caption("Real attention weights of a transformer, per layer and head.")
@@ -102,10 +102,20 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator]:
             st.session_state[_TOKEN] = token or ""
         st.text_area(text_label, key="text", height=110, max_chars=MAX_TEXT_CHARS)
         chat_slot = st.empty()
-        st.caption(
+        cap_slot = st.empty()
+        cap_slot.caption(
             f"Up to {cfg.max_tokens} tokens." + (" Public demo: one request at a time." if cfg.demo else "")
         )
-    return token, chat_slot
+    return token, chat_slot, cap_slot
+
+
+def token_cap(lm: LoadedModel, slot: DeltaGenerator) -> None:
+    """Rewrite the cap caption (``slot``) once the model is known: the engine's cap for this
+    model on its device (`attnviz.specs.token_cap`: the configured cap or the free memory)."""
+    cfg = models.config()
+    cap = specs.token_cap(lm, cfg)
+    why = f" (the free memory on {lm.device})" if cap < cfg.max_tokens else ""
+    slot.caption(f"Up to {cap} tokens{why}." + (" Public demo: one request at a time." if cfg.demo else ""))
 
 
 def chat_toggle(lm: LoadedModel, slot: DeltaGenerator) -> bool:
