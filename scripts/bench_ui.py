@@ -37,11 +37,15 @@ def payload(at: AppTest) -> int:
 
 
 def forward_seconds(lm: attnviz.LoadedModel, n: int) -> float:
-    """One plain SDPA forward of the same n ids (no capture): the floor."""
+    """One plain SDPA forward of the same n ids (no capture): the floor (best of 2 after a warm-up)."""
     run = _floor(lm, ids_of_length(lm, n))
-    t0 = time.perf_counter()
-    run()
-    return time.perf_counter() - t0
+    run()  # warm-up: the first call of a size pays one-off allocation costs
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def measure(text: str, repeats: int) -> tuple[float, float, int, int]:
