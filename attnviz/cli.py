@@ -26,24 +26,22 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{text!r} must be {low} or more")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
+    return _int_at_least(text, 0)
 
 
 def token_sizes(text: str) -> str:
