@@ -11,6 +11,7 @@ the same hidden states as eager.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -75,6 +76,7 @@ class Recorder:
     # Keyword arguments some call passed that the capture does not model (their probabilities
     # cannot be recomputed from Q and K): `extract` then runs the exact layer-at-a-time path.
     unsupported: set[str] = field(default_factory=set)
+    on_call: Callable[[int], None] | None = None  # told the number of calls so far (progress)
 
     def record(
         self, module, query, key, mask, scaling, is_causal, softcap, position_bias, value=None, sinks=None
@@ -93,6 +95,8 @@ class Recorder:
                 sinks=None if sinks is None else sinks.detach().float().reshape(-1),
             )
         )
+        if self.on_call is not None:
+            self.on_call(len(self.calls))  # may raise to cancel the forward
 
 
 def _changes_probabilities(name: str, value) -> bool:
@@ -107,9 +111,10 @@ _ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_recorder", default=No
 
 
 @contextlib.contextmanager
-def recording(names: dict[int, str]):
-    """Record every attention call made in this context (this thread / task only)."""
-    recorder = Recorder(names=names)
+def recording(names: dict[int, str], on_call: Callable[[int], None] | None = None):
+    """Record every attention call made in this context (this thread / task only); ``on_call``
+    hears the count after each call (an exception it raises stops the forward)."""
+    recorder = Recorder(names=names, on_call=on_call)
     token = _ACTIVE.set(recorder)
     try:
         yield recorder

@@ -7,7 +7,7 @@ import inspect
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 PathName = Literal["fast", "eager"]
 PATHS: tuple[str, ...] = get_args(PathName)
+Progress = Callable[[int, int], None]  # (attention layers done, attention layers in all)
 DEFAULT_MAX_TOKENS = 8192
 _SENTINEL = "\u27e6attnviz\u27e7"
 FAST_METHOD = "fast exact"
@@ -138,6 +139,7 @@ def extract(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     verify: VerifyArg = False,
     sampling: Sampling | None = None,
+    progress: Progress | None = None,
 ) -> AttentionResult:
     """Attention of ``lm`` on ``text``.
 
@@ -151,12 +153,26 @@ def extract(
     attention on the same layer input and records max |Δ| in ``result.check``; a mismatch above
     the dtype's tolerance raises. "auto" checks only where it is cheap (<= 1024 tokens).
     ``sampling`` generates by sampling (temperature, top-p, seed: reproducible) instead of greedily.
+    ``progress(done, total)`` hears the fast forward's attention layers as they finish (a UI's
+    progress bar; an exception it raises stops the forward and frees its work).
     """
     ids, template = tokenize(lm, text, chat=chat)
     return extract_ids(
         lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens, verify=verify,
-        sampling=sampling,
+        sampling=sampling, progress=progress,
     )  # fmt: skip
+
+
+def _teller(progress: Progress | None, total: int) -> Callable[[int], None] | None:
+    """The recorder's per-call hook for ``progress`` (calls past ``total`` count as done)."""
+    if progress is None:
+        return None
+    report = progress
+
+    def tell(done: int) -> None:
+        report(min(done, total), total)
+
+    return tell
 
 
 def extract_ids(
@@ -169,6 +185,7 @@ def extract_ids(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     verify: VerifyArg = False,
     sampling: Sampling | None = None,
+    progress: Progress | None = None,
 ) -> AttentionResult:
     """`extract` on token ids you already have (e.g. the induction probe's repeated random ids)."""
     if path not in PATHS:
@@ -221,7 +238,8 @@ def extract_ids(
             layers: dict[str, list[LayerInput]] = {}
             used, method = path, "eager (all layers)"
             if path == "fast" and lm.fast_exact:
-                with recording(lm.module_names) as rec:
+                total = sum(lm.layout.layers_in(st) for st in lm.layout.stacks)
+                with recording(lm.module_names, on_call=_teller(progress, total)) as rec:
                     model(**inputs)
                 grouped = _group(lm, rec.calls)
                 if grouped is not None and not rec.unsupported:

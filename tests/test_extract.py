@@ -202,3 +202,26 @@ def test_package_source_never_imports_streamlit():
 def test_package_never_imports_streamlit():
     code = "import attnviz, attnviz.metrics, attnviz.cli, sys; assert 'streamlit' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_progress_hears_every_attention_layer_and_can_stop_the_forward():
+    """`progress(done, total)` is told each attention layer of the fast forward as it finishes; an
+    exception it raises stops the forward (a UI's Cancel), and the model serves the next request."""
+    lm = tiny.loaded("llama-gqa")
+    heard: list[tuple[int, int]] = []
+    res = attnviz.extract(lm, TEXT, progress=lambda done, total: heard.append((done, total)))
+    n = lm.layout.n_layers
+    assert heard == [(i, n) for i in range(1, n + 1)]
+    assert res.n_layers() == n
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_one(done: int, total: int) -> None:
+        if done == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        attnviz.extract(lm, TEXT, progress=stop_after_one)
+    again = attnviz.extract(lm, TEXT)  # the lock was released: the next run works and is exact
+    np.testing.assert_allclose(again.layer(1), res.layer(1), atol=1e-6)

@@ -36,6 +36,7 @@ from attnviz.extract import Sampling, tokenize
 from attnviz.gate import InferenceGate
 from attnviz.layout import AttentionLayout
 from attnviz.settings import Settings, settings
+from ui import progress
 from ui.text import guarded, literal, md
 
 log = logging.getLogger("attnviz.ui")
@@ -251,10 +252,12 @@ def extract(
         return hit, ref
     name = md(lm.spec)
     what = f"generating {generate} tokens with {name}" if generate else f"running {name} on the text"
+    if progress.cancelled(key):
+        return None, None
     with guarded(what, token, (lm.spec, text)):
         ids, _ = tokenize(lm, text, chat=chat)
         specs.check_tokens(lm, len(ids) + int(generate), config())  # too big for memory: a message
-        with st.spinner(f"{what[0].upper()}{what[1:]}…", show_time=True), _turn():
+        with _turn(), progress.staged(f"{what[0].upper()}{what[1:]}", len(ids), key) as report:
             res = attnviz.extract(
                 lm,
                 text,
@@ -263,6 +266,7 @@ def extract(
                 max_tokens=config().max_tokens,
                 verify="auto",
                 sampling=sampling,
+                progress=report,
             )
         cache.put(key, res, res.nbytes)
         return res, ref

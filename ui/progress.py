@@ -1,0 +1,75 @@
+"""A long extraction shows its stages and can be cancelled.
+
+`attnviz.extract(..., progress=...)` reports each attention layer of the forward pass as it
+finishes. Every report redraws a progress bar (stage, elapsed time, an estimate of what is left);
+drawing hands control to Streamlit for a moment, so a click on Cancel (or on any other widget)
+stops the forward pass right there and frees its work instead of waiting for the whole pass. A
+cancelled run stays cancelled until the person runs it again or changes the text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable, Hashable, Iterator
+
+import streamlit as st
+
+_CANCELLED = "_attnviz_cancelled"
+
+
+def _key(run_key: Hashable) -> str:
+    return hashlib.sha256(repr(run_key).encode()).hexdigest()[:16]
+
+
+def _cancel(key: str) -> None:
+    st.session_state[_CANCELLED] = key
+
+
+def _clear() -> None:
+    st.session_state.pop(_CANCELLED, None)
+
+
+def cancelled(run_key: Hashable) -> bool:
+    """True when this run was cancelled; says so, with a button that runs it again."""
+    key = _key(run_key)
+    if st.session_state.get(_CANCELLED) != key:
+        return False
+    st.info("Cancelled: nothing was kept. Run it again, or change the text.", icon=":material/cancel:")
+    st.button("Run again", key=f"rerun_{key}", on_click=_clear)
+    return True
+
+
+def stage_text(what: str, done: int, total: int, elapsed: float) -> str:
+    """The bar's line: the stage, the time so far and, once a layer is done, the time left."""
+    if done >= total:
+        return f"{what}: forward pass done · checking one layer against eager and drawing"
+    line = f"{what}: forward pass, attention layer {done} of {total} · {elapsed:.0f} s"
+    if done:
+        line += f", about {elapsed / done * (total - done):.0f} s left"
+    return line
+
+
+@contextlib.contextmanager
+def staged(what: str, n_tokens: int, run_key: Hashable) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar and a Cancel button for one run; yields the ``progress`` callback."""
+    key = _key(run_key)
+    holder = st.empty()
+    with holder.container():
+        bar = st.progress(0.0, text=f"{what}: {n_tokens} tokens, starting the forward pass…")
+        st.button(
+            "Cancel",
+            key=f"cancel_{key}",
+            on_click=_cancel,
+            args=(key,),
+            help="Stop this run now; nothing is kept and the model is free for the next request.",
+        )
+    started = time.perf_counter()
+
+    def report(done: int, total: int) -> None:
+        elapsed = time.perf_counter() - started
+        bar.progress(min(done / max(total, 1), 1.0), text=stage_text(what, done, total, elapsed))
+
+    yield report  # an interrupted run leaves the holder to the rerun, which redraws the page
+    holder.empty()
