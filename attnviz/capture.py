@@ -20,6 +20,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .forward_stats import ForwardStats, forward_with_stats, fusable
+
 IMPLEMENTATION = "attnviz"
 # Keyword arguments of an attention call that the capture models (or that do not change the
 # probabilities: the mask already holds the sliding window; flash-only varlen arguments).
@@ -57,10 +59,11 @@ class CapturedAttention:
     position_bias: torch.Tensor | None = None  # T5-style additive bias (1, heads, q_pos, key_pos)
     value: torch.Tensor | None = None  # (1, kv_heads, key_pos, d_head), before GQA repetition
     sinks: torch.Tensor | None = None  # (heads,) learned sink logits in the softmax (GPT-OSS `s_aux`)
+    forward: ForwardStats | None = None  # L and expectations from the forward (statistics=True)
 
     @property
     def nbytes(self) -> int:
-        return sum(
+        return (0 if self.forward is None else self.forward.nbytes) + sum(
             t.numel() * t.element_size()
             for t in (self.query, self.key, self.mask, self.position_bias, self.value, self.sinks)
             if t is not None
@@ -77,26 +80,29 @@ class Recorder:
     # cannot be recomputed from Q and K): `extract` then runs the exact layer-at-a-time path.
     unsupported: set[str] = field(default_factory=set)
     on_call: Callable[[int], None] | None = None  # told the number of calls so far (progress)
+    # Take each layer's log-sum-exp and feature expectations from its forward where the CPU flash
+    # kernel runs it (attnviz.forward_stats): `head_metrics` then needs no second pass there.
+    statistics: bool = False
 
     def record(
         self, module, query, key, mask, scaling, is_causal, softcap, position_bias, value=None, sinks=None
-    ) -> None:
-        self.calls.append(
-            CapturedAttention(
-                module_name=self.names.get(id(module), type(module).__name__),
-                query=query.detach(),
-                key=key.detach(),
-                mask=None if mask is None else mask.detach(),
-                is_causal=bool(is_causal),
-                scaling=float(scaling if scaling is not None else query.shape[-1] ** -0.5),
-                softcap=None if softcap is None else float(softcap),
-                position_bias=None if position_bias is None else position_bias.detach(),
-                value=None if value is None else value.detach(),
-                sinks=None if sinks is None else sinks.detach().float().reshape(-1),
-            )
+    ) -> CapturedAttention:
+        cap = CapturedAttention(
+            module_name=self.names.get(id(module), type(module).__name__),
+            query=query.detach(),
+            key=key.detach(),
+            mask=None if mask is None else mask.detach(),
+            is_causal=bool(is_causal),
+            scaling=float(scaling if scaling is not None else query.shape[-1] ** -0.5),
+            softcap=None if softcap is None else float(softcap),
+            position_bias=None if position_bias is None else position_bias.detach(),
+            value=None if value is None else value.detach(),
+            sinks=None if sinks is None else sinks.detach().float().reshape(-1),
         )
+        self.calls.append(cap)
         if self.on_call is not None:
             self.on_call(len(self.calls))  # may raise to cancel the forward
+        return cap
 
 
 def _changes_probabilities(name: str, value) -> bool:
@@ -111,10 +117,13 @@ _ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_recorder", default=No
 
 
 @contextlib.contextmanager
-def recording(names: dict[int, str], on_call: Callable[[int], None] | None = None):
+def recording(
+    names: dict[int, str], on_call: Callable[[int], None] | None = None, *, statistics: bool = False
+):
     """Record every attention call made in this context (this thread / task only); ``on_call``
-    hears the count after each call (an exception it raises stops the forward)."""
-    recorder = Recorder(names=names, on_call=on_call)
+    hears the count after each call (an exception it raises stops the forward); ``statistics``
+    keeps each layer's log-sum-exp and expectations from the forward where it can."""
+    recorder = Recorder(names=names, on_call=on_call, statistics=statistics)
     token = _ACTIVE.set(recorder)
     try:
         yield recorder
@@ -220,9 +229,10 @@ def attnviz_attention(
         is_causal = getattr(module, "is_causal", True)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     recorder = _ACTIVE.get()
+    cap = None
     if recorder is not None:
         recorder.unsupported.update(k for k, v in kwargs.items() if _changes_probabilities(k, v))
-        recorder.record(
+        cap = recorder.record(
             module, query, key, attention_mask, scale, is_causal, softcap, position_bias, value, sinks
         )
     if softcap is not None or position_bias is not None or sinks is not None:
@@ -233,6 +243,14 @@ def attnviz_attention(
         )
         return output, None
     kwargs.pop("output_attentions", None)
+    if (
+        cap is not None
+        and recorder is not None
+        and recorder.statistics
+        and fusable(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
+    ):
+        output, cap.forward = forward_with_stats(query, key, value, attention_mask, scale, is_causal)
+        return output, None
     return sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )

@@ -140,6 +140,7 @@ def extract(
     verify: VerifyArg = False,
     sampling: Sampling | None = None,
     progress: Progress | None = None,
+    statistics: bool = False,
 ) -> AttentionResult:
     """Attention of ``lm`` on ``text``.
 
@@ -155,11 +156,15 @@ def extract(
     ``sampling`` generates by sampling (temperature, top-p, seed: reproducible) instead of greedily.
     ``progress(done, total)`` hears the fast forward's attention layers as they finish (a UI's
     progress bar; an exception it raises stops the forward and frees its work).
+    ``statistics=True`` is for a result that will go to `head_metrics` (or rollout): the fast
+    forward keeps each layer's log-sum-exp and feature expectations where the CPU flash kernel
+    runs it in float32 (`attnviz.forward_stats`), so the statistics need no second attention
+    pass there; the output equals a plain run to float32 rounding.
     """
     ids, template = tokenize(lm, text, chat=chat)
     return extract_ids(
         lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens, verify=verify,
-        sampling=sampling, progress=progress,
+        sampling=sampling, progress=progress, statistics=statistics,
     )  # fmt: skip
 
 
@@ -186,6 +191,7 @@ def extract_ids(
     verify: VerifyArg = False,
     sampling: Sampling | None = None,
     progress: Progress | None = None,
+    statistics: bool = False,
 ) -> AttentionResult:
     """`extract` on token ids you already have (e.g. the induction probe's repeated random ids)."""
     if path not in PATHS:
@@ -239,7 +245,8 @@ def extract_ids(
             used, method = path, "eager (all layers)"
             if path == "fast" and lm.fast_exact:
                 total = sum(lm.layout.layers_in(st) for st in lm.layout.stacks)
-                with recording(lm.module_names, on_call=_teller(progress, total)) as rec:
+                tell = _teller(progress, total)
+                with recording(lm.module_names, on_call=tell, statistics=statistics) as rec:
                     model(**inputs)
                 grouped = _group(lm, rec.calls)
                 if grouped is not None and not rec.unsupported:

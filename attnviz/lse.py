@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .capture import CapturedAttention
+from .forward_stats import cross_terms
 from .layout import AttentionLayout, Stack
 from .limits import require
 
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # Fields of CapturedAttention that the fast formulas understand. Any other field that is set
 # (e.g. learned attention sinks) makes the call non-standard: never silently wrong.
-_KNOWN = {"module_name", "query", "key", "value", "mask", "is_causal", "scaling"}
+_KNOWN = {"module_name", "query", "key", "value", "mask", "is_causal", "scaling", "forward"}
 _EXACT_WHEN_NONE = {"softcap": "soft-capping", "position_bias": "position bias"}
 BLOCK_ROWS = 1024  # query rows per block where a mask must be spelled out
 NEG = -3.0e4  # "log 0" for per-key biases: exp(NEG + any score) == 0 in float32
@@ -248,16 +249,18 @@ def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class LayerPass:
-    """One statistics pass of one layer (float32): L, E_p[k] and E_p[key_pos] for every query head.
+    """One layer's statistics inputs (float32, every query head): L, the cross terms
+    scale · q_b·E_{p_a}[k] within each KV group (`forward_stats.cross_terms`) and E_p[key_pos].
 
-    ``lse_causal``/``pos_causal`` come from a second, causal pass over a bidirectional layer
-    (mean distance needs the keys before and after each query separately)."""
+    ``source`` is "forward" when L and the expectations came from the model's own forward
+    (``extract(statistics=True)``), "fused" when from a second fused pass. ``lse_causal`` /
+    ``pos_causal`` come from a causal pass over a bidirectional layer (mean distance needs the
+    keys before and after each query separately)."""
 
     lse: torch.Tensor  # (heads, q)
-    e_key: torch.Tensor  # (heads, q, d)
+    cross: torch.Tensor  # (heads, group, q)
     e_pos: torch.Tensor  # (heads, q)
-    query: torch.Tensor  # (heads, q, d) float32, the pass's own buffer (a view)
-    key: torch.Tensor  # (heads, k, d) float32, GQA-expanded (a view)
+    source: str = "fused"
     lse_causal: torch.Tensor | None = None
     pos_causal: torch.Tensor | None = None
 
@@ -288,19 +291,34 @@ def _features(cap: CapturedAttention) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def layer_pass(cap: CapturedAttention, spec: MaskSpec, *, distance: bool = True) -> LayerPass:
-    """L, E_p[k] and E_p[key_pos] of every query head in one fused call (positions in float32)."""
-    q1, kv = _features(cap)  # (h, pos, d + 1)
-    out, lse = attend(q1, kv, kv, scale=cap.scaling, spec=spec)
-    got = LayerPass(lse=lse, e_key=out[..., :-1], e_pos=out[..., -1], query=q1[..., :-1], key=kv[..., :-1])
+    """L, the cross terms and E_p[key_pos] of every query head: from the forward when it kept
+    them, else from one fused call (positions in float32)."""
+    group = cap.query.shape[1] // cap.key.shape[1]
+    fwd = cap.forward
+    q1 = kv = None
+    if fwd is not None:
+        got = LayerPass(lse=fwd.lse, cross=fwd.cross, e_pos=fwd.e_pos, source="forward")
+    else:
+        q1, kv = _features(cap)  # (h, pos, d + 1)
+        out, lse = attend(q1, kv, kv, scale=cap.scaling, spec=spec)
+        cross = cross_terms(q1[..., :-1], out[..., :-1], cap.scaling, group)
+        got = LayerPass(lse=lse, cross=cross, e_pos=out[..., -1])
+        _remember(cap, lse)
     if distance and not spec.causal:
+        if q1 is None or kv is None:
+            q1, kv = _features(cap)
         out_c, lse_c = attend(q1, kv, kv, scale=cap.scaling, spec=MaskSpec(True, spec.window))
         got.lse_causal, got.pos_causal = lse_c, out_c[..., -1]
-    _remember(cap, lse)
+        if fwd is not None:
+            got.source = "forward + causal pass"  # mean distance needs the keys before each query
     return got
 
 
 def layer_lse(cap: CapturedAttention, spec: MaskSpec) -> torch.Tensor:
-    """L (heads, q) float32 of one captured call, computed once and remembered while it lives."""
+    """L (heads, q) float32 of one captured call: the forward's when it kept it, else computed
+    once and remembered while the call lives."""
+    if cap.forward is not None:
+        return cap.forward.lse
     hit = _LSE.get(id(cap))
     if hit is not None and hit[0]() is cap.query:
         return hit[1]

@@ -1,9 +1,11 @@
 """The per-head statistics from the fused kernels' log-sum-exp: no N×N tensor.
 
-For one layer, `layer_pass` (attnviz.lse) gives every query head's L_i, E_p[k]_i and
-E_p[key_pos]_i in one fused attention call. Then, per query row i (s_ij = scale · q_i·k_j):
+For one layer, `layer_pass` (attnviz.lse) gives every query head's L_i, the cross terms
+scale · q_b·E_{p_a}[k] (heads a, b of one KV group) and E_p[key_pos]_i: from the model's own
+forward (``extract(statistics=True)``, attnviz.forward_stats) or from one second fused attention
+call. Then, per query row i (s_ij = scale · q_i·k_j):
 
-- entropy            H_i = L_i - scale · q_i·E_p[k]
+- entropy            H_i = L_i - scale · q_i·E_p[k]  (a head's own cross term)
 - sink / prev / diag p_ij = exp(s_ij - L_i) at j = 0, i - 1, i   (0 where the mask forbids j)
 - distance (causal)  i - E_p[key_pos]
 - distance (bidir.)  2 m_i (i - E_c[key_pos]) + E_p[key_pos] - i, with the causal pass's
@@ -17,12 +19,10 @@ Each equals the dense definition in `attnviz.metrics.definitions` (tests: 1e-4 i
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from ..capture import CapturedAttention
-from ..lse import LayerPass, MaskSpec, expand_kv, layer_lse, layer_pass
+from ..lse import LayerPass, MaskSpec, layer_lse, layer_pass
 from .definitions import key_counts
 
 Sums = dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -38,11 +38,17 @@ def _allowed_at(q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec, n_k: i
     return ok
 
 
+def _grouped(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q (heads, rows, d) as (kv_head, group, rows, d), a view: k (kv_heads, key_pos, d) stays
+    unexpanded (GQA without a copy)."""
+    return q.unflatten(0, (k.shape[0], q.shape[0] // k.shape[0]))
+
+
 def _prob_shifted(
     q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, q0: int, shift: int, spec: MaskSpec
 ) -> torch.Tensor:
-    """p[h, r] = exp(scale · q[h, r]·k[h, q0 + r + shift] - L[h, r]) where allowed, else 0: the
-    diagonal (shift 0), previous token (-1), induction target (1 - length), by slicing, no gather."""
+    """p[h, r] = exp(scale · q[h, r]·k[kv(h), q0 + r + shift] - L[h, r]) where allowed, else 0:
+    the diagonal (shift 0), previous token (-1), induction target (1 - length), by slicing."""
     n_rows, n_k = q.shape[1], k.shape[1]
     qpos = torch.arange(q0, q0 + n_rows, device=q.device)
     ok = _allowed_at(qpos, qpos + shift, spec, n_k)
@@ -50,15 +56,16 @@ def _prob_shifted(
     lo, hi = max(0, -(q0 + shift)), min(n_rows, n_k - (q0 + shift))
     if hi > lo:
         a = q0 + shift
-        s[:, lo:hi] = torch.linalg.vecdot(q[:, lo:hi], k[:, a + lo : a + hi])
+        dots = (_grouped(q[:, lo:hi], k) * k[:, None, a + lo : a + hi]).sum(-1)  # (kv_head, group, rows)
+        s[:, lo:hi] = dots.flatten(0, 1)
     return torch.where(ok, torch.exp(s * scale - lse), 0.0)
 
 
 def _prob_first(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, spec: MaskSpec):
-    """p[h, i] on key_pos 0 (the sink) for every row: one matrix-vector product per head."""
+    """p[h, i] on key_pos 0 (the sink) for every row: one matrix-vector product per KV head."""
     qpos = torch.arange(q.shape[1], device=q.device)
     ok = _allowed_at(qpos, torch.zeros_like(qpos), spec, k.shape[1])
-    s = torch.matmul(q, k[:, 0, :, None])[..., 0]  # (h, q)
+    s = torch.matmul(_grouped(q, k), k[:, None, 0, :, None])[..., 0].flatten(0, 1)  # (h, q)
     return torch.where(ok, torch.exp(s * scale - lse), 0.0)
 
 
@@ -67,11 +74,17 @@ def _reduce(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, to
     return (values * v).sum(-1), v.sum(-1)
 
 
-def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -> Sums:
+def _qk(cap: CapturedAttention) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query (heads, q, d) and key (kv_heads, k, d) in float32 (views when already float32)."""
+    return cap.query[0].float(), cap.key[0].float()
+
+
+def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -> tuple[Sums, str]:
     """Per-metric (sum over eligible rows, number of eligible rows) of every head of one layer,
-    shaped (head,) — (kv_head,) for "gqa_coherence" — like the dense `_row_sums`."""
+    shaped (head,) — (kv_head,) for "gqa_coherence" — like the dense `_row_sums`; and where L
+    and the expectations came from ("forward" or "fused": a second fused pass)."""
     lp: LayerPass = layer_pass(cap, spec)
-    q, k = lp.query, lp.key  # (h, q, d), (h, k, d) float32 views of the pass's buffers
+    q, k = _qk(cap)  # (h, q, d), (kv_h, k, d)
     n_q, n_k = q.shape[1], k.shape[1]
     scale = cap.scaling
     qpos = torch.arange(n_q, device=q.device)
@@ -79,8 +92,10 @@ def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -
     informative = counts >= 2
     lse = lp.lse
     out: Sums = {}
-    # H_i = L_i - scale * q_i . E_p[k]
-    raw_entropy = lse - scale * torch.linalg.vecdot(q, lp.e_key)  # (h, q)
+    # H_i = L_i - scale * q_i . E_p[k]: each head's own cross term
+    group = lp.cross.shape[1]
+    own = torch.arange(q.shape[0], device=q.device) % group
+    raw_entropy = lse - lp.cross[torch.arange(q.shape[0], device=q.device), own]  # (h, q)
     log_len = torch.log(counts.clamp(min=2).float())
     out["entropy"] = _reduce((raw_entropy / log_len).clamp(0.0, 1.0), informative)
     out["sink"] = _reduce(_prob_first(q, k, lse, scale, spec), informative)
@@ -96,28 +111,25 @@ def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -
         dist = 2.0 * before * (fpos - lp.pos_causal) + lp.e_pos - fpos
     out["distance"] = _reduce(dist, informative)
     if group_size and group_size > 1:
-        out["gqa_coherence"] = _coherence(q, lp.e_key, lse, raw_entropy, scale, informative, group_size)
-    return out
+        if group_size != group:
+            raise ValueError(f"group size {group_size} does not match the captured call's {group}")
+        out["gqa_coherence"] = _coherence(lse, lp.cross, raw_entropy, informative, group)
+    return out, lp.source
 
 
-def _coherence(
-    q, e_key, lse, raw_entropy, scale, informative, group_size
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum over rows and pairs of exp(-(KL(a||b) + KL(b||a)) / 2) per KV head, from cross-entropies."""
-    h = q.shape[0]
-    n_kv = h // group_size
-    total = q.new_zeros(n_kv)
+def _coherence(lse, cross, raw_entropy, informative, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum over rows and pairs of exp(-(KL(a||b) + KL(b||a)) / 2) per KV head, from the
+    cross-entropies CE(a, b)_i = L^b_i - cross[a, b]_i (all pairs of a group at once)."""
+    n = lse.shape[-1]
+    lg = lse.reshape(-1, group, n)  # (kv_head, b, q)
+    kl = lg[:, None] - cross.reshape(-1, group, group, n) - raw_entropy.reshape(-1, group, 1, n)  # [a, b]
+    sym = kl + kl.transpose(1, 2)
+    pairs = torch.ones(group, group, dtype=torch.bool, device=lse.device).triu(1)  # a < b
     valid = informative.float()
-    pairs = list(itertools.combinations(range(group_size), 2))
-    for g in range(n_kv):
-        for a, b in pairs:
-            ia, ib = g * group_size + a, g * group_size + b
-            ce_ab = lse[ib] - scale * torch.linalg.vecdot(q[ib], e_key[ia])  # CE(p^a, p^b) per row
-            ce_ba = lse[ia] - scale * torch.linalg.vecdot(q[ia], e_key[ib])
-            sym_kl = (ce_ab - raw_entropy[ia]) + (ce_ba - raw_entropy[ib])
-            total[g] += (torch.exp(-0.5 * sym_kl.clamp(min=0.0)) * valid).sum()
-    rows = valid.sum() * len(pairs)
-    return total, rows.expand(n_kv)
+    total = (torch.exp(-0.5 * sym[:, pairs].clamp(min=0.0)) * valid).sum((-1, -2))  # (kv_head,)
+    n_pairs = group * (group - 1) // 2
+    rows = valid.sum() * n_pairs
+    return total, rows.expand(total.shape[0])
 
 
 def induction_sums(
@@ -125,8 +137,8 @@ def induction_sums(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of p[i, i - length + 1] over the second copy's rows i of every head, and their number."""
     lse = layer_lse(cap, spec)[:, rows]  # (h, rows)
-    q = cap.query[0, :, rows].float()
-    k = expand_kv(cap, cap.key[0].float())
+    q, k = _qk(cap)
+    q = q[:, rows]
     n_k = k.shape[1]
     qpos = torch.arange(rows.start, rows.stop, device=q.device)
     ok = (qpos >= start + length) & (qpos < start + 2 * length) & (qpos - length + 1 < n_k)

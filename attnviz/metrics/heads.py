@@ -1,7 +1,8 @@
 """Every head's statistics of one result: `head_metrics` and its typed `HeadMetrics`.
 
 Each layer runs the fast computation (`attnviz.metrics.fast`, from the fused kernels'
-log-sum-exp, no N×N tensor) when `attnviz.lse.layer_spec` says its scores are exactly
+log-sum-exp — kept by the forward itself with ``extract(statistics=True)``, else one second
+fused pass — no N×N tensor) when `attnviz.lse.layer_spec` says its scores are exactly
 scale · q·k plus a mask the kernels reproduce; otherwise (soft-capping, a position bias, learned
 sinks, an odd mask, an eager result) the dense definitions over `AttentionResult.layer_tensor`
 rows, in chunks. `HeadMetrics.paths` records which ran for each layer.
@@ -47,7 +48,10 @@ class HeadMetrics:
     distance: np.ndarray
     induction: np.ndarray | None = None  # on the induction probe, not on this text
     gqa_coherence: np.ndarray | None = None  # the KV group's coherence, repeated for each head
-    paths: tuple[str, ...] = ()  # per layer: "fused" or "dense: <why>" (which computation ran)
+    # per layer, which computation ran: "forward" (L and expectations kept by the model's own
+    # forward, `extract(statistics=True)`; "forward + causal pass" on a bidirectional layer),
+    # "fused" (a second fused attention pass), or "dense: <why>"
+    paths: tuple[str, ...] = ()
 
     @property
     def n_layers(self) -> int:
@@ -177,8 +181,8 @@ def head_metrics(
             dense.append(layer)
             paths.append(f"dense: {why if computation == 'auto' else 'asked'}")
         else:
-            sums[layer] = layer_sums(cap, spec, group)
-            paths.append("fused")
+            sums[layer], source = layer_sums(cap, spec, group)
+            paths.append(source)
     sums.update(_dense_sums(result, stack, dense, group, batch_layers, chunk_elements))
     arrays: dict[str, np.ndarray] = {}
     for k in sums[0]:
