@@ -16,7 +16,8 @@ term gives the entropy, the others GQA coherence) — O(heads · group · N) flo
 
 Only where plain SDPA itself would run that flash kernel (`fusable`: CPU, float32 — float32
 positions are exact, and a bf16 kernel would round E_p[k] to bf16 —, no dropout, the square
-no-cache prefill, ``torch._fused_sdp_choice`` picks flash for the call transformers would make).
+no-cache prefill, ``torch._fused_sdp_choice`` picks flash for the call transformers would make,
+and the widened buffers fit the free memory).
 Elsewhere (CUDA, bf16, eager-only extras) the layer runs as before and the statistics take a
 second fused pass. The output equals plain SDPA's to float32 rounding — the GEMM library sums a
 wider product in another order for some sizes — not always bit for bit (tests/test_forward_stats.py).
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend
+
+from .limits import USABLE, free_bytes
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ def fusable(module, query, key, value, mask, dropout: float, scaling, is_causal:
         return False
     if mask is not None and (mask.dim() != 4 or mask.shape[0] != 1 or mask.shape[1] != 1):
         return False
+    width = query.shape[-1] + value.shape[-1] + 1  # Q', K' = V' and the output, float32
+    if 4 * width * query.shape[2] * (2 * query.shape[1] + key.shape[1]) > USABLE * free_bytes(query.device):
+        return False  # the plain call fits where the widened one would not: the second pass then
     causal = query.shape[2] > 1 and mask is None and is_causal
     group = query.shape[1] // key.shape[1]
     k, v = key, value

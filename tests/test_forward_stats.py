@@ -90,6 +90,13 @@ def test_only_cpu_float32_flash_calls_are_widened():
         assert not FS.fusable(query=q, key=k, value=k, mask=None, **args)
 
 
+def test_a_widened_call_that_would_not_fit_keeps_the_plain_forward(monkeypatch):
+    monkeypatch.setattr(FS, "free_bytes", lambda device: 10_000)
+    res = attnviz.extract(sharp("llama-gqa"), TEXT, statistics=True)
+    assert all(c.forward is None for c in res._captured["self"])
+    assert M.head_metrics(res).paths == ("fused",) * 3
+
+
 @pytest.mark.parametrize("arch", tiny.ARCHS)
 def test_statistics_from_the_forward_equal_the_definitions(arch):
     lm = sharp(arch)
