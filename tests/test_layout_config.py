@@ -69,3 +69,11 @@ def test_gemma4_kv_shared_layers_keep_every_query_row():
         got = res.layer_tensor(layer).cpu()
         assert got.shape == (4, 12, 12), (layer, tuple(got.shape))
         assert float((got - want[0]).abs().max()) <= 1e-4, layer
+
+
+def test_every_named_refusal_is_a_model_type_transformers_knows():
+    from transformers import CONFIG_MAPPING
+
+    from attnviz.loading import config
+
+    assert set(config._CANNOT_SHOW) <= set(CONFIG_MAPPING), set(config._CANNOT_SHOW) - set(CONFIG_MAPPING)

@@ -46,6 +46,10 @@ _CANNOT_SHOW = {
     "attention probabilities" + _ONE_MAP,
     "yoso": "approximates softmax attention by hashing (LSH-based sampling) and does not return "
     "attention probabilities" + _ONE_MAP,
+    "prophetnet": "predicts several future tokens at once: its decoder runs one stream per "
+    "predicted position, and its cross attention has a query row per token and stream" + _ONE_MAP,
+    "squeezebert": "returns pre-softmax attention scores, not probabilities, from transformers' "
+    "eager attention, so attnviz cannot check its probabilities against the model",
     "voxtral_realtime": "is a speech model: its encoder reads audio features, not text, so it "
     "does not run on text alone",
     "gemma4_assistant": _ASSISTANT,
