@@ -240,6 +240,11 @@ for _mla in ("longcat_flash", "youtu", "axk1", "axk2", "kimi_linear", "bailing_h
 # probabilities before that scaling; attnviz shows them with the sink's share taken out (rows
 # sum to < 1, as GPT-OSS). Compared here with eager's renormalised: the same up to that scale.
 SINK_AFTER_SOFTMAX = {"granite_swa", "granitemoe_swa"}
+# What the table should say about a tiny config that differs from a checkpoint's in a way users meet.
+NOTES: dict[str, str] = {
+    "xmod": "tiny model with default_language set; a checkpoint without one fails until "
+    "XmodPreTrainedModel.set_default_language() is called",
+}
 # Architectures in transformers' text mappings that are not text models (with the reason).
 NOT_TEXT: dict[str, str] = {
     "musicgen": "audio generation over codebooks, not a text model",
@@ -443,6 +448,7 @@ def check(model_type: str, kind: str | None = None) -> Row:
     status = res.method
     if status != "fast exact" and lm.probe is not None and lm.probe.why_not_fast:
         detail = "; ".join(d for d in (detail, f"not fast: {lm.probe.why_not_fast}") if d)
+    detail = "; ".join(d for d in (detail, NOTES.get(model_type, "")) if d)
     return Row(model_type, status if worst <= 1e-4 else "WRONG", detail, worst)
 
 
@@ -516,7 +522,7 @@ def render(rows: list[Row]) -> str:
             status, note = "refused", r.detail
         else:
             status, note = r.status, r.detail
-        note = " ".join(note.split()).replace("|", "/")[:240]
+        note = " ".join(note.split()).replace("|", "/")[:320]
         lines.append(f"| {r.model_type} | {status} | {note} |\n")
     return "".join(lines)
 
