@@ -77,3 +77,18 @@ def test_every_named_refusal_is_a_model_type_transformers_knows():
     from attnviz.loading import config
 
     assert set(config._CANNOT_SHOW) <= set(CONFIG_MAPPING), set(config._CANNOT_SHOW) - set(CONFIG_MAPPING)
+
+
+def test_other_per_layer_attributes_never_raise_from_the_layout():
+    """Any attribute may be per-layer in transformers 5: read globally it raises; the layout then
+    takes it only when every layer agrees (soft-capping here, shown by `attnviz info`)."""
+    from transformers import Gemma2Config
+
+    small = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    same = Gemma2Config(**small, num_hidden_layers=2, attn_logit_softcapping=50.0)
+    differ = Gemma2Config(
+        **small, num_hidden_layers=2, per_layer_config={1: {"attn_logit_softcapping": 30.0}}
+    )
+    assert attention_layout(same).softcap == 50.0
+    assert differ.is_heterogeneous
+    assert attention_layout(differ).softcap is None
