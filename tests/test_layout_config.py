@@ -92,3 +92,12 @@ def test_other_per_layer_attributes_never_raise_from_the_layout():
     assert attention_layout(same).softcap == 50.0
     assert differ.is_heterogeneous
     assert attention_layout(differ).softcap is None
+
+
+def test_fewer_key_value_heads_in_some_layers_are_refused():
+    """Gemma 4 checkpoints with ``num_global_key_value_heads`` (26B-A4B: 2) group their query heads
+    differently in the full-attention layers; one layout has one grouping, so attnviz says so."""
+    like_26b = {**archs.EXTRA["gemma4_text"], "attention_k_eq_v": True, "num_global_key_value_heads": 1}
+    cfg = archs._shrink(type(archs.tiny_config("gemma4_text")), like_26b)
+    with pytest.raises(ModelHasNoAttention, match=r"different number of key/value heads .*\(1 / 2\)"):
+        attention_layout(cfg)
