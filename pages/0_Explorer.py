@@ -70,9 +70,7 @@ def view(ref: models.ResultRef) -> None:
         )
     with c2:
         cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
-        log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
         choice = views.scale_picker()
-        perhead = st.toggle("Scale per head", key="perhead", help="Each head on its own colour scale.")
     with c3:
         hide = st.toggle(
             "Hide special tokens",
@@ -95,7 +93,7 @@ def view(ref: models.ResultRef) -> None:
 
     v = attention.View(stack=stack, hide=hide, nosink=nosink)
     ax = attention.axes(shown, v)
-    scale, scale_note = views.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)), log=log)
+    scale, scale_note = views.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)))
     if len(ax.q_idx) == 0 or len(ax.k_idx) == 0:
         st.info("Every token is hidden by the options above; turn 'Hide special tokens' off.")
         state.share_box()
@@ -127,7 +125,8 @@ def view(ref: models.ResultRef) -> None:
         if kv:
             st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
         head = state.clamp("head", 0, n_heads - 1, "head")
-        zmax = None if perhead or scale == "rank" else float(pooled.max()) if pooled.size else None
+        shared = choice != "perhead" and scale != "rank" and pooled.size  # one range for grid and big view
+        zmax = float(pooled.max()) if shared else None
         grid_fig = F.head_grid(
             pooled,
             q_lab,

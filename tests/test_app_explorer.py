@@ -130,11 +130,11 @@ def test_default_view_is_the_builtin_model_on_the_bank_sentence(env):
 
 
 def test_share_link_restores_layer_head_and_options(env):
-    at = new_app(model=TINY, text=TEXT, layer=2, head=3, cmap="Magma", log=1).run()
+    at = new_app(model=TINY, text=TEXT, layer=2, head=3, cmap="Magma", scale="log").run()
     ok(at)
     assert not at.warning
     assert at.slider(key="layer").value == 2 and at.selectbox(key="head").value == 3
-    assert at.selectbox(key="cmap").value == "Magma" and at.toggle(key="log").value is True
+    assert at.selectbox(key="cmap").value == "Magma" and at.segmented_control(key="scale").value == "log"
     head = titled(at, "layer 2 · head 3 ")
     assert "log" in heatmaps(head)[0]["hovertemplate"]
     # the numbers drawn are the engine's layer 2, head 3 (not layer 0 / head 0 under this title)
@@ -174,7 +174,7 @@ def test_layer_head_and_colour_changes_never_rerun_the_model(env):
         lambda: at.slider(key="layer").set_value(2),
         lambda: at.selectbox(key="head").set_value(1),
         lambda: at.selectbox(key="cmap").set_value("Blues"),
-        lambda: at.toggle(key="log").set_value(True),
+        lambda: at.segmented_control(key="scale").set_value("log"),
         lambda: at.toggle(key="hide").set_value(True),
     ):
         change().run()
@@ -488,7 +488,7 @@ def test_a_50000_character_text_survives_its_link(env):
     rng = np.random.default_rng(0)
     text = " ".join(words[i] for i in rng.integers(0, len(words), 12_000))[:50_000]
     assert len(text) == 50_000 <= MAX_TEXT_CHARS
-    link = ExplorerParams(model=TINY, text=text, layer=2, head=1, log=True).to_query().params
+    link = ExplorerParams(model=TINY, text=text, layer=2, head=1, scale="log").to_query().params
     at = new_app(**link).run()
     assert not at.exception
     assert at.text_area(key="text").value == text

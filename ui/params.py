@@ -44,6 +44,9 @@ GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
 SCALE_CHOICES: tuple[str, ...] = ("auto", *SCALES)
+# The explorer's one colour control: a scale, or "perhead" (auto's scale, each head its own range).
+EXPLORER_SCALES: tuple[str, ...] = (*SCALE_CHOICES, "perhead")
+LEGACY_SCALE_SWITCHES = {"log": "log", "perhead": "perhead"}  # old links' switches -> their scale
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,12 +247,11 @@ class ExplorerParams(Params):
     layer: int = p(0, _int())
     head: int = p(0, _int())
     cmap: str = p("Viridis", _choice(COLORSCALES))
-    log: bool = p(False, _bool)
     hide: bool = p(False, _bool)
     nosink: bool = p(False, _bool)
     row0: int = p(0, _int())
-    scale: str = p("auto", _choice(SCALE_CHOICES))  # auto: log past LONG_TEXT_TOKENS tokens
-    perhead: bool = p(False, _bool)  # each head on its own colour scale
+    # auto: log past LONG_TEXT_TOKENS tokens; perhead: auto's scale, each head on its own range
+    scale: str = p("auto", _choice(EXPLORER_SCALES))
     vw: bool = p(False, _bool)  # value-weighted attention
     tok: int = p(0, _int())  # the token of the token views
     tdir: str = p("from", _choice(DIRECTIONS))
@@ -258,6 +260,26 @@ class ExplorerParams(Params):
     zq: int = p(0, _int())  # the region's first query position
     zk: int = p(0, _int())  # its first key position
     zn: int = p(256, _int(8, 632))  # its side (tokens)
+
+    @classmethod
+    def from_query(
+        cls, query: Mapping[str, str], base: Self | None = None
+    ) -> tuple[Self, set[str], list[Problem]]:
+        """As `Params.from_query`; links made before the one colour control carried the switches
+        ``log=1`` / ``perhead=1`` beside ``scale``: a switch that is on becomes the scale (a link
+        with ``scale`` keeps it; with both switches on, per head)."""
+        parsed, applied, problems = super().from_query(query, base)
+        for name, scale in LEGACY_SCALE_SWITCHES.items():
+            if name not in query or "scale" in query:
+                continue
+            try:
+                on = _bool(query[name])
+            except ValueError as err:
+                problems.append(Problem(name, query[name], str(err), parsed.scale))
+                continue
+            if on:
+                parsed, applied = parsed.replace(scale=scale), applied | {"scale"}
+        return parsed, applied, problems
 
 
 @dataclass(frozen=True)

@@ -15,40 +15,47 @@ from attnviz import token_views as TV
 from attnviz.layout import Stack
 from attnviz.value_weighted import ValueWeighted
 from ui import export, models, state
-from ui.params import SCALE_CHOICES
+from ui.params import EXPLORER_SCALES
 from ui.text import literal
 
-SCALE_NAMES = {"auto": "auto", "linear": "linear", "log": "log₁₀", "rank": "rank"}
+SCALE_NAMES = {"auto": "auto", "linear": "linear", "log": "log₁₀", "rank": "rank", "perhead": "per head"}
 DIRECTION_NAMES = {"from": "attends to", "to": "is attended by"}
 _SEEN = "_attnviz_seen_clicks"
 _PENDING_TOK = "_attnviz_pending_tok"
 
 
 def scale_for(choice: str, n_tokens: int, *, log: bool = False) -> tuple[str, str]:
-    """(scale to draw, note for the page). "auto" is log past `F.LONG_TEXT_TOKENS` tokens (a
-    linear scale looks empty there); the "Log colour" switch (``log``) means log whatever the choice."""
-    if log:  # the "Log colour" switch
+    """(scale to draw, note for the page) for a choice of `scale_picker`. "auto" is log past
+    `F.LONG_TEXT_TOKENS` tokens (a linear scale looks empty there); "perhead" is auto's scale with
+    each head on its own range (the caller drops the shared maximum). ``log`` (the overview's
+    "Log colour" switch) means log whatever the choice."""
+    if log:
         return "log", F.scale_note("log", n_tokens)
-    if choice == "auto":
+    if choice in ("auto", "perhead"):
         scale = F.default_scale(n_tokens)
         note = F.scale_note(scale, n_tokens)
-        return scale, (f"Auto colour scale: {note[0].lower()}{note[1:]}" if note else "")
+        lead = "Auto colour scale" if choice == "auto" else "Each head on its own colour range"
+        if note:
+            return scale, f"{lead}: {note[0].lower()}{note[1:]}"
+        return scale, (f"{lead}." if choice == "perhead" else "")
     return choice, F.scale_note(choice, n_tokens)
 
 
 def scale_picker(key: str = "scale") -> str:
-    """The colour-scale control (auto / linear / log / rank)."""
-    state.choose(key, list(SCALE_CHOICES), "colour scale")
+    """The explorer's one colour control: auto / linear / log / rank / per head. One colour
+    range for the grid and the big view, except "per head"."""
+    state.choose(key, list(EXPLORER_SCALES), "colour scale")
     return str(
         st.segmented_control(
-            "Colour",
-            list(SCALE_CHOICES),
+            "Colour scale",
+            list(EXPLORER_SCALES),
             key=key,
             required=True,
             format_func=lambda s: SCALE_NAMES.get(s, s),
             help="auto: linear weights for short texts, log₁₀ past "
-            f"{F.LONG_TEXT_TOKENS} tokens (where every weight is ~1/N); rank: each weight's "
-            "percentile among those drawn.",
+            f"{F.LONG_TEXT_TOKENS} tokens (where every weight is ~1/N); log₁₀: small weights "
+            "visible at any length; rank: each weight's percentile among those drawn; per head: "
+            "auto's scale, each head on its own range (the others share one range).",
         )
     )
 

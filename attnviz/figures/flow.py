@@ -2,11 +2,17 @@
 
 Both take `attnviz.rollout.TokenRollout.sources` (layers × tokens, each row sums to 1). Long
 texts are binned: a bin shows the summed share of its tokens (so the strip still sums to 1)
-and is labelled ``"(i–j) token…"``; the payload stays bounded at any length.
+and is labelled ``"(i–j) token…"``; the payload stays bounded at any length. With ``log`` the
+colour is log₁₀ of the share (binned first, so a bin's colour is its summed share) from the
+smallest positive share drawn (`share_floor_exp`) up to 1. Rollout multiplies one matrix per
+layer, so shares shrink geometrically: on SmolLM2 the last token's strip is 1.0 on the first
+token (the sink) and 1e-8..1e-5 elsewhere, below the heatmaps' fixed 1e-5 floor and invisible
+on a linear scale; the data's own range shows that structure.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,6 +22,7 @@ from attnviz.figures.labels import _title, bin_labels, escape, index_ticks, toke
 from attnviz.figures.pooling import bin_edges
 
 FLOW_MAX_TOKENS = 1024  # token columns before binning (flow map: layers x 1024 cells, < 1 MB)
+MIN_FLOOR_EXP = -12  # the log colour never reaches below 1e-12 (float noise, not flow)
 
 
 def binned_sums(values: np.ndarray, labels: Sequence[str], max_bins: int = FLOW_MAX_TOKENS):
@@ -28,23 +35,45 @@ def binned_sums(values: np.ndarray, labels: Sequence[str], max_bins: int = FLOW_
     return np.add.reduceat(values, edges, axis=-1), bin_labels(labels, edges)
 
 
+def share_floor_exp(z: np.ndarray) -> int:
+    """The log colour's lowest decade: that of the smallest positive share (-12 at the lowest,
+    -1 at the highest); shares below it (zeros: causal positions after the token) share its colour."""
+    pos = z[np.isfinite(z) & (z > 0)]
+    if not pos.size:
+        return -1
+    return int(min(-1, max(MIN_FLOOR_EXP, math.floor(float(np.log10(pos.min()))))))
+
+
+def _share_colour(z: np.ndarray, log: bool) -> dict:
+    """Heatmap settings for shares ``z`` (2-D): linear from 0, or log₁₀ from `share_floor_exp`
+    to 0 with the share itself in the hover (``customdata``)."""
+    if not log:
+        return dict(z=z, zmin=0.0, hovertemplate="share %{z:.4f}<extra></extra>")
+    lo = share_floor_exp(z)
+    step = 1 if lo >= -6 else 2
+    ticks = list(range(0, lo - 1, -step))[::-1]
+    bar = dict(tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks], title=dict(text="share"))
+    coloured = np.clip(np.log10(np.maximum(z, 10.0**lo)), lo, 0.0).astype(np.float32)
+    return dict(
+        z=coloured,
+        zmin=float(lo),
+        zmax=0.0,
+        colorbar=bar,
+        customdata=z.astype(np.float32),
+        hovertemplate="share %{customdata:.2e}<extra></extra>",
+    )
+
+
 def token_strip(
-    weights: np.ndarray, labels: Sequence[str], *, title: str, colorscale: str = "Viridis"
+    weights: np.ndarray, labels: Sequence[str], *, title: str, colorscale: str = "Viridis", log: bool = False
 ) -> go.Figure:
     """One row of colour over the tokens: the share of each in the selected token's rollout."""
     z, x = binned_sums(weights, labels)
     x = [escape(t) for t in x]
-    fig = go.Figure(
-        go.Heatmap(
-            z=z[None, :],
-            x=x,
-            y=["source"],
-            zmin=0.0,
-            colorscale=colorscale,
-            colorbar=dict(thickness=10),
-            hovertemplate="%{x}<br>share %{z:.4f}<extra></extra>",
-        )
-    )
+    colour = _share_colour(z[None, :], log)
+    colour["hovertemplate"] = "%{x}<br>" + colour["hovertemplate"]
+    fig = go.Figure(go.Heatmap(x=x, y=["source"], colorscale=colorscale, **colour))
+    fig.update_traces(colorbar_thickness=10)
     fig.update_layout(
         title=_title(escape(title)),
         height=180,
@@ -62,6 +91,7 @@ def flow_map(
     title: str,
     layer_names: Sequence[str] | None = None,
     colorscale: str = "Viridis",
+    log: bool = False,
 ) -> go.Figure:
     """Layers down (input of layer l, first layer on top), tokens across: how much of each token
     at that depth ends up in the selected token after the last layer."""
@@ -70,17 +100,10 @@ def flow_map(
     n_layers = z.shape[0]
     layers = list(layer_names) if layer_names is not None else [f"layer {i}" for i in range(n_layers)]
     vals, text = index_ticks(layers)
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=x,
-            y=layers,
-            zmin=0.0,
-            colorscale=colorscale,
-            colorbar=dict(thickness=10),
-            hovertemplate="into %{y}: %{x}<br>share %{z:.4f}<extra></extra>",
-        )
-    )
+    colour = _share_colour(z, log)
+    colour["hovertemplate"] = "into %{y}: %{x}<br>" + colour["hovertemplate"]
+    fig = go.Figure(go.Heatmap(x=x, y=layers, colorscale=colorscale, **colour))
+    fig.update_traces(colorbar_thickness=10)
     fig.update_layout(
         title=_title(escape(title)),
         height=min(900, max(240, 14 * n_layers + 140)),
