@@ -57,7 +57,8 @@ def _gptj_attn(self, query, key, value, attention_mask=None):
     return attend(query, key, value, attention_mask, scaling), None
 
 
-# (id of attention mask) -> (weak ref, local window?, combined mask): layers of one kind share one.
+# (id of the forward's mask, layer kind) -> (weak ref to it, combined mask): layers of one kind share
+# one; an entry goes when the forward's mask is freed.
 _NEO_MASKS: dict[tuple[int, str], tuple[weakref.ref, torch.Tensor]] = {}
 
 
@@ -74,9 +75,8 @@ def _neo_mask(self, n_q: int, n_k: int, attention_mask: torch.Tensor | None) -> 
         return hit[1]
     # eager: where(allowed, s, min) + mask; a blocked score stays at (or below) min either way
     combined = attention_mask.float().masked_fill(~allowed, torch.finfo(torch.float32).min)
-    if len(_NEO_MASKS) > 8:
-        _NEO_MASKS.clear()
     _NEO_MASKS[key] = (weakref.ref(attention_mask), combined)
+    weakref.finalize(attention_mask, _NEO_MASKS.pop, key, None)  # dropped with the forward's mask
     return combined
 
 
@@ -182,9 +182,8 @@ def _mpt_allowed(mask: torch.Tensor) -> torch.Tensor:
     if hit is not None and hit[0]() is mask:
         return hit[1]
     allowed = ~mask
-    if len(_MPT_MASKS) > 8:
-        _MPT_MASKS.clear()
     _MPT_MASKS[id(mask)] = (weakref.ref(mask), allowed)
+    weakref.finalize(mask, _MPT_MASKS.pop, id(mask), None)  # dropped with the forward's mask
     return allowed
 
 
