@@ -238,6 +238,33 @@ def test_outside_a_recording_the_modules_run_their_own_eager_code():
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.parametrize("variant", ["gptj", "bloom"])
+def test_generation_then_fast_exact_on_prompt_and_generated_tokens(variant):
+    """Generation runs the modules' own code (with a cache); the recorded forward over prompt +
+    generated tokens is the fast path and equals eager on every layer."""
+    model, eager = build(variant)
+    lm = wrap(model)
+    res = attnviz.extract_ids(lm, ids(30), generate=4, verify=0)
+    assert res.method == "fast exact" and res.n_tokens == 34 and res.check.max_abs_diff <= 1e-5
+    for layer, theirs in enumerate(eager_reference(eager, list(res.tokens.ids))):
+        assert float((res.layer_tensor(layer) - theirs).abs().max()) <= 1e-4
+
+
+def test_self_check_of_gptj_runs_its_own_attn():
+    """GPT-J's self-check is the module's own eager ``_attn`` on the captured tensors: a wrong
+    captured scale there is a failed check, not a pass."""
+    model, _ = build("gptj")
+    lm = wrap(model)
+    res = attnviz.extract_ids(lm, ids(40), verify=1)
+    assert res.check.max_abs_diff <= 1e-5
+    cap = res._captured["self"][1]
+    res._captured["self"][1] = dataclasses.replace(cap, scaling=cap.scaling * 1.05)
+    from attnviz.verify import self_check
+
+    with pytest.raises(attnviz.AttnvizError, match="self-check failed"):
+        self_check(lm.model, res, 1)
+
+
 def test_mpt_longer_than_its_alibi_fails_as_eager_does():
     """MPT's ALiBi covers max_seq_len keys; eager cannot go past it and neither does the adapter
     (no silently shorter bias)."""

@@ -160,6 +160,27 @@ def install(model: Any) -> int:
     return n
 
 
+# Eager-only families left on the exact layer-at-a-time path, and why (docs/architectures.md).
+NOT_ADAPTED: dict[str, str] = {
+    "deberta": "disentangled attention: its content-to-position and position-to-content terms are a "
+    "(heads, N, N) bias made per layer from that layer's hidden states; keeping it costs what eager does",
+    "deberta-v2": "disentangled attention: its content-to-position and position-to-content terms are a "
+    "(heads, N, N) bias made per layer from that layer's hidden states; keeping it costs what eager does",
+    "big_bird": "block-sparse attention (window, global and random blocks) in its long-input setting is "
+    "not one softmax over a mask that SDPA reproduces",
+    "convbert": "mixed attention: span-based dynamic convolution heads beside its softmax heads",
+    "ibert": "its attention runs through I-BERT's quantisation modules (QuantLinear, IntSoftmax: "
+    "integer-only with quant_mode on), which SDPA does not reproduce",
+    "luke": "entity-aware attention: a separate query projection per word / entity pair",
+    "nystromformer": "its softmax over keys goes through Nystrom landmarks, not one SDPA call",
+}
+
+
+def why_not(model_type: str) -> str | None:
+    """Why an eager-only family has no fast adapter, where attnviz knows a specific reason."""
+    return NOT_ADAPTED.get(model_type)
+
+
 def eager_function(module: Any) -> Callable | None:
     """An adapted module's eager formula, with ``eager_attention_forward``'s signature."""
     return getattr(module, _EAGER_ATTR, None)

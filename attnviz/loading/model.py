@@ -168,6 +168,8 @@ def prepare(
             f"this {layout.model_type!r} model failed on a 6-token test input "
             f"({type(err).__name__}: {first}); attnviz cannot show its attention"
         ) from None
+    if not (supports or adapted):
+        lm.probe.why_not_fast = adapters.why_not(layout.model_type) or lm.probe.why_not_fast
     lm.layout = _hybrid_layout(layout, lm.probe.sites)
     if not lm.probe.fast:
         log.info("%s: exact layer-at-a-time path (%s)", spec, lm.probe.why_not_fast)
