@@ -12,7 +12,8 @@ reproduces only the module's attention step, citing its modeling file's order of
 - BLOOM: ``alibi.baddbmm(Q, Kᵀ, beta=1, alpha=inv_norm_factor)`` + mask.
 - MPT: clip_qkv, softmax_scale, ALiBi as ``position_bias`` (the last key_pos entries) and a
   bool mask that is True where masked.
-- XGLM: the query is scaled before QKᵀ (scale 1 after); MPNet: relative position bias.
+- XGLM: the query is scaled before QKᵀ (scale 1 after); MPNet: relative position bias;
+  MegatronBERT, RemBERT, TAPAS: BERT's self-attention (cross-attention runs their own code).
 
 Each also names an eager formula for the self-check: the module's own ``_attn`` where it has
 one; otherwise its scores written out in eager's order on the captured tensors.
@@ -252,6 +253,30 @@ def _mpnet_forward(
     return (self.o(c),)
 
 
+def _bert_forward(
+    self, hidden_states, attention_mask=None, encoder_hidden_states=None, past_key_values=None,
+    output_attentions=False, **kwargs,
+):  # fmt: skip
+    """BERT's self-attention as MegatronBERT, RemBERT and TAPAS copy it: QKᵀ / sqrt(d) + mask."""
+    rec = recorder(self)
+    if rec is None or encoder_hidden_states is not None or past_key_values is not None or output_attentions:
+        return type(self).forward(
+            self, hidden_states, attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
+            past_key_values=past_key_values, output_attentions=output_attentions, **kwargs,
+        )  # fmt: skip
+    shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
+    query, key, value = (
+        lin(hidden_states).view(shape).transpose(1, 2) for lin in (self.query, self.key, self.value)
+    )
+    scaling = 1.0 / math.sqrt(self.attention_head_size)
+    record(rec, self, query, key, value, attention_mask, scaling)
+    out = attend(query, key, value, attention_mask, scaling)
+    context = out.permute(0, 2, 1, 3).reshape(*hidden_states.shape[:-1], self.all_head_size)
+    if type(self).__name__ == "TapasSelfAttention":  # TAPAS returns the weights only when asked
+        return (context, past_key_values) if self.is_decoder else (context,)
+    return context, None
+
+
 def _written_out(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None, **_
 ):
@@ -278,4 +303,9 @@ ADAPTERS: dict[str, Adapter] = {
     "MptAttention": Adapter("transformers.models.mpt.", "forward", _mpt_forward, _written_out),
     "XGLMAttention": Adapter("transformers.models.xglm.", "forward", _xglm_forward, _written_out),
     "MPNetSelfAttention": Adapter("transformers.models.mpnet.", "forward", _mpnet_forward, _written_out),
+    "MegatronBertSelfAttention": Adapter(
+        "transformers.models.megatron_bert.", "forward", _bert_forward, _written_out
+    ),
+    "RemBertSelfAttention": Adapter("transformers.models.rembert.", "forward", _bert_forward, _written_out),
+    "TapasSelfAttention": Adapter("transformers.models.tapas.", "forward", _bert_forward, _written_out),
 }
