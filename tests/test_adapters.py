@@ -51,6 +51,8 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "megatron-bert-decoder": ("megatron-bert", "causal", {"is_decoder": True}),
     "rembert": ("rembert", "masked", {}),
     "tapas": ("tapas", "masked", {}),
+    "gpt_neox_japanese": ("gpt_neox_japanese", "causal", {}),
+    "openai-gpt": ("openai-gpt", "causal", {}),
 }
 
 
@@ -217,9 +219,9 @@ def _mpt_mask_ignored(self, hidden_states, position_bias, past_key_values=None, 
 @pytest.mark.parametrize(
     ("variant", "cls", "fn"),
     [
-        ("bloom", "BloomAttention", _bloom_without_alibi),
-        ("gptj", "GPTJAttention", _gptj_scale_off),
-        ("mpt", "MptAttention", _mpt_mask_ignored),
+        ("bloom", "bloom.BloomAttention", _bloom_without_alibi),
+        ("gptj", "gptj.GPTJAttention", _gptj_scale_off),
+        ("mpt", "mpt.MptAttention", _mpt_mask_ignored),
     ],
 )
 def test_a_wrong_adapter_is_caught_by_the_probe(monkeypatch, variant, cls, fn):

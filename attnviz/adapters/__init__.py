@@ -1,13 +1,13 @@
 """A fast exact path for attention modules that do not go through transformers' AttentionInterface.
 
-GPT-J, CodeGen, GPT-Neo, Falcon, BLOOM, MPT, XGLM and MPNet compute their attention inside the
-module (rotary applied there, ALiBi as an additive per-head bias, multi-query keys) and can only
-be loaded in eager. An adapter (attnviz/adapters/families.py) replaces one module's attention
-step, only while a `capture.Recorder` is active: it computes the query, key and value exactly as
-the module does, records them (with the mask, the scale and the ALiBi bias as ``position_bias``)
-and computes the layer's output with SDPA, never an (heads, N, N) softmax. Without a recorder
-(the probe's eager forward, the eager path, the layer-at-a-time path, generation) the module
-runs its own code unchanged.
+GPT-J, CodeGen, GPT-Neo, Falcon, BLOOM, MPT, XGLM, MPNet and a few BERT / GPT copies compute
+their attention inside the module (rotary applied there, ALiBi as an additive per-head bias,
+multi-query keys) and can only be loaded in eager. An adapter (attnviz/adapters/families.py)
+replaces one module's attention step, only while a `capture.Recorder` is active: it computes the
+query, key and value exactly as the module does, records them (with the mask, the scale and the
+ALiBi bias as ``position_bias``) and computes the layer's output with SDPA, never an (heads, N, N)
+softmax. Without a recorder (the probe's eager forward, the eager path, the layer-at-a-time path,
+generation) the module runs its own code unchanged.
 
 The load probe (attnviz/probe.py) compares every adapted layer with the model's own eager
 attention on a short input; a mismatch sends the model to the exact layer-at-a-time path.
@@ -150,8 +150,11 @@ def install(model: Any) -> int:
 
     n = 0
     for _name, module in model.named_modules():
-        found = ADAPTERS.get(type(module).__name__)
-        if found is None or not type(module).__module__.startswith(found.module):
+        parts = type(module).__module__.split(".")
+        if parts[:2] != ["transformers", "models"] or len(parts) < 3:
+            continue
+        found = ADAPTERS.get(f"{parts[2]}.{type(module).__name__}")
+        if found is None:
             continue
         _patch(module, found.method, found.fn, found.eager)
         n += 1

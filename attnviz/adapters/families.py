@@ -3,9 +3,10 @@
 Each adapter is installed on one attention module instance (attnviz/adapters/__init__.py) and
 reproduces only the module's attention step, citing its modeling file's order of operations:
 
-- GPT-J, CodeGen, GPT-Neo: ``_attn(query, key, value, attention_mask)`` gets the post-rotary
-  query and key; eager upcasts them to fp32 (kept so), GPT-Neo never scales and applies its own
-  causal / local-window mask buffer, CodeGen adds the mask before dividing by sqrt(d_head).
+- GPT-J, CodeGen, GPT-Neo, GPT-NeoX-Japanese, OpenAI GPT: ``_attn(query, key, value, mask)``
+  gets the post-rotary query and key; GPT-J, CodeGen and GPT-Neo upcast them to fp32 (kept so),
+  GPT-Neo never scales and applies its own causal / local-window buffer, CodeGen adds the mask
+  before dividing by sqrt(d_head), OpenAI GPT sets blocked scores to -1e4.
 - Falcon: rotary (or ALiBi), multi-query (one key head), new_decoder_architecture (key/value
   heads broadcast to every query head: one kept per group). With ALiBi eager adds
   alibi · inv_norm_factor to the scores and its mask already holds alibi / sqrt(d_head).
@@ -35,7 +36,6 @@ from . import attend, record, recorder
 
 @dataclass(frozen=True)
 class Adapter:
-    module: str  # transformers.models.<family>: the modeling file the class must come from
     method: str  # the method replaced on the instance
     fn: Callable
     eager: Callable  # (module, query, key, value, mask, scaling=, dropout=, position_bias=) -> (out, probs)
@@ -95,6 +95,37 @@ def _own_attn(module, query, key, value, attention_mask, scaling=None, dropout=0
     """The module's own eager ``_attn`` on the captured tensors (GPT-Neo adds its buffer again:
     the captured mask already holds it, so nothing changes)."""
     return type(module)._attn(module, query, key, value, attention_mask)
+
+
+def _neox_jp_attn(self, query, key, value, attention_mask=None):
+    rec = recorder(self)
+    if rec is None:
+        return type(self)._attn(self, query, key, value, attention_mask)
+    scaling = 1.0 / float(self.norm_factor)  # eager: baddbmm(0, Q, Kᵀ, alpha=1 / norm_factor)
+    record(rec, self, query, key, value, attention_mask, scaling)
+    return attend(query, key, value, attention_mask, scaling), None
+
+
+def _openai_attn(self, q, k, v, attention_mask=None, output_attentions=False):
+    rec = recorder(self)
+    if rec is None or output_attentions:
+        return type(self)._attn(self, q, k, v, attention_mask, output_attentions)
+    key = k.transpose(-1, -2)  # its split_heads(k=True) gave (B, heads, d_head, N)
+    n_q, n_k = q.shape[-2], key.shape[-2]
+    causal = self.bias[:, :, :n_q, :n_k]  # float 0 / 1
+    if tuple(causal.shape[-2:]) != (n_q, n_k):
+        raise ValueError(f"OpenAI GPT's attention mask covers {self.bias.shape[-1]} positions, not {n_k}")
+    # eager: w * b + -1e4 * (1 - b) (+ mask): a blocked score is -1e4, exp(-1e4 - max) == 0 in float32
+    mask = causal.bool() if attention_mask is None else attention_mask + (causal - 1) * 1e4
+    scaling = 1.0 / math.sqrt(v.size(-1)) if self.scale else 1.0
+    record(rec, self, q, key, v, mask, scaling)
+    return [attend(q, key, v, mask, scaling)]
+
+
+def _openai_own(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
+    """OpenAI GPT's own ``_attn`` (it takes the key transposed, returns the weights when asked)."""
+    out = type(module)._attn(module, query, key.transpose(-1, -2), value, attention_mask, True)
+    return out[0], out[1]
 
 
 # --- Falcon ----------------------------------------------------------------------------------
@@ -294,18 +325,19 @@ def _written_out(
     return torch.matmul(probs, value), probs
 
 
+# "<family>.<class>": the family is the modeling package (transformers.models.<family>).
 ADAPTERS: dict[str, Adapter] = {
-    "GPTJAttention": Adapter("transformers.models.gptj.", "_attn", _gptj_attn, _own_attn),
-    "CodeGenAttention": Adapter("transformers.models.codegen.", "_attn", _gptj_attn, _own_attn),
-    "GPTNeoSelfAttention": Adapter("transformers.models.gpt_neo.", "_attn", _neo_attn, _own_attn),
-    "FalconAttention": Adapter("transformers.models.falcon.", "forward", _falcon_forward, _written_out),
-    "BloomAttention": Adapter("transformers.models.bloom.", "forward", _bloom_forward, _written_out),
-    "MptAttention": Adapter("transformers.models.mpt.", "forward", _mpt_forward, _written_out),
-    "XGLMAttention": Adapter("transformers.models.xglm.", "forward", _xglm_forward, _written_out),
-    "MPNetSelfAttention": Adapter("transformers.models.mpnet.", "forward", _mpnet_forward, _written_out),
-    "MegatronBertSelfAttention": Adapter(
-        "transformers.models.megatron_bert.", "forward", _bert_forward, _written_out
-    ),
-    "RemBertSelfAttention": Adapter("transformers.models.rembert.", "forward", _bert_forward, _written_out),
-    "TapasSelfAttention": Adapter("transformers.models.tapas.", "forward", _bert_forward, _written_out),
+    "gptj.GPTJAttention": Adapter("_attn", _gptj_attn, _own_attn),
+    "codegen.CodeGenAttention": Adapter("_attn", _gptj_attn, _own_attn),
+    "gpt_neo.GPTNeoSelfAttention": Adapter("_attn", _neo_attn, _own_attn),
+    "gpt_neox_japanese.GPTNeoXJapaneseAttention": Adapter("_attn", _neox_jp_attn, _own_attn),
+    "openai.Attention": Adapter("_attn", _openai_attn, _openai_own),
+    "falcon.FalconAttention": Adapter("forward", _falcon_forward, _written_out),
+    "bloom.BloomAttention": Adapter("forward", _bloom_forward, _written_out),
+    "mpt.MptAttention": Adapter("forward", _mpt_forward, _written_out),
+    "xglm.XGLMAttention": Adapter("forward", _xglm_forward, _written_out),
+    "mpnet.MPNetSelfAttention": Adapter("forward", _mpnet_forward, _written_out),
+    "megatron_bert.MegatronBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
+    "rembert.RemBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
+    "tapas.TapasSelfAttention": Adapter("forward", _bert_forward, _written_out),
 }
