@@ -1,6 +1,7 @@
 """The fast exact path of eager-only families (attnviz/adapters): GPT-J, CodeGen, GPT-Neo, Falcon
 (rotary multi-query, multi-head, new decoder architecture, ALiBi), BLOOM, MPT (with clip_qkv),
-XGLM, MPNet, and BERT's self-attention as MegatronBERT, RemBERT and TAPAS copy it.
+XGLM, MPNet, GPT-NeoX-Japanese, OpenAI GPT, XLM, FlauBERT, and BERT's self-attention as
+MegatronBERT, RemBERT and TAPAS copy it.
 
 Every test builds a tiny random model from the family's own config class and compares with a
 SEPARATE eager load of the same weights (``output_attentions=True``): fp32, every layer, within
@@ -53,6 +54,9 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "tapas": ("tapas", "masked", {}),
     "gpt_neox_japanese": ("gpt_neox_japanese", "causal", {}),
     "openai-gpt": ("openai-gpt", "causal", {}),
+    "xlm": ("xlm", "masked", {"emb_dim": 32}),
+    "xlm-causal": ("xlm", "causal", {"emb_dim": 32, "causal": True}),
+    "flaubert": ("flaubert", "masked", {"emb_dim": 32}),
 }
 
 
@@ -171,7 +175,8 @@ def watch(lm: attnviz.LoadedModel, spy: BigTensors) -> list:
 
 
 @pytest.mark.parametrize(
-    "variant", ["gptj", "gpt_neo", "falcon-new-arch", "falcon-alibi", "bloom", "mpt", "mpnet", "tapas"]
+    "variant",
+    ["gptj", "gpt_neo", "falcon-new-arch", "falcon-alibi", "bloom", "mpt", "mpnet", "tapas", "xlm-causal"],
 )
 def test_fast_forward_makes_no_heads_by_n_by_n_tensor(variant):
     """Inside the attention modules the fast forward makes nothing of heads x N x N (SDPA's

@@ -13,7 +13,7 @@ reproduces only the module's attention step, citing its modeling file's order of
 - BLOOM: ``alibi.baddbmm(Q, Kᵀ, beta=1, alpha=inv_norm_factor)`` + mask.
 - MPT: clip_qkv, softmax_scale, ALiBi as ``position_bias`` (the last key_pos entries) and a
   bool mask that is True where masked.
-- XGLM: the query is scaled before QKᵀ (scale 1 after); MPNet: relative position bias;
+- XGLM, XLM, FlauBERT: the query is scaled before QKᵀ (scale 1 after); MPNet: relative position bias;
   MegatronBERT, RemBERT, TAPAS: BERT's self-attention (cross-attention runs their own code).
 
 Each also names an eager formula for the self-check: the module's own ``_attn`` where it has
@@ -308,6 +308,33 @@ def _bert_forward(
     return context, None
 
 
+def _xlm_forward(self, input, mask, kv=None, cache=None, output_attentions=False, **kwargs):
+    """XLM / FlauBERT: the query divided by sqrt(d_head) first; ``mask`` (B, key_pos) or
+    (B, q_pos, key_pos), a key is blocked where it is 0."""
+    rec = recorder(self)
+    own = getattr(cache, "self_attention_cache", cache)  # the model always passes a (fresh) cache
+    if (
+        rec is None
+        or kv is not None
+        or output_attentions
+        or (own is not None and own.get_seq_length(self.layer_id))
+    ):
+        return type(self).forward(
+            self, input, mask, kv=kv, cache=cache, output_attentions=output_attentions, **kwargs
+        )  # fmt: skip
+    b, n, _ = input.shape
+    heads = (b, -1, self.n_heads, self.head_dim)
+    query = self.q_lin(input).view(heads).transpose(1, 2) / math.sqrt(self.head_dim)
+    key, value = (lin(input).view(heads).transpose(1, 2) for lin in (self.k_lin, self.v_lin))
+    if own is not None:  # filled as eager fills it (an empty cache hands the same key / value back)
+        key, value = own.update(key, value, self.layer_id)
+    allowed = (mask != 0).view((b, 1, n, -1) if mask.dim() == 3 else (b, 1, 1, -1))
+    allowed = allowed.expand(b, 1, n, allowed.shape[-1])  # one row per query (a view, no copy)
+    record(rec, self, query, key, value, allowed, 1.0)
+    out = attend(query, key, value, allowed, 1.0)
+    return (self.out_lin(out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)),)
+
+
 def _written_out(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None, **_
 ):
@@ -340,4 +367,6 @@ ADAPTERS: dict[str, Adapter] = {
     "megatron_bert.MegatronBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
     "rembert.RemBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
     "tapas.TapasSelfAttention": Adapter("forward", _bert_forward, _written_out),
+    "xlm.MultiHeadAttention": Adapter("forward", _xlm_forward, _written_out),
+    "flaubert.MultiHeadAttention": Adapter("forward", _xlm_forward, _written_out),
 }
