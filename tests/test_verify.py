@@ -125,7 +125,7 @@ def test_falcon_keeps_its_causal_mask(extra):
 
 
 def test_layer_at_a_time_keeps_inputs_not_probabilities():
-    lm, _ = _pair("roformer", "masked")  # no fast adapter (GPT-J has one now)
+    lm, _ = _pair("convbert", "masked")  # no fast adapter (GPT-J has one now)
     ids = [3 + (i * 7) % 300 for i in range(200)]
     res = attnviz.extract_ids(lm, ids)
     assert res.method == "eager exact (one layer at a time)" and not res._eager

@@ -14,7 +14,8 @@ reproduces only the module's attention step, citing its modeling file's order of
 - MPT: clip_qkv, softmax_scale, ALiBi as ``position_bias`` (the last key_pos entries) and a
   bool mask that is True where masked.
 - XGLM, XLM, FlauBERT: the query is scaled before QKᵀ (scale 1 after); MPNet: relative position bias;
-  MegatronBERT, RemBERT, TAPAS: BERT's self-attention (cross-attention runs their own code).
+  MegatronBERT, RemBERT, TAPAS: BERT's self-attention, RoFormer with its rotary (cross-attention
+  runs their own code); these encoder adapters live in attnviz/adapters/encoders.py.
 
 Each also names an eager formula for the self-check: the module's own ``_attn`` where it has
 one; otherwise its scores written out in eager's order on the captured tensors.
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 
 from . import attend, record, recorder
+from .encoders import _bert_forward, _mpnet_forward, _roformer_forward, _xlm_forward
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ def _mpt_forward(self, hidden_states, position_bias, past_key_values=None, atten
     return self.out_proj(out.permute(0, 2, 1, 3).reshape(b, n, -1)), None
 
 
-# --- XGLM, MPNet -----------------------------------------------------------------------------
+# --- XGLM -----------------------------------------------------------------------------
 
 
 def _xglm_forward(
@@ -264,75 +266,6 @@ def _xglm_forward(
     record(rec, self, query, key, value, attention_mask, 1.0)  # the query is already scaled
     out = attend(query, key, value, attention_mask, 1.0)
     return self.out_proj(out.transpose(1, 2).reshape(b, n, self.embed_dim)), None
-
-
-def _mpnet_forward(
-    self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs
-):
-    rec = recorder(self)
-    if rec is None or output_attentions:
-        return type(self).forward(
-            self, hidden_states, attention_mask=attention_mask, position_bias=position_bias,
-            output_attentions=output_attentions, **kwargs,
-        )  # fmt: skip
-    shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
-    query, key, value = (lin(hidden_states).view(shape).transpose(1, 2) for lin in (self.q, self.k, self.v))
-    scaling = 1.0 / math.sqrt(self.attention_head_size)  # eager divides by sqrt(d_head)
-    record(rec, self, query, key, value, attention_mask, scaling, position_bias)
-    out = attend(query, key, value, attention_mask, scaling, position_bias)
-    c = out.permute(0, 2, 1, 3).reshape(*hidden_states.shape[:-1], self.all_head_size)
-    return (self.o(c),)
-
-
-def _bert_forward(
-    self, hidden_states, attention_mask=None, encoder_hidden_states=None, past_key_values=None,
-    output_attentions=False, **kwargs,
-):  # fmt: skip
-    """BERT's self-attention as MegatronBERT, RemBERT and TAPAS copy it: QKᵀ / sqrt(d) + mask."""
-    rec = recorder(self)
-    if rec is None or encoder_hidden_states is not None or past_key_values is not None or output_attentions:
-        return type(self).forward(
-            self, hidden_states, attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
-            past_key_values=past_key_values, output_attentions=output_attentions, **kwargs,
-        )  # fmt: skip
-    shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
-    query, key, value = (
-        lin(hidden_states).view(shape).transpose(1, 2) for lin in (self.query, self.key, self.value)
-    )
-    scaling = 1.0 / math.sqrt(self.attention_head_size)
-    record(rec, self, query, key, value, attention_mask, scaling)
-    out = attend(query, key, value, attention_mask, scaling)
-    context = out.permute(0, 2, 1, 3).reshape(*hidden_states.shape[:-1], self.all_head_size)
-    if type(self).__name__ == "TapasSelfAttention":  # TAPAS returns the weights only when asked
-        return (context, past_key_values) if self.is_decoder else (context,)
-    return context, None
-
-
-def _xlm_forward(self, input, mask, kv=None, cache=None, output_attentions=False, **kwargs):
-    """XLM / FlauBERT: the query divided by sqrt(d_head) first; ``mask`` (B, key_pos) or
-    (B, q_pos, key_pos), a key is blocked where it is 0."""
-    rec = recorder(self)
-    own = getattr(cache, "self_attention_cache", cache)  # the model always passes a (fresh) cache
-    if (
-        rec is None
-        or kv is not None
-        or output_attentions
-        or (own is not None and own.get_seq_length(self.layer_id))
-    ):
-        return type(self).forward(
-            self, input, mask, kv=kv, cache=cache, output_attentions=output_attentions, **kwargs
-        )  # fmt: skip
-    b, n, _ = input.shape
-    heads = (b, -1, self.n_heads, self.head_dim)
-    query = self.q_lin(input).view(heads).transpose(1, 2) / math.sqrt(self.head_dim)
-    key, value = (lin(input).view(heads).transpose(1, 2) for lin in (self.k_lin, self.v_lin))
-    if own is not None:  # filled as eager fills it (an empty cache hands the same key / value back)
-        key, value = own.update(key, value, self.layer_id)
-    allowed = (mask != 0).view((b, 1, n, -1) if mask.dim() == 3 else (b, 1, 1, -1))
-    allowed = allowed.expand(b, 1, n, allowed.shape[-1])  # one row per query (a view, no copy)
-    record(rec, self, query, key, value, allowed, 1.0)
-    out = attend(query, key, value, allowed, 1.0)
-    return (self.out_lin(out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)),)
 
 
 def _written_out(
@@ -367,6 +300,7 @@ ADAPTERS: dict[str, Adapter] = {
     "megatron_bert.MegatronBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
     "rembert.RemBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
     "tapas.TapasSelfAttention": Adapter("forward", _bert_forward, _written_out),
+    "roformer.RoFormerSelfAttention": Adapter("forward", _roformer_forward, _written_out),
     "xlm.MultiHeadAttention": Adapter("forward", _xlm_forward, _written_out),
     "flaubert.MultiHeadAttention": Adapter("forward", _xlm_forward, _written_out),
 }
