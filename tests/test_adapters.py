@@ -1,6 +1,6 @@
 """The fast exact path of eager-only families (attnviz/adapters): GPT-J, CodeGen, GPT-Neo, Falcon
 (rotary multi-query, multi-head, new decoder architecture, ALiBi), BLOOM, MPT (with clip_qkv),
-XGLM, MPNet, GPT-NeoX-Japanese, OpenAI GPT, XLM, FlauBERT, RoFormer, and BERT's self-attention
+XGLM, TrOCR, MPNet, GPT-NeoX-Japanese, OpenAI GPT, XLM, FlauBERT, RoFormer, and BERT's self-attention
 as MegatronBERT, RemBERT and TAPAS copy it.
 
 Every test builds a tiny random model from the family's own config class and compares with a
@@ -58,6 +58,7 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "xlm-causal": ("xlm", "causal", {"emb_dim": 32, "causal": True}),
     "flaubert": ("flaubert", "masked", {"emb_dim": 32}),
     "roformer": ("roformer", "masked", {}),
+    "trocr": ("trocr", "causal", {}),
     "roformer-decoder-rotary-value": ("roformer", "causal", {"is_decoder": True, "rotary_value": True}),
 }
 

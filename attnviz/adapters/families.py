@@ -13,7 +13,7 @@ reproduces only the module's attention step, citing its modeling file's order of
 - BLOOM: ``alibi.baddbmm(Q, Kᵀ, beta=1, alpha=inv_norm_factor)`` + mask.
 - MPT: clip_qkv, softmax_scale, ALiBi as ``position_bias`` (the last key_pos entries) and a
   bool mask that is True where masked.
-- XGLM, XLM, FlauBERT: the query is scaled before QKᵀ (scale 1 after); MPNet: relative position bias;
+- XGLM, TrOCR, XLM, FlauBERT: the query is scaled before QKᵀ (scale 1 after); MPNet: relative position bias;
   MegatronBERT, RemBERT, TAPAS: BERT's self-attention, RoFormer with its rotary (cross-attention
   runs their own code); these encoder adapters live in attnviz/adapters/encoders.py.
 
@@ -247,14 +247,19 @@ def _mpt_forward(self, hidden_states, position_bias, past_key_values=None, atten
     return self.out_proj(out.permute(0, 2, 1, 3).reshape(b, n, -1)), None
 
 
-# --- XGLM -----------------------------------------------------------------------------
+# --- XGLM, TrOCR -----------------------------------------------------------------------------
 
 
 def _xglm_forward(
     self, hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs
 ):
     rec = recorder(self)
-    if rec is None or key_value_states is not None or past_key_values is not None:
+    if (
+        rec is None
+        or key_value_states is not None
+        or past_key_values is not None
+        or kwargs.get("output_attentions")
+    ):
         return type(self).forward(
             self, hidden_states, key_value_states=key_value_states, past_key_values=past_key_values,
             attention_mask=attention_mask, **kwargs,
@@ -296,6 +301,7 @@ ADAPTERS: dict[str, Adapter] = {
     "bloom.BloomAttention": Adapter("forward", _bloom_forward, _written_out),
     "mpt.MptAttention": Adapter("forward", _mpt_forward, _written_out),
     "xglm.XGLMAttention": Adapter("forward", _xglm_forward, _written_out),
+    "trocr.TrOCRAttention": Adapter("forward", _xglm_forward, _written_out),  # the same attention
     "mpnet.MPNetSelfAttention": Adapter("forward", _mpnet_forward, _written_out),
     "megatron_bert.MegatronBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
     "rembert.RemBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
