@@ -1,6 +1,6 @@
 """The fast exact path of eager-only families (attnviz/adapters): GPT-J, CodeGen, GPT-Neo, Falcon
 (rotary multi-query, multi-head, new decoder architecture, ALiBi), BLOOM, MPT (with clip_qkv),
-XGLM, TrOCR, MPNet, GPT-NeoX-Japanese, OpenAI GPT, XLM, FlauBERT, RoFormer, and BERT's self-attention
+XGLM, TrOCR, FSMT, MPNet, GPT-NeoX-Japanese, OpenAI GPT, XLM, FlauBERT, RoFormer, and BERT's self-attention
 as MegatronBERT, RemBERT and TAPAS copy it.
 
 Every test builds a tiny random model from the family's own config class and compares with a
@@ -59,6 +59,7 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "flaubert": ("flaubert", "masked", {"emb_dim": 32}),
     "roformer": ("roformer", "masked", {}),
     "trocr": ("trocr", "causal", {}),
+    "fsmt": ("fsmt", "seq2seq", {}),  # encoder, decoder and cross attention: its own test
     "roformer-decoder-rotary-value": ("roformer", "causal", {"is_decoder": True, "rotary_value": True}),
 }
 
@@ -66,7 +67,7 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
 def build(variant: str, dtype: torch.dtype = torch.float32):
     """(model attnviz wraps, the same weights in a separate eager load), both eval."""
     import archs
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     model_type, kind, overrides = VARIANTS[variant]
     cfg = archs.tiny_config(model_type)
@@ -79,7 +80,7 @@ def build(variant: str, dtype: torch.dtype = torch.float32):
                 setattr(getattr(cfg, name), k, v)
         else:
             setattr(cfg, name, value)
-    auto = AutoModelForCausalLM if kind == "causal" else AutoModel
+    auto = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM}.get(kind, AutoModel)
     torch.manual_seed(0)
     model = auto.from_config(copy.deepcopy(cfg), attn_implementation="eager")
     with torch.no_grad():  # sharper attention than random init gives
@@ -114,7 +115,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(adapters, "QUERY_ROWS", ROWS)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", [v for v, (_, kind, _) in VARIANTS.items() if kind != "seq2seq"])
 def test_fast_exact_matches_a_separate_eager_load(variant):
     model, eager = build(variant)
     lm = wrap(model)
@@ -133,6 +134,34 @@ def test_fast_exact_matches_a_separate_eager_load(variant):
     for layer, theirs in enumerate(ref):
         part = res.layer_tensor(layer, rows=rows) if _takes_rows(res) else res.layer_tensor(layer)[:, rows]
         assert float((part - theirs[:, rows]).abs().max()) <= 1e-4
+
+
+def test_fsmt_encoder_decoder_and_cross_attention():
+    """FSMT runs one attention class for all three stacks (the decoder with a cache it always
+    passes, the causal mask as -inf, padding as a key mask): every layer of every stack."""
+    model, eager = build("fsmt")
+    lm = wrap(model)
+    assert lm.fast_exact, lm.probe.why_not_fast
+    res = attnviz.extract_ids(lm, ids(), verify=True)
+    assert res.method == "fast exact" and res.check.max_abs_diff <= 1e-5
+    dec = list(res.decoder_tokens.ids)
+    with torch.inference_mode():
+        out = eager(
+            input_ids=torch.tensor([ids()]),
+            decoder_input_ids=torch.tensor([dec]),
+            output_attentions=True,
+            use_cache=False,
+        )
+    stacks = {
+        "encoder": out.encoder_attentions,
+        "decoder": out.decoder_attentions,
+        "cross": out.cross_attentions,
+    }
+    for stack, tensors in stacks.items():
+        assert len(tensors) == res.n_layers(stack) == 2
+        for layer, theirs in enumerate(tensors):
+            ours = res.layer_tensor(layer, stack=stack)
+            assert float((ours - theirs[0]).abs().max()) <= 1e-4, (stack, layer)
 
 
 def _takes_rows(res) -> bool:
