@@ -34,7 +34,7 @@ import torch
 
 from . import attend, record, recorder
 from .encoders import _bert_forward, _mpnet_forward, _roformer_forward, _xlm_forward
-from .seq2seq import _fsmt_forward
+from .seq2seq import _fsmt_forward, _mvp_forward
 
 
 @dataclass(frozen=True)
@@ -304,6 +304,7 @@ ADAPTERS: dict[str, Adapter] = {
     "xglm.XGLMAttention": Adapter("forward", _xglm_forward, _written_out),
     "trocr.TrOCRAttention": Adapter("forward", _xglm_forward, _written_out),  # the same attention
     "fsmt.Attention": Adapter("forward", _fsmt_forward, _written_out),
+    "mvp.MvpAttention": Adapter("forward", _mvp_forward, _written_out),
     "mpnet.MPNetSelfAttention": Adapter("forward", _mpnet_forward, _written_out),
     "megatron_bert.MegatronBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
     "rembert.RemBertSelfAttention": Adapter("forward", _bert_forward, _written_out),
