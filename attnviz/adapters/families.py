@@ -13,9 +13,10 @@ reproduces only the module's attention step, citing its modeling file's order of
 - BLOOM: ``alibi.baddbmm(Q, Kᵀ, beta=1, alpha=inv_norm_factor)`` + mask.
 - MPT: clip_qkv, softmax_scale, ALiBi as ``position_bias`` (the last key_pos entries) and a
   bool mask that is True where masked.
-- XGLM, TrOCR, XLM, FlauBERT: the query is scaled before QKᵀ (scale 1 after); MPNet: relative position bias;
-  MegatronBERT, RemBERT, TAPAS: BERT's self-attention, RoFormer with its rotary (cross-attention
-  runs their own code); these encoder adapters live in attnviz/adapters/encoders.py.
+- XGLM, TrOCR: the query is scaled before QKᵀ (scale 1 after).
+- attnviz/adapters/encoders.py: MPNet (relative position bias), BERT's self-attention as
+  MegatronBERT, RemBERT and TAPAS copy it, RoFormer (rotary), XLM / FlauBERT (query scaled first).
+- attnviz/adapters/seq2seq.py: FSMT and MVP, self- and cross-attention.
 
 Each also names an eager formula for the self-check: the module's own ``_attn`` where it has
 one; otherwise its scores written out in eager's order on the captured tensors.
