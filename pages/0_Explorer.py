@@ -205,7 +205,10 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
         title += f" · {stack}"
 
     def figure(probs: np.ndarray):
-        return F.head_heatmap(probs, q_lab1, k_lab1, title=title, colorscale=cmap, scale=scale, zmax=zmax)
+        fig = F.head_heatmap(probs, q_lab1, k_lab1, title=title, colorscale=cmap, scale=scale, zmax=zmax)
+        # the title starts at the figure's left edge, not the plot area's: a long text's token
+        # labels push the plot area right, and a title anchored there ran past the chart's edge
+        return fig.update_layout(title_xref="container", title_x=0, title_pad_l=10)
 
     def rows_now(rows: slice = sel) -> np.ndarray:  # for the downloads: fetched when clicked
         return attention.head_rows(models.result_now(ref), layer, head, v, ax, rows)  # raw weights

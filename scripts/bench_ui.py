@@ -1,6 +1,17 @@
 """UI benchmark: submit-to-first-view against one plain forward, redraw after a head change, payload.
 
     .venv/bin/python scripts/bench_ui.py [--sizes 128,1024,4096] [--repeats 3] [--no-write]
+    .venv/bin/python scripts/bench_ui.py --browser [--sizes 1024,8192] [--repeats 2] [--no-write]
+
+``--browser`` measures what a person sees, in a real browser: the app server runs as
+`streamlit run app.py` on a loopback port (as in tests/server.py), Debian's Chromium (Playwright,
+``/usr/bin/chromium``) opens it with the default sentence (model loaded), then the text is pasted
+into the sidebar's text box and submitted (Ctrl+Enter). "first view" is the time from the key press
+until the first heatmap of the new text is drawn (its Plotly SVG image in the page); "whole page"
+until the run is over and every chart is drawn. Each repeat uses a fresh text of the same length
+(a different first word: no cache hit), and one plain SDPA forward of the same text is measured in
+this process right after each browser run (the server is idle then); ratios are medians of the
+per-repeat ratios. Results go into docs/benchmarks.md between the ui-browser markers.
 
 Runs app.py in Streamlit's AppTest (the real script, in-process) on the built-in smollm2-135m.
 The first run extracts (cached); then the head selector changes `--repeats` times and each rerun is
@@ -69,14 +80,25 @@ def measure(text: str, repeats: int) -> tuple[float, float, int, int]:
     return first, statistics.median(times) if times else 0.0, payload(at), len(charts)
 
 
+def sizes(spec: str) -> list[int]:
+    return [int(s) for s in spec.split(",")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="128,1024,4096")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", default=None, help="token counts (default 128,1024,4096; browser 1024,8192)")
+    ap.add_argument("--repeats", type=int, default=None, help="default 3 (browser: 2 per size)")
+    ap.add_argument("--browser", action="store_true", help="time it in Chromium against the real server")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     lm = attnviz.load_model("smollm2-135m", device="cpu")
+    if args.browser:
+        from bench_ui_browser import run_browser
+
+        return run_browser(lm, sizes(args.sizes or "1024,8192"), args.repeats or 2, args.out, args.no_write)
+    args.sizes = args.sizes or "128,1024,4096"
+    args.repeats = 3 if args.repeats is None else args.repeats
     measure("warm up: load the model", 0)  # the first view of each size then excludes the load
     header = (
         "| N tokens | first view (extract + draw) | one plain forward | first view / forward | "
@@ -85,7 +107,7 @@ def main() -> int:
     )
     lines = []
     sys.stdout.write(header + "\n")
-    for n in [int(s) for s in args.sizes.split(",")]:
+    for n in sizes(args.sizes):
         first, redraw, size, charts = measure(text_of(lm, n), args.repeats)
         floor = forward_seconds(lm, n)
         line = (

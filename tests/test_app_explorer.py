@@ -134,7 +134,7 @@ def test_share_link_restores_layer_head_and_options(env):
     ok(at)
     assert not at.warning
     assert at.slider(key="layer").value == 2 and at.selectbox(key="head").value == 3
-    assert at.selectbox(key="cmap").value == "Magma" and at.segmented_control(key="scale").value == "log"
+    assert at.selectbox(key="cmap").value == "Magma" and at.selectbox(key="scale").value == "log"
     head = titled(at, "layer 2 · head 3 ")
     assert "log" in heatmaps(head)[0]["hovertemplate"]
     # the numbers drawn are the engine's layer 2, head 3 (not layer 0 / head 0 under this title)
@@ -174,7 +174,7 @@ def test_layer_head_and_colour_changes_never_rerun_the_model(env):
         lambda: at.slider(key="layer").set_value(2),
         lambda: at.selectbox(key="head").set_value(1),
         lambda: at.selectbox(key="cmap").set_value("Blues"),
-        lambda: at.segmented_control(key="scale").set_value("log"),
+        lambda: at.selectbox(key="scale").set_value("log"),
         lambda: at.toggle(key="hide").set_value(True),
     ):
         change().run()

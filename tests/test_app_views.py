@@ -57,7 +57,7 @@ def test_grid_and_big_view_share_one_colour_scale_and_frame_the_head(env):
     assert big["layout"]["coloraxis"]["cmax"] == grid["layout"]["coloraxis"]["cmax"]
     frame = [sh for sh in grid["layout"]["shapes"] if sh.get("name") == "selected head"]
     assert frame and frame[0]["xref"] == "x3 domain"  # head 2 is the third facet
-    at.segmented_control(key="scale").set_value("perhead").run()
+    at.selectbox(key="scale").set_value("perhead").run()
     big = big_of(at)
     assert big["layout"]["coloraxis"]["cmax"] == pytest.approx(float(layer[2].max()), rel=1e-6)
 
@@ -73,15 +73,17 @@ def test_one_colour_control_and_old_links_map_onto_it(env):
     at = new_app(model=TINY, text=TEXT, layer=1, head=2, log=1).run()
     ok(at)
     assert not [t for t in at.toggle if t.key in ("log", "perhead")]
-    assert [c.key for c in at.segmented_control if "colour" in c.label.lower()] == ["scale"]
-    assert at.segmented_control(key="scale").options == ["auto", "linear", "log₁₀", "rank", "per head"]
-    assert at.segmented_control(key="scale").value == "log"
+    assert [c.key for c in [*at.selectbox, *at.segmented_control] if "scale" in c.label.lower()] == ["scale"]
+    assert at.selectbox(key="scale").options == [
+        "auto (log₁₀ past 300 tokens)", "linear", "log₁₀", "rank (percentile)", "per head"
+    ]  # fmt: skip
+    assert at.selectbox(key="scale").value == "log"
     logged = np.log10(np.maximum(layer[2], 1e-5))
     np.testing.assert_allclose(z_of(heatmaps(big_of(at))[0]), logged, atol=1e-5)
     assert at.query_params["scale"] == "log" and "log" not in at.query_params
     at = new_app(model=TINY, text=TEXT, layer=1, head=2, perhead="1").run()
     ok(at)
-    assert at.segmented_control(key="scale").value == "perhead"
+    assert at.selectbox(key="scale").value == "perhead"
     assert big_of(at)["layout"]["coloraxis"]["cmax"] == pytest.approx(float(layer[2].max()), rel=1e-6)
     assert any("Each head on its own colour range" in c.value for c in at.caption)
     # a link with a scale keeps it; a switch that is off changes nothing

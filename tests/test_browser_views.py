@@ -110,6 +110,24 @@ def head_title(page) -> str:
     return found[0]
 
 
+# Each chart's title box against the chart's own box (page pixels): a title wider than the room
+# left of it overflows the SVG and is cut at the edge.
+TITLE_BOXES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(gd => {
+  const t = gd.querySelector('.gtitle');
+  if (!t || !t.textContent) return [];
+  const r = t.getBoundingClientRect(), s = gd.querySelector('.main-svg').getBoundingClientRect();
+  return [{text: t.textContent, left: r.left - s.left, right: s.right - r.right}];
+})"""
+
+
+def titles_fit(page) -> None:
+    """Every chart title lies inside its chart (none is cut at the right or left edge)."""
+    boxes = page.evaluate(TITLE_BOXES_JS)
+    assert boxes
+    cut = [b for b in boxes if b["left"] < 0 or b["right"] < 0]
+    assert not cut, cut
+
+
 def test_click_a_grid_tile_then_a_token(server, page):
     page.goto(url(server, ExplorerParams(text=TEXT_100, layer=3, head=0, tok=20)))
     wait_idle(page, timeout_ms=240_000)
@@ -131,6 +149,7 @@ def test_click_a_grid_tile_then_a_token(server, page):
         click_point(page, "tokens", 25)  # the coloured text: token 25
     page.wait_for_function("() => /tok=25/.test(location.search)")
     assert page.locator('input[aria-label="Token position"]').input_value() == "25"
+    titles_fit(page)
     screenshot(page, "views_explorer_n100")
 
 
@@ -138,6 +157,15 @@ def test_click_an_overview_thumbnail_opens_that_head(server, page):
     page.goto(url(server, OverviewParams(text=TEXT_100)))
     wait_idle(page, timeout_ms=240_000)
     no_errors(page)
+    # the rollout's flow map and strip: log10 colour by default, from below 1e-5 (SmolLM2's flow
+    # off the sink) up to 1
+    ranges = page.evaluate(
+        """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+             .filter(gd => /(flow into|sources of)/.test(gd._fullLayout.title.text || ''))
+             .map(gd => [gd._fullData[0].zmin, gd._fullData[0].zmax])"""
+    )
+    assert len(ranges) == 2 and all(lo <= -5 and hi == 0 for lo, hi in ranges), ranges
+    titles_fit(page)
     screenshot(page, "views_overview_n100")
     n_heads = 9  # smollm2-135m: 30 layers x 9 heads
     layer, head = 12, 4
@@ -152,10 +180,16 @@ def test_click_an_overview_thumbnail_opens_that_head(server, page):
 
 
 def test_long_text_views(server, page):
+    """N≈2000: the auto scale is log and says so; on a laptop-width window (1100 px) the big
+    head's title stays inside its chart (long token labels push the plot area right, and a title
+    anchored there ran past the chart's edge)."""
+    page.set_viewport_size({"width": 1100, "height": 1000})
     page.goto(url(server, ExplorerParams(text=TEXT_2000, layer=5, head=2, tok=1500)))
     wait_idle(page, timeout_ms=480_000)
     no_errors(page)
     assert page.get_by_text("Auto colour scale").count() > 0
+    assert re.search(r"smollm2-135m · layer 5 · head 2", head_title(page))
+    titles_fit(page)
     screenshot(page, "views_explorer_n2000")
 
 

@@ -42,7 +42,7 @@ def rollout_section(
         return
     labels = res.axes(stack)[0].labels
     n = len(labels)
-    c1, c2, c3 = st.columns([3, 2, 2])
+    c1, c2, c3 = st.columns([3, 3, 2])
     with c1:
         picked = st.selectbox(
             "Token", list(range(n)), index=n - 1, key="rollout_token", format_func=lambda i: labels[i]

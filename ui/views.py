@@ -18,7 +18,13 @@ from ui import export, models, state
 from ui.params import EXPLORER_SCALES
 from ui.text import literal
 
-SCALE_NAMES = {"auto": "auto", "linear": "linear", "log": "log₁₀", "rank": "rank", "perhead": "per head"}
+SCALE_NAMES = {
+    "auto": f"auto (log₁₀ past {F.LONG_TEXT_TOKENS} tokens)",
+    "linear": "linear",
+    "log": "log₁₀",
+    "rank": "rank (percentile)",
+    "perhead": "per head",
+}
 DIRECTION_NAMES = {"from": "attends to", "to": "is attended by"}
 _SEEN = "_attnviz_seen_clicks"
 _PENDING_TOK = "_attnviz_pending_tok"
@@ -43,14 +49,14 @@ def scale_for(choice: str, n_tokens: int, *, log: bool = False) -> tuple[str, st
 
 def scale_picker(key: str = "scale") -> str:
     """The explorer's one colour control: auto / linear / log / rank / per head. One colour
-    range for the grid and the big view, except "per head"."""
+    range for the grid and the big view, except "per head". A selectbox: five segments do not fit
+    the controls' column."""
     state.choose(key, list(EXPLORER_SCALES), "colour scale")
     return str(
-        st.segmented_control(
+        st.selectbox(
             "Colour scale",
             list(EXPLORER_SCALES),
             key=key,
-            required=True,
             format_func=lambda s: SCALE_NAMES.get(s, s),
             help="auto: linear weights for short texts, log₁₀ past "
             f"{F.LONG_TEXT_TOKENS} tokens (where every weight is ~1/N); log₁₀: small weights "

@@ -44,14 +44,14 @@ def share_floor_exp(z: np.ndarray) -> int:
     return int(min(-1, max(MIN_FLOOR_EXP, math.floor(float(np.log10(pos.min()))))))
 
 
-def _share_colour(z: np.ndarray, log: bool) -> dict:
+def _share_colour(z: np.ndarray, log: bool, max_ticks: int = 7) -> dict:
     """Heatmap settings for shares ``z`` (2-D): linear from 0, or log₁₀ from `share_floor_exp`
-    to 0 with the share itself in the hover (``customdata``)."""
+    to 0 (at most ``max_ticks`` decades labelled) with the share itself in the hover (``customdata``)."""
     if not log:
         return dict(z=z, zmin=0.0, hovertemplate="share %{z:.4f}<extra></extra>")
     lo = share_floor_exp(z)
-    step = 1 if lo >= -6 else 2
-    ticks = list(range(0, lo - 1, -step))[::-1]
+    step = -(lo // (max_ticks - 1)) if lo < -(max_ticks - 1) else 1  # ceil(-lo / (max_ticks - 1))
+    ticks = sorted({*range(lo, 1, step), 0})  # the floor and 1 always labelled
     bar = dict(tickvals=ticks, ticktext=[f"1e{t}" if t else "1" for t in ticks], title=dict(text="share"))
     coloured = np.clip(np.log10(np.maximum(z, 10.0**lo)), lo, 0.0).astype(np.float32)
     return dict(
@@ -70,7 +70,7 @@ def token_strip(
     """One row of colour over the tokens: the share of each in the selected token's rollout."""
     z, x = binned_sums(weights, labels)
     x = [escape(t) for t in x]
-    colour = _share_colour(z[None, :], log)
+    colour = _share_colour(z[None, :], log, max_ticks=3)  # a 180-px strip: three labels fit
     colour["hovertemplate"] = "%{x}<br>" + colour["hovertemplate"]
     fig = go.Figure(go.Heatmap(x=x, y=["source"], colorscale=colorscale, **colour))
     fig.update_traces(colorbar_thickness=10)

@@ -24,6 +24,10 @@ _ASSISTANT = (
     "is a speculative-decoding assistant: its layers attend to the keys and values of its target "
     "Gemma 4 model, so it does not run on text alone; load the target model instead"
 )
+_WINDOWED = (
+    "attends within a sliding window plus a few global tokens and returns each layer's "
+    "attention per window, not as a map over all tokens" + _ONE_MAP
+)  # LED: its encoder
 _CANNOT_SHOW = {
     "blt": "attends over bytes in small local transformers and over patches of bytes in a global "
     "transformer, with cross attention between bytes and patches" + _ONE_MAP,
@@ -32,6 +36,22 @@ _CANNOT_SHOW = {
     "perceiver": "attends from a fixed set of latent vectors to the input and among those latents" + _ONE_MAP,
     "reformer": "attends within hashed buckets and local chunks (LSH attention), not over all tokens"
     + _ONE_MAP,
+    "longformer": _WINDOWED,
+    "led": "has an encoder that " + _WINDOWED,
+    "longt5": "has an encoder that attends within local blocks of tokens (local or transient-global "
+    "attention), not over all tokens" + _ONE_MAP,
+    "pegasus_x": "has an encoder that attends within local blocks plus a few global tokens, returned as "
+    "separate local and global parts rather than one map over all tokens" + _ONE_MAP,
+    "mra": "approximates attention block-sparsely at several resolutions and does not return "
+    "attention probabilities" + _ONE_MAP,
+    "yoso": "approximates softmax attention by hashing (LSH-based sampling) and does not return "
+    "attention probabilities" + _ONE_MAP,
+    "prophetnet": "predicts several future tokens at once: its decoder runs one stream per "
+    "predicted position, and its cross attention has a query row per token and stream" + _ONE_MAP,
+    "squeezebert": "returns pre-softmax attention scores, not probabilities, from transformers' "
+    "eager attention, so attnviz cannot check its probabilities against the model",
+    "voxtral_realtime": "is a speech model: its encoder reads audio features, not text, so it "
+    "does not run on text alone",
     "gemma4_assistant": _ASSISTANT,
     "gemma4_unified_assistant": _ASSISTANT,
 }
@@ -44,10 +64,19 @@ def _text_config(config: PretrainedConfig) -> PretrainedConfig:
 
 def _first(config: PretrainedConfig, *names: str, default=None):
     for n in names:
-        v = getattr(config, n, None)
+        try:
+            v = getattr(config, n, None)
+        except RuntimeError:  # a per-layer attribute of a heterogeneous config: read per layer
+            v = _in_every_layer(config, n)
         if v is not None:
             return v
     return default
+
+
+def _in_every_layer(config: PretrainedConfig, name: str):
+    """The value of per-layer attribute ``name`` when every layer has the same one, else None."""
+    values = [getattr(lc, name, None) for lc in _per_layer(config)]
+    return values[0] if values and all(v == values[0] for v in values) else None
 
 
 def _per_layer(config: PretrainedConfig) -> list[PretrainedConfig]:

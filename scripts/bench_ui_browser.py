@@ -1,0 +1,135 @@
+"""The browser half of scripts/bench_ui.py: submit-to-first-view in Chromium against the real server.
+
+Run through ``python scripts/bench_ui.py --browser``; see that file's docstring for what is timed.
+The server and Chromium come from tests/server.py (the same helpers the browser tests use).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from server import chromium, script_runs, streamlit_server, wait_idle  # noqa: E402
+
+import attnviz  # noqa: E402
+from attnviz.bench import _floor, ids_of_length, replace_section  # noqa: E402
+from attnviz.extract import tokenize  # noqa: E402
+
+# Before the submit: remember every chart's current figure and its largest heatmap.
+MARK_JS = """() => {
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) gd.__benchBefore = gd._fullData;
+}"""
+
+# The first heatmap of the new text is drawn: the summary line names the new token count, and a
+# chart whose figure changed since the mark holds a heatmap of more than `rows` query rows whose
+# image is in the SVG.
+FIRST_VIEW_JS = """([n, rows]) => {
+  const bad = document.querySelector('[data-testid="stException"], [data-testid="stAlertContentError"]');
+  if (bad) return 'error: ' + bad.innerText;
+  const caps = Array.from(document.querySelectorAll('[data-testid="stCaptionContainer"]'));
+  if (!caps.some(c => c.innerText.includes(` ${n} tokens `))) return false;
+  return Array.from(document.querySelectorAll('.js-plotly-plot')).some(gd => {
+    const full = gd._fullData;
+    if (!full || full === gd.__benchBefore) return false;
+    const hm = full.find(t => t.type === 'heatmap' && t.z && t.z.length > rows);
+    return !!hm && !!gd.querySelector('g.heatmaplayer image, g.hm image');
+  });
+}"""
+
+HEADER = (
+    "| N tokens | first view (submit → first heatmap drawn) | whole page drawn | one plain forward | "
+    "first view / forward | whole page / forward | load (1-min avg) before → after |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+def texts(lm: attnviz.LoadedModel, n: int, repeats: int) -> list[tuple[str, int]]:
+    """``repeats`` different texts of at most ``n`` tokens as the app counts them (a different
+    first words: no cache hit) and those counts."""
+    out = []
+    for i in range(repeats):
+        prefix, cut = f"Run {i + 1}.", 2
+        while True:
+            text = f"{prefix} {lm.tokenizer.decode(ids_of_length(lm, n - cut))}"
+            count = len(tokenize(lm, text)[0])
+            if count <= n:
+                break
+            cut += count - n
+        out.append((text, count))
+    return out
+
+
+def forward_once(lm: attnviz.LoadedModel, text: str) -> float:
+    """One plain SDPA forward of ``text`` as the app tokenizes it (no capture)."""
+    run = _floor(lm, list(tokenize(lm, text)[0]))
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def one_run(page, text: str, n: int) -> tuple[float, float]:
+    """(first view, whole page) seconds for one submit of ``text`` (``n`` tokens in the app)."""
+    before = script_runs(page)
+    page.evaluate(MARK_JS)
+    box = page.locator('[data-testid="stSidebar"] textarea').first
+    box.fill(text)  # a paste: one input event
+    t0 = time.perf_counter()
+    box.press("Control+Enter")
+    done = page.wait_for_function(FIRST_VIEW_JS, arg=[n, 64], timeout=900_000, polling="raf")
+    first = time.perf_counter() - t0
+    if str(done.json_value()).startswith("error"):
+        raise RuntimeError(f"the app showed an error: {done.json_value()}")
+    wait_idle(page, 900_000, after=before)
+    return first, time.perf_counter() - t0
+
+
+def run_browser(lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path, no_write: bool) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the server and Chromium
+    forward_once(lm, lm.tokenizer.decode(ids_of_length(lm, 64)))  # the floor's own warm-up
+    lines = []
+    sys.stdout.write(HEADER + "\n")
+    with streamlit_server(name="bench-ui", startup_timeout=300) as server, chromium() as browser:
+        version = browser.version
+        page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+        page.goto(server.url + "/?model=smollm2-135m")
+        wait_idle(page, 600_000)  # the model is loaded and the default sentence drawn
+        for n in ns:
+            rows = []
+            load0 = os.getloadavg()[0]
+            # the first forward of a size pays one-off allocations in each process: warm both up
+            forward_once(lm, texts(lm, n, 1)[0][0])
+            for text, n_app in texts(lm, n, repeats):
+                first, whole = one_run(page, text, n_app)
+                floor = forward_once(lm, text)
+                rows.append((first, whole, floor))
+                sys.stderr.write(f"  {n_app} tokens: first {first:.2f} s, page {whole:.2f} s, ")
+                sys.stderr.write(f"forward {floor:.2f} s\n")
+            first, whole, floor = (statistics.median(r[i] for r in rows) for i in range(3))
+            ratio = statistics.median(r[0] / r[2] for r in rows)
+            ratio_page = statistics.median(r[1] / r[2] for r in rows)
+            line = (
+                f"| {n} | {first:.2f} s | {whole:.2f} s | {floor:.2f} s | {ratio:.2f}x | "
+                f"{ratio_page:.2f}x | {load0:.2f} → {os.getloadavg()[0]:.2f} |"
+            )
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            lines.append(line)
+        page.context.close()
+    if not no_write:
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        replace_section(
+            out,
+            "ui-browser",
+            f"Measured {stamp} with `python scripts/bench_ui.py --browser` (Chromium {version} "
+            f"against `streamlit run app.py`, "
+            f"CPU ({os.cpu_count()} cores, shared), smollm2-135m, medians of {repeats} submits per size, "
+            f"each with its own forward).\n\n{HEADER}\n" + "\n".join(lines),
+        )
+    return 0
