@@ -52,4 +52,5 @@ EXPOSE 8501
 # No curl in the slim image: the health check is Python's urllib against Streamlit's endpoint.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).status != 200)"]
-CMD ["python", "-m", "streamlit", "run", "app.py", "--server.port=8501", "--server.address=0.0.0.0"]
+# The installed command serves the app shipped in the package (the same one `pip install` users run).
+CMD ["attnviz", "app", "--port", "8501", "--address", "0.0.0.0"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -266,8 +267,6 @@ def _app(args) -> int:
     """`streamlit run` on the app shipped in the package (attnviz/_app in a wheel, the checkout's
     app.py in an editable install), with the shipped .streamlit/config.toml as flags (Streamlit
     reads config files only from the working folder and the home folder)."""
-    import subprocess
-
     from .app_files import app_script, streamlit_flags
 
     if importlib.util.find_spec("streamlit") is None:
@@ -277,10 +276,10 @@ def _app(args) -> int:
     cmd += [f"--server.port={args.port}", f"--server.address={args.address}"]
     cmd += [f"--server.headless={'false' if args.browser else 'true'}", "--global.developmentMode=false"]
     sys.stderr.write(f"attnviz: serving {script} on http://{args.address}:{args.port}\n")
-    try:
-        return subprocess.run(cmd, check=False).returncode
-    except KeyboardInterrupt:
-        return 130
+    sys.stderr.flush()
+    # Become the server (no child process): signals such as `docker stop`'s SIGTERM reach it.
+    os.execv(sys.executable, cmd)
+    return 0  # not reached
 
 
 def main(argv: list[str] | None = None) -> int:

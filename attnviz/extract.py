@@ -80,7 +80,10 @@ def _forward_kwargs(lm: LoadedModel) -> dict:
     if "use_cache" in params:
         kwargs["use_cache"] = False
     if "logits_to_keep" in params:
-        kwargs["logits_to_keep"] = 1  # the LM head on N positions would cost N x vocab floats
+        # The LM head on N positions would cost N x vocab floats: keep the last one. As an index
+        # tensor, not the int 1: Gemma 4 reads an int as leave to run its KV-shared layers on the
+        # last position only, and those layers' attention would then have one query row.
+        kwargs["logits_to_keep"] = torch.tensor([-1], device=lm.device)
     return kwargs
 
 

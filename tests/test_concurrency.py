@@ -213,7 +213,6 @@ def test_one_load_for_many_simultaneous_sessions(monkeypatch):
 
     monkeypatch.setattr(models, "_load_uncached", load_when_all_asked)
     monkeypatch.setattr(models, "_cached_model", counted)
-    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
     spec = "tiny:gpt2"
     errors: list[str] = []
 
@@ -244,7 +243,6 @@ def test_switching_models_frees_the_old_one(monkeypatch):
 
     from ui import models
 
-    monkeypatch.setenv("ATTNVIZ_TEST_MODELS", "1")
     loaded: list[weakref.ref] = []
 
     def fresh(spec, token):

@@ -91,7 +91,9 @@ def test_runs_as_uid_1000():
 def test_exposes_8501_and_serves_on_it():
     assert any("8501" in a.split() for a in args_of("EXPOSE"))
     cmd = json.loads(args_of("CMD")[-1])
-    assert "streamlit" in cmd and "--server.port=8501" in cmd
+    # the installed console command, bound to every interface on 8501 (not the checkout's app.py)
+    assert cmd[:2] == ["attnviz", "app"], cmd
+    assert cmd[cmd.index("--port") + 1] == "8501" and cmd[cmd.index("--address") + 1] == "0.0.0.0"
 
 
 def test_hf_home_is_on_a_volume_and_models_are_baked_in():

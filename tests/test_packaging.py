@@ -13,6 +13,7 @@ proves that every dependency the wheel declares is satisfied by name and version
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -211,8 +212,16 @@ def test_app_serves_from_the_installed_package(venv, tmp_path):
         session = run_session(url, "", timeout=300)  # one real script run of the installed app
         assert session.exceptions == [] and session.status == "FINISHED_SUCCESSFULLY", session
         assert session.figures, "the installed app drew no chart"
+        # `attnviz app` became the server (no child left behind): a SIGTERM to that one pid, as
+        # `docker stop` sends to PID 1, stops serving.
+        assert "streamlit" in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace")
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) is not None
+        with pytest.raises(OSError):
+            http_get(url + "/_stcore/health")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
