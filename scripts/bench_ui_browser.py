@@ -7,6 +7,7 @@ The server and Chromium come from tests/server.py (the same helpers the browser 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 import sys
@@ -44,10 +45,18 @@ FIRST_VIEW_JS = """([n, rows]) => {
 }"""
 
 HEADER = (
-    "| N tokens | first view (submit → first heatmap drawn) | whole page drawn | one plain forward | "
-    "first view / forward | whole page / forward | load (1-min avg) before → after |\n"
-    "|---|---|---|---|---|---|---|"
+    "| N tokens | first view (submit → first heatmap drawn) | of which extraction (server log) | "
+    "whole page drawn | one plain forward | first view / forward | whole page / forward | "
+    "load (1-min avg) before → after |\n"
+    "|---|---|---|---|---|---|---|---|"
 )
+
+
+def extraction_seconds(log: str, n: int) -> float:
+    """The server's own time for the last extraction of ``n`` tokens (attnviz.extract logs it;
+    with the self-check, which runs up to 1,024 tokens, inside it)."""
+    found = re.findall(rf"extract model=\S+ tokens={n} path=\S+ seconds=([0-9.]+)", log)
+    return float(found[-1]) if found else float("nan")
 
 
 def texts(lm: attnviz.LoadedModel, n: int, repeats: int) -> list[tuple[str, int]]:
@@ -107,16 +116,18 @@ def run_browser(lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path,
             forward_once(lm, texts(lm, n, 1)[0][0])
             for text, n_app in texts(lm, n, repeats):
                 first, whole = one_run(page, text, n_app)
+                extract = extraction_seconds(server.log(), n_app)
                 floor = forward_once(lm, text)
-                rows.append((first, whole, floor))
-                sys.stderr.write(f"  {n_app} tokens: first {first:.2f} s, page {whole:.2f} s, ")
+                rows.append((first, whole, floor, extract))
+                sys.stderr.write(f"  {n_app} tokens: first {first:.2f} s (extract {extract:.2f}), ")
+                sys.stderr.write(f"page {whole:.2f} s, ")
                 sys.stderr.write(f"forward {floor:.2f} s\n")
-            first, whole, floor = (statistics.median(r[i] for r in rows) for i in range(3))
+            first, whole, floor, extract = (statistics.median(r[i] for r in rows) for i in range(4))
             ratio = statistics.median(r[0] / r[2] for r in rows)
             ratio_page = statistics.median(r[1] / r[2] for r in rows)
             line = (
-                f"| {n} | {first:.2f} s | {whole:.2f} s | {floor:.2f} s | {ratio:.2f}x | "
-                f"{ratio_page:.2f}x | {load0:.2f} → {os.getloadavg()[0]:.2f} |"
+                f"| {n_app} | {first:.2f} s | {extract:.2f} s | {whole:.2f} s | {floor:.2f} s | "
+                f"{ratio:.2f}x | {ratio_page:.2f}x | {load0:.2f} → {os.getloadavg()[0]:.2f} |"
             )
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
