@@ -150,7 +150,8 @@ def token_section(
         _apply_token_click(export.chart(fig, name, key="lines_chart", on_select=True), "lines_chart")
         if n > len(win):
             st.caption(
-                f"Positions {win[0]}–{win[-1]} of {n} around the selected token; far partners below ⋯."
+                f"Positions {win[0]}–{win[-1]} of {n} around the selected token; partners outside "
+                "the window are listed past a ⋯ (above it: earlier, below it: later)."
             )
     with text_tab:
         weights = TV.token_weights(res, layer, tok, head=head, direction=direction, stack=stack)
