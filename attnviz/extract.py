@@ -82,8 +82,9 @@ def _forward_kwargs(lm: LoadedModel) -> dict:
     if "logits_to_keep" in params:
         # The LM head on N positions would cost N x vocab floats: keep the last one. As an index
         # tensor, not the int 1: Gemma 4 reads an int as leave to run its KV-shared layers on the
-        # last position only, and those layers' attention would then have one query row.
-        kwargs["logits_to_keep"] = torch.tensor([-1], device=lm.device)
+        # last position only, and those layers' attention would then have one query row. On the
+        # CPU: it indexes the last hidden states wherever a sharded model leaves them.
+        kwargs["logits_to_keep"] = torch.tensor([-1])
     return kwargs
 
 

@@ -169,21 +169,26 @@ def _no_cache(model: Any) -> dict:
     return {"use_cache": False} if "use_cache" in params else {}
 
 
-def probe(model: Any, encoder_decoder: bool, capture_ok: bool, names: dict[int, str]) -> Probe:
+def probe(
+    model: Any, encoder_decoder: bool, capture_ok: bool, names: dict[int, str], switch: bool | None = None
+) -> Probe:
     """Find the attention sites (eager) and whether the capture path reproduces them exactly.
 
-    ``capture_ok``: the model runs transformers' attention functions (switchable); it is switched
-    to eager for the probe and back to the capture attention afterwards.
+    ``capture_ok``: the model records its attention calls. ``switch`` (default: ``capture_ok``):
+    it runs transformers' attention functions and is switched to eager for the probe and back to
+    the capture attention afterwards; adapted eager-only models (attnviz/adapters) run eager
+    whenever no recorder is active, so they are not switched.
     """
     from . import capture
 
+    switch = capture_ok if switch is None else switch
     inputs = probe_inputs(model, encoder_decoder)
-    if capture_ok:
+    if switch:
         model.set_attn_implementation("eager")
     try:
         sites, eager_probs = find_sites(model, inputs, encoder_decoder)
     finally:
-        if capture_ok:
+        if switch:
             model.set_attn_implementation(capture.IMPLEMENTATION)
     if not any(sites.values()):
         raise ModelHasNoAttention(

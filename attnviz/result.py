@@ -62,7 +62,8 @@ def probs_from_capture(
     bias = None
     if cap.position_bias is not None:
         pb = cap.position_bias[0]
-        bias = (pb[head_idx] if pb.shape[0] > 1 else pb)[:, rows]
+        bias = pb[head_idx] if pb.shape[0] > 1 else pb
+        bias = bias[:, rows] if bias.shape[1] > 1 else bias  # ALiBi: one row (1, key_pos) per head
     mask = None
     if cap.mask is not None:
         m = cap.mask[0]

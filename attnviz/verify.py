@@ -65,7 +65,13 @@ def _additive(cap: CapturedAttention, dtype: torch.dtype) -> torch.Tensor | None
 
 
 def eager_function(module: Any):
-    """The eager attention function of the module's modeling file (None for custom code)."""
+    """The eager attention function of the module's modeling file (None for custom code); an
+    adapted module (attnviz/adapters) names its own."""
+    from .adapters import eager_function as adapted
+
+    own = adapted(module)
+    if own is not None:
+        return own
     return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
 
 

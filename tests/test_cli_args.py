@@ -153,20 +153,18 @@ def test_console_entry_point_runs_the_same_checks():
 
 
 def test_app_runs_streamlit_on_the_shipped_script_with_its_config(monkeypatch, capsys):
-    import subprocess as sp
-
     from attnviz import app_files
 
     seen: dict = {}
 
-    def fake_run(cmd, check=False):
-        seen["cmd"] = cmd
-        return sp.CompletedProcess(cmd, 0)
+    def fake_exec(path, cmd):  # `attnviz app` becomes the server: exec, not a child process
+        seen["path"], seen["cmd"] = path, cmd
 
-    monkeypatch.setattr(sp, "run", fake_run)
+    monkeypatch.setattr(cli.os, "execv", fake_exec)
     code, lines = run_main(capsys, "app", "--port", "8600", "--address", "0.0.0.0")
     assert code == 0 and lines == [f"attnviz: serving {app_files.app_script()} on http://0.0.0.0:8600"]
     cmd = seen["cmd"]
+    assert seen["path"] == sys.executable
     assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and cmd[4] == str(app_files.app_script())
     assert Path(cmd[4]).name == "app.py" and (Path(cmd[4]).parent / "pages").is_dir()
     flags = cmd[5:]

@@ -77,3 +77,27 @@ def test_every_named_refusal_is_a_model_type_transformers_knows():
     from attnviz.loading import config
 
     assert set(config._CANNOT_SHOW) <= set(CONFIG_MAPPING), set(config._CANNOT_SHOW) - set(CONFIG_MAPPING)
+
+
+def test_other_per_layer_attributes_never_raise_from_the_layout():
+    """Any attribute may be per-layer in transformers 5: read globally it raises; the layout then
+    takes it only when every layer agrees (soft-capping here, shown by `attnviz info`)."""
+    from transformers import Gemma2Config
+
+    small = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    same = Gemma2Config(**small, num_hidden_layers=2, attn_logit_softcapping=50.0)
+    differ = Gemma2Config(
+        **small, num_hidden_layers=2, per_layer_config={1: {"attn_logit_softcapping": 30.0}}
+    )
+    assert attention_layout(same).softcap == 50.0
+    assert differ.is_heterogeneous
+    assert attention_layout(differ).softcap is None
+
+
+def test_fewer_key_value_heads_in_some_layers_are_refused():
+    """Gemma 4 checkpoints with ``num_global_key_value_heads`` (26B-A4B: 2) group their query heads
+    differently in the full-attention layers; one layout has one grouping, so attnviz says so."""
+    like_26b = {**archs.EXTRA["gemma4_text"], "attention_k_eq_v": True, "num_global_key_value_heads": 1}
+    cfg = archs._shrink(type(archs.tiny_config("gemma4_text")), like_26b)
+    with pytest.raises(ModelHasNoAttention, match=r"different number of key/value heads .*\(1 / 2\)"):
+        attention_layout(cfg)

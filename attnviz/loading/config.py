@@ -64,10 +64,19 @@ def _text_config(config: PretrainedConfig) -> PretrainedConfig:
 
 def _first(config: PretrainedConfig, *names: str, default=None):
     for n in names:
-        v = getattr(config, n, None)
+        try:
+            v = getattr(config, n, None)
+        except RuntimeError:  # a per-layer attribute of a heterogeneous config: read per layer
+            v = _in_every_layer(config, n)
         if v is not None:
             return v
     return default
+
+
+def _in_every_layer(config: PretrainedConfig, name: str):
+    """The value of per-layer attribute ``name`` when every layer has the same one, else None."""
+    values = [getattr(lc, name, None) for lc in _per_layer(config)]
+    return values[0] if values and all(v == values[0] for v in values) else None
 
 
 def _per_layer(config: PretrainedConfig) -> list[PretrainedConfig]:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .. import capture
+from .. import adapters, capture
 from ..errors import AttnvizError, ModelHasNoAttention, OutOfMemory
 from ..layout import AttentionLayout
 from ..probe import AttentionSite, Probe, probe
@@ -37,6 +37,7 @@ class LoadedModel:
     dtype: torch.dtype
     source: str  # "builtin" | "hub" | "local"
     supports_capture: bool  # the model runs transformers' attention functions (switchable)
+    adapted: bool = False  # eager-only model whose attention modules carry attnviz's adapters
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _names: dict[int, str] | None = field(default=None, repr=False)
     probe: Probe | None = field(default=None, repr=False)  # where each attention layer lives
@@ -44,7 +45,7 @@ class LoadedModel:
     @property
     def fast_exact(self) -> bool:
         """The fast path (captured Q/K, probabilities on demand) reproduces this model exactly."""
-        return self.supports_capture and (self.probe is None or self.probe.fast)
+        return (self.supports_capture or self.adapted) and (self.probe is None or self.probe.fast)
 
     @property
     def name(self) -> str:
@@ -89,7 +90,8 @@ def _eager_model(model: Any) -> Any:
     """The same weights in eager attention. A model that cannot switch its attention at run time
     (Falcon, GPT-J, BLOOM, ...) is rebuilt in eager rather than switched, so its masks are the
     ones eager expects (an SDPA-built mask added to eager scores loses the causal mask)."""
-    if model.config._attn_implementation == "eager":
+    text = model.config.get_text_config()  # a wrapper's language model may run another one
+    if model.config._attn_implementation == "eager" and text._attn_implementation == "eager":
         return model
     param = next(model.parameters())
     fresh = type(model)._from_config(
@@ -135,8 +137,10 @@ def prepare(
     layout = attention_layout(model.config)
     model.eval()
     supports = _use_capture(model, spec)
+    adapted = False
     if not supports:
         model = _eager_model(model)
+        adapted = adapters.install(model) > 0  # GPT-J, Falcon, BLOOM, ...: a fast path of their own
     lm = LoadedModel(
         spec=spec,
         model=model,
@@ -146,9 +150,12 @@ def prepare(
         dtype=dtype or next(model.parameters()).dtype,
         source=source,
         supports_capture=supports,
+        adapted=adapted,
     )
     try:
-        lm.probe = probe(model, layout.kind == "encoder-decoder", supports, lm.module_names)
+        lm.probe = probe(
+            model, layout.kind == "encoder-decoder", supports or adapted, lm.module_names, switch=supports
+        )
     except AttnvizError:
         raise
     except Exception as err:  # noqa: BLE001 - said in a sentence that names the architecture
@@ -162,6 +169,8 @@ def prepare(
             f"this {layout.model_type!r} model failed on a 6-token test input "
             f"({type(err).__name__}: {first}); attnviz cannot show its attention"
         ) from None
+    if not (supports or adapted):
+        lm.probe.why_not_fast = adapters.why_not(layout.model_type) or lm.probe.why_not_fast
     lm.layout = _hybrid_layout(layout, lm.probe.sites)
     if not lm.probe.fast:
         log.info("%s: exact layer-at-a-time path (%s)", spec, lm.probe.why_not_fast)
