@@ -263,6 +263,7 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
         fig=lambda: figure(shown_now()),
         key="head",
         what=f"weights of {res.layout.layer_label(layer)}, head {head}",
+        shape=(len(ax.q_idx), len(ax.k_idx)),
     )
 
 

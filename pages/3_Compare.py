@@ -208,6 +208,7 @@ def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, cmap: str, ch
             fig=lambda: diff_figure(*heads_now()),
             key="cmp",
             what="A, B and A − B of this head",
+            shape=(len(p.labels), len(p.k_labels)),
         )
 
 
