@@ -25,7 +25,7 @@ def main() -> None:
     c1, c2, _ = st.columns([2, 2, 3])
     with c1:
         stack = attention.stack_picker(res.stacks)
-        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+        cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
     with c2:
         log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
         induction = st.toggle(

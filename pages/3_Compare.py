@@ -118,7 +118,7 @@ def side_by_side(res_a, res_b, stack: Stack, p, scores, kv, pair_key, spec_a: st
     with c2:
         head = attention.head_picker(n_heads, kv)
     with c3:
-        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+        cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
 
     side = F.grid_side(n_heads, F.GRID_MAX_CELLS // 2)
     ga, gb, gd, bins = compare.grids(res_a, res_b, layer, stack, p, side, pair_key)

@@ -95,7 +95,7 @@ def main() -> None:
             "'predicting position': the row of the token before it, whose output predicted it.",
         )
     with c3:
-        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+        cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
     with c4:
         log = st.toggle("Log colour", key="log")
 
