@@ -155,7 +155,8 @@ def token_section(
         if n > len(win):
             st.caption(
                 f"Positions {win[0]}–{win[-1]} of {n} around the selected token; partners outside "
-                "the window are listed past a ⋯ (above it: earlier, below it: later)."
+                "the window are listed past a ⋯ with their position, as (position) token "
+                "(above it: earlier, below it: later)."
             )
     with text_tab:
         weights = TV.token_weights(res, layer, tok, head=head, direction=direction, stack=stack)
