@@ -122,3 +122,22 @@ def check_tokens(
         raise OutOfMemory(
             f"{n} tokens need {gib(need)} GiB, {gib(free)} GiB free on {device} — try at most {budget} tokens"
         )
+
+
+# A download the app builds in memory and sends through the browser: past this size the command
+# line or Python is the right tool, not a button.
+DOWNLOAD_LIMIT = 128 * 2**20
+_CELL_BYTES = {"npz": 4, "csv": 11}  # float32; CSV writes "%.6g," per cell
+
+
+def download_refusal(rows: int, cols: int, fmt: str) -> str | None:
+    """None when a ``rows × cols`` matrix as ``fmt`` ("npz" or "csv") fits `DOWNLOAD_LIMIT`;
+    otherwise the sentence to show instead of a download that would exhaust the server."""
+    size = int(rows) * int(cols) * _CELL_BYTES[fmt]
+    if size <= DOWNLOAD_LIMIT:
+        return None
+    return (
+        f"the {fmt.upper()} of {rows:,} × {cols:,} weights would be about {size / 2**20:,.0f} MiB "
+        f"(downloads here go up to {DOWNLOAD_LIMIT // 2**20} MiB): save it with "
+        "`attnviz extract --model … --text … --out file.npz` or from Python (`attnviz.extract`)"
+    )

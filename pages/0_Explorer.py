@@ -16,6 +16,7 @@ from ui import attention, export, longview, models, shell, state, views
 from ui.params import ExplorerParams
 from ui.text import guarded, md
 
+_PENDING_HEAD = "_attnviz_pending_head"  # a head clicked in the grid, applied on the rerun
 STACK_NAMES = {
     "self": "self",
     "encoder": "encoder",
@@ -56,6 +57,8 @@ def view(ref: models.ResultRef) -> None:
     res = models.result(ref)
     if res is None:
         return
+    if _PENDING_HEAD in st.session_state:  # before the head selector is drawn
+        state.put("head", st.session_state.pop(_PENDING_HEAD))
     stack = attention.stack_picker(res.stacks, lambda s: STACK_NAMES.get(s, s))
     n_layers, n_heads = res.n_layers(stack), res.n_heads
     state.clamp("layer", 0, n_layers - 1, "layer")
@@ -108,50 +111,65 @@ def view(ref: models.ResultRef) -> None:
                 help="A long text is drawn in blocks: each block's largest weight (max) or its mean.",
             ) or "max"  # required=True: never None  # fmt: skip
     left, right = st.columns([1, 1], gap="medium")
+    # The big head first when it needs nothing from the grid (log / rank / per head: no shared
+    # maximum): on a long text it is one head to pool where the grid is all of them, so the
+    # first view comes sooner; the grid follows in the left column.
+    head_first = scale != "linear" or choice == "perhead"
+    if head_first:
+        with right:
+            head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, None, how)
     with left:
-        big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
-        spin = st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext()
-        with guarded("pooling the heads") as caught, spin:  # past the free memory: the message
-            img = longview.grid(shown, key, layer, v, ax, side, how)
-        if caught:
-            state.share_box()
-            return
-        pooled, q_lab, k_lab = img.z, img.q_labels, img.k_labels
-        pooled_note = f" · {img.note}" if img.note else ""
-        layer_name = res.layout.layer_label(layer)
-        st.markdown(f"**{layer_name.capitalize()}: all {n_heads} heads**{pooled_note}")
-        if img.caveat:
-            st.caption(img.caveat)
-        if kv:
-            st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
-        head = state.clamp("head", 0, n_heads - 1, "head")
-        shared = choice != "perhead" and scale != "rank" and pooled.size  # one range for grid and big view
-        zmax = float(pooled.max()) if shared else None
-        grid_fig = F.head_grid(
-            pooled,
-            q_lab,
-            k_lab,
-            kv_heads=kv,
-            colorscale=cmap,
-            scale=scale,
-            zmax=zmax,
-            selected=head,
-            pickable=True,
-        )
-        name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}")
-        event = export.chart(grid_fig, name, key="grid_chart", on_select=True)
-        picked = views.clicked(event, "grid_chart")
-        if picked and int(picked[0]) != head:
-            state.put("head", int(picked[0]))
-            st.rerun()  # redraw the grid with the new head framed
-        st.caption("Click a head's corner square to show it big. " + scale_note)
-        export.html_buttons(lambda: [grid_fig], name, key="grid", what="this layer's grid")
-    with right:
-        head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax, how)
+        colour = (choice, scale, scale_note)
+        drawn, zmax = layer_grid(ref, shown, key, stack, layer, v, ax, kv, cmap, colour, side, how)
+    if not drawn:  # past the free memory (the message is shown)
+        state.share_box()
+        return
+    if not head_first:
+        with right:
+            head_view(ref, shown, stack, layer, v, ax, kv, cmap, scale, zmax, how)
     st.subheader("Tokens")
     names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
     views.token_section(ref, shown, stack, layer, int(state.get("head")), names, scale)
     state.share_box()
+
+
+def layer_grid(ref, res, key, stack, layer, v, ax, kv, cmap, colour, side, how) -> tuple[bool, float | None]:
+    """Every head of the layer, the selected one framed; a click on a head's corner square
+    selects it. ``colour`` = (choice, scale, note). Returns (drawn, the shared colour maximum:
+    None when each head has its own range or for rank); not drawn: the message is shown."""
+    choice, scale, scale_note = colour
+    n_heads = res.n_heads
+    big = len(ax.q_idx) * len(ax.k_idx) > 1 << 20
+    spin = st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext()
+    with guarded("pooling the heads") as caught, spin:  # past the free memory: the message
+        img = longview.grid(res, key, layer, v, ax, side, how)
+    if caught:
+        return False, None
+    pooled, q_lab, k_lab = img.z, img.q_labels, img.k_labels
+    pooled_note = f" · {img.note}" if img.note else ""
+    layer_name = res.layout.layer_label(layer)
+    st.markdown(f"**{layer_name.capitalize()}: all {n_heads} heads**{pooled_note}")
+    if img.caveat:
+        st.caption(img.caveat)
+    if kv:
+        st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
+    head = state.clamp("head", 0, n_heads - 1, "head")
+    shared = choice != "perhead" and scale != "rank" and pooled.size  # one range for grid and big view
+    zmax = float(pooled.max()) if shared else None
+    grid_fig = F.head_grid(
+        pooled, q_lab, k_lab, kv_heads=kv, colorscale=cmap, scale=scale, zmax=zmax, selected=head,
+        pickable=True,
+    )  # fmt: skip
+    name = F.figure_name(ref.name, stack if stack != "self" else "", f"L{layer}")
+    event = export.chart(grid_fig, name, key="grid_chart", on_select=True)
+    picked = views.clicked(event, "grid_chart")
+    if picked and int(picked[0]) != head:
+        # the head selector may already be drawn in this run: set it on the rerun
+        st.session_state[_PENDING_HEAD] = int(picked[0])
+        st.rerun()  # redraw the grid with the new head framed
+    st.caption("Click a head's corner square to show it big. " + scale_note)
+    export.html_buttons(lambda: [grid_fig], name, key="grid", what="this layer's grid")
+    return True, zmax
 
 
 def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, zmax, how) -> None:
@@ -245,6 +263,7 @@ def head_view(ref: models.ResultRef, res, stack, layer, v, ax, kv, cmap, scale, 
         fig=lambda: figure(shown_now()),
         key="head",
         what=f"weights of {res.layout.layer_label(layer)}, head {head}",
+        shape=(len(ax.q_idx), len(ax.k_idx)),
     )
 
 

@@ -6,7 +6,7 @@ import streamlit as st
 from attnviz import figures as F
 from attnviz.layout import Stack
 from ui import attention, export, flow, longview, models, shell, state, views
-from ui.params import ExplorerParams, OverviewParams
+from ui.params import SCALE_CHOICES, ExplorerParams, OverviewParams
 from ui.text import guarded, md
 
 SHORT = {"previous_token": "prev. token", "diagonal": "self", "gqa_coherence": "GQA coherence"}
@@ -25,9 +25,9 @@ def main() -> None:
     c1, c2, _ = st.columns([2, 2, 3])
     with c1:
         stack = attention.stack_picker(res.stacks)
-        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+        cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
     with c2:
-        log = st.toggle("Log colour", key="log", help="Colour by log10(weight), to see small weights.")
+        choice = views.scale_picker(SCALE_CHOICES)  # one mosaic, one colour range: no "per head"
         induction = st.toggle(
             "Induction probe",
             value=True,
@@ -36,7 +36,7 @@ def main() -> None:
             "the token after the earlier occurrence (induction heads).",
         )
     explorer = ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack)
-    every_head(lm.spec, res, ref.key, stack, cmap, log, explorer)
+    every_head(lm.spec, res, ref.key, stack, cmap, choice, explorer)
     hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=frame.token)
     if hm is None:
         shell.stop()
@@ -46,9 +46,10 @@ def main() -> None:
 
 
 def every_head(
-    spec: str, res, key: tuple, stack: Stack, cmap: str, log: bool, explorer: ExplorerParams
+    spec: str, res, key: tuple, stack: Stack, cmap: str, choice: str, explorer: ExplorerParams
 ) -> None:
-    """The mosaic of every layer x head; a click on a tile opens that head in the explorer."""
+    """The mosaic of every layer x head on the colour scale ``choice`` (`views.scale_picker`);
+    a click on a tile opens that head in the explorer."""
     n_layers, n_heads = res.n_layers(stack), res.n_heads
     kv = attention.kv_heads(res, stack)
     view = attention.View(stack=stack)
@@ -81,7 +82,7 @@ def every_head(
     st.caption(
         f"{across}. Each tile is one head's attention pattern (queries down, keys across){pooled_note}."
     )
-    scale, note = views.scale_for("auto", len(ax.q_idx), log=log)
+    scale, note = views.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)))
     mosaic = F.model_mosaic(
         images, colorscale=cmap, scale=scale, kv_heads=kv, q_labels=q_bins, k_labels=k_bins, pickable=True,
         layer_names=[res.layout.layer_label(i) for i in range(n_layers)],

@@ -5,8 +5,8 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, compare, export, models, shell, sidebar, state
-from ui.params import COMPARE_MODES, MAX_TEXT_CHARS, CompareParams
+from ui import attention, compare, export, models, shell, sidebar, state, views
+from ui.params import COMPARE_MODES, COMPARE_SCALES, MAX_TEXT_CHARS, CompareParams
 from ui.text import md
 
 TOP = 15
@@ -58,8 +58,8 @@ def main() -> None:
         ent_b, _ = attention.head_metrics(lm_b, res_b, ref_b.key, stack, induction=False, token=frame.token)
     kv = attention.kv_heads(res_a, stack)
     heads_changed(scores, ent_b.entropy - ent_a.entropy, kv, lm_a.spec, pair_key)
-    layer, head, cmap = side_by_side(res_a, res_b, stack, p, scores, kv, pair_key, lm_a.spec, lm_b.spec)
-    one_head(ref_a, ref_b, stack, p, layer, head, cmap, float(scores[layer, head]))
+    layer, head, colour = side_by_side(res_a, res_b, stack, p, scores, kv, pair_key, lm_a.spec, lm_b.spec)
+    one_head(ref_a, ref_b, stack, p, layer, head, colour, float(scores[layer, head]))
     state.share_box()
 
 
@@ -107,18 +107,21 @@ def heads_changed(scores: np.ndarray, d_ent: np.ndarray, kv, spec: str, pair_key
 
 def side_by_side(res_a, res_b, stack: Stack, p, scores, kv, pair_key, spec_a: str, spec_b: str):
     """Layer, head and colour controls, and every head of the layer for A, B and A − B.
-    Returns (layer, head, colour scale)."""
+    Returns (layer, head, (colour map, colour scale)); A and B share one colour range."""
     n_layers, n_heads = scores.shape
     st.subheader("Side by side")
     state.clamp("layer", 0, n_layers - 1, "layer")
     state.clamp("head", 0, n_heads - 1, "head")
-    c1, c2, c3 = st.columns([3, 2, 2])
+    c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
     with c1:
         layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
     with c2:
         head = attention.head_picker(n_heads, kv)
     with c3:
-        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+        cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
+    with c4:  # no "rank" (a percentile per figure) and no "per head": A and B share one range
+        choice = views.scale_picker(COMPARE_SCALES)
+    scale, note = views.scale_for(choice, max(len(p.labels), len(p.k_labels)))
 
     side = F.grid_side(n_heads, F.GRID_MAX_CELLS // 2)
     ga, gb, gd, bins = compare.grids(res_a, res_b, layer, stack, p, side, pair_key)
@@ -127,16 +130,18 @@ def side_by_side(res_a, res_b, stack: Stack, p, scores, kv, pair_key, spec_a: st
     ca, cb = st.columns(2)
     with ca:
         st.markdown(f"**{md(names(spec_a, spec_b)[0])}** · {res_a.layout.layer_label(layer)}")
-        fig_a = F.head_grid(ga, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=cells)
+        fig_a = F.head_grid(ga, bins, kv_heads=kv, colorscale=cmap, scale=scale, zmax=zmax, max_cells=cells)
         export.chart(fig_a, F.figure_name("compare", spec_a, "A", f"L{layer}"), key="grid_a")
     with cb:
         st.markdown(f"**{md(names(spec_a, spec_b)[1])}** · {res_a.layout.layer_label(layer)}")
-        fig_b = F.head_grid(gb, bins, kv_heads=kv, colorscale=cmap, zmax=zmax, max_cells=cells)
+        fig_b = F.head_grid(gb, bins, kv_heads=kv, colorscale=cmap, scale=scale, zmax=zmax, max_cells=cells)
         export.chart(fig_b, F.figure_name("compare", spec_b, "B", f"L{layer}"), key="grid_b")
+    if note:
+        st.caption(note)
     st.markdown(f"**A − B** · {res_a.layout.layer_label(layer)} (red: more weight in A, blue: more in B)")
     fig_d = F.head_grid(gd, bins, kv_heads=kv, diverging=True, max_cells=cells)
     export.chart(fig_d, F.figure_name("compare", spec_a, "diff", f"L{layer}"), key="grid_diff")
-    return layer, head, cmap
+    return layer, head, (cmap, scale)
 
 
 def names(spec_a: str, spec_b: str) -> tuple[str, str]:
@@ -144,8 +149,9 @@ def names(spec_a: str, spec_b: str) -> tuple[str, str]:
     return (spec_a, spec_b) if mode == "two models" else ("A", "B")
 
 
-def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, cmap: str, change: float) -> None:
-    """One head of A and of B next to each other, A − B under them, and the downloads."""
+def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, colour, change: float) -> None:
+    """One head of A and of B next to each other (``colour`` = (map, scale), one range for both),
+    A − B under them, and the downloads."""
     st.markdown(f"**Head {head}, layer {layer}**: change {change:.3f} (TV)")
     if p.m * len(p.ka) > F.SINGLE_MAX_CELLS:
         st.caption(
@@ -174,15 +180,33 @@ def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, cmap: str, ch
         )
 
     ha, hb = heads_now()
+    cmap, scale = colour
+    zmax = float(max(ha.max(), hb.max())) or 1.0
     h1, h2 = st.columns(2)
     with h1:
         f1 = F.head_heatmap(
-            ha, p.labels, p.k_labels, title=name_a, colorscale=cmap, max_cells=cells, height=460
+            ha,
+            p.labels,
+            p.k_labels,
+            title=name_a,
+            colorscale=cmap,
+            scale=scale,
+            zmax=zmax,
+            max_cells=cells,
+            height=460,
         )
         export.chart(f1, F.figure_name("compare", "A", f"L{layer}", f"H{head}"), key="head_a")
     with h2:
         f2 = F.head_heatmap(
-            hb, p.labels, p.k_labels, title=name_b, colorscale=cmap, max_cells=cells, height=460
+            hb,
+            p.labels,
+            p.k_labels,
+            title=name_b,
+            colorscale=cmap,
+            scale=scale,
+            zmax=zmax,
+            max_cells=cells,
+            height=460,
         )
         export.chart(f2, F.figure_name("compare", "B", f"L{layer}", f"H{head}"), key="head_b")
     h3, h4 = st.columns(2)
@@ -208,6 +232,7 @@ def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, cmap: str, ch
             fig=lambda: diff_figure(*heads_now()),
             key="cmp",
             what="A, B and A − B of this head",
+            shape=(len(p.labels), len(p.k_labels)),
         )
 
 

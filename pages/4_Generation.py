@@ -5,8 +5,8 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.extract import Sampling
-from ui import attention, export, shell, state
-from ui.params import GEN_ROWS, GenerationParams
+from ui import attention, export, shell, state, views
+from ui.params import GEN_ROWS, SCALE_CHOICES, GenerationParams
 from ui.text import continuation, md
 
 frame = shell.begin(GenerationParams, text_label="Prompt")
@@ -95,14 +95,15 @@ def main() -> None:
             "'predicting position': the row of the token before it, whose output predicted it.",
         )
     with c3:
-        cmap = st.selectbox("Colour scale", F.COLORSCALES, key="cmap")
+        cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
     with c4:
-        log = st.toggle("Log colour", key="log")
+        choice = views.scale_picker(SCALE_CHOICES)  # rows on one colour range: no "per head"
 
     q = pos if row == "new token" else pos - 1
     causal = stack != "cross"
     n_keys = q + 1 if causal else len(k_tokens)
     kv = attention.kv_heads(res, stack)
+    scale, scale_note = views.scale_for(choice, len(k_tokens))
     rows = res.layer(layer, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys]  # (heads, keys)
     head_names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
     what = "predicting" if row != "new token" else "new token"
@@ -113,11 +114,13 @@ def main() -> None:
         labels_k[:n_keys],
         title=title,
         colorscale=cmap,
-        log=log,
+        scale=scale,
         highlight=q if causal else None,
     )
     name = F.figure_name(spec, f"step{step}", f"L{layer}")
     export.chart(fig, name, key="gen_heads")
+    if scale_note:
+        st.caption(scale_note)
 
     means = np.stack(
         [res.layer(i, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys].mean(0) for i in range(n_layers)]
@@ -128,7 +131,7 @@ def main() -> None:
         labels_k[:n_keys],
         title=f"every layer, mean over heads · query {labels_q[q]}",
         colorscale=cmap,
-        log=log,
+        scale=scale,
     )
     with st.expander("Every layer at this step (mean over heads)", expanded=False):
         export.chart(fig_layers, F.figure_name(spec, f"step{step}", "layers"), key="gen_layers")

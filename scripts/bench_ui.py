@@ -11,7 +11,10 @@ until the first heatmap of the new text is drawn (its Plotly SVG image in the pa
 until the run is over and every chart is drawn. Each repeat uses a fresh text of the same length
 (a different first word: no cache hit), and one plain SDPA forward of the same text is measured in
 this process right after each browser run (the server is idle then); ratios are medians of the
-per-repeat ratios. Results go into docs/benchmarks.md between the ui-browser markers.
+per-repeat ratios. On a shared machine wall-clock ratios move with the load, so the same ratio is
+also given in CPU time: the server process's CPU seconds from the key press to the first view
+over the bench process's CPU seconds for the forward. Results go into docs/benchmarks.md between
+the ui-browser markers.
 
 Runs app.py in Streamlit's AppTest (the real script, in-process) on the built-in smollm2-135m.
 The first run extracts (cached); then the head selector changes `--repeats` times and each rerun is

@@ -7,6 +7,7 @@ The server and Chromium come from tests/server.py (the same helpers the browser 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import psutil  # noqa: E402
 from server import chromium, script_runs, streamlit_server, wait_idle  # noqa: E402
 
 import attnviz  # noqa: E402
@@ -44,10 +46,19 @@ FIRST_VIEW_JS = """([n, rows]) => {
 }"""
 
 HEADER = (
-    "| N tokens | first view (submit → first heatmap drawn) | whole page drawn | one plain forward | "
-    "first view / forward | whole page / forward | load (1-min avg) before → after |\n"
-    "|---|---|---|---|---|---|---|"
+    "| N tokens | first view (submit → first heatmap drawn) | of which extraction (server log) | "
+    "whole page drawn | one plain forward | first view / forward | whole page / forward | "
+    "first view / forward in CPU time (server process / bench process) | "
+    "load (1-min avg) before → after |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
+
+
+def extraction_seconds(log: str, n: int) -> float:
+    """The server's own time for the last extraction of ``n`` tokens (attnviz.extract logs it;
+    with the self-check, which runs up to 1,024 tokens, inside it)."""
+    found = re.findall(rf"extract model=\S+ tokens={n} path=\S+ seconds=([0-9.]+)", log)
+    return float(found[-1]) if found else float("nan")
 
 
 def texts(lm: attnviz.LoadedModel, n: int, repeats: int) -> list[tuple[str, int]]:
@@ -66,28 +77,35 @@ def texts(lm: attnviz.LoadedModel, n: int, repeats: int) -> list[tuple[str, int]
     return out
 
 
-def forward_once(lm: attnviz.LoadedModel, text: str) -> float:
-    """One plain SDPA forward of ``text`` as the app tokenizes it (no capture)."""
+def forward_once(lm: attnviz.LoadedModel, text: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of one plain SDPA forward of ``text`` as the app tokenizes it (no
+    capture; CPU = this process, every thread)."""
     run = _floor(lm, list(tokenize(lm, text)[0]))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     run()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def one_run(page, text: str, n: int) -> tuple[float, float]:
-    """(first view, whole page) seconds for one submit of ``text`` (``n`` tokens in the app)."""
+def cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def one_run(page, text: str, n: int, server: psutil.Process) -> tuple[float, float, float]:
+    """(first view, whole page, server CPU until the first view) seconds for one submit of
+    ``text`` (``n`` tokens in the app)."""
     before = script_runs(page)
     page.evaluate(MARK_JS)
     box = page.locator('[data-testid="stSidebar"] textarea').first
     box.fill(text)  # a paste: one input event
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds(server)
     box.press("Control+Enter")
     done = page.wait_for_function(FIRST_VIEW_JS, arg=[n, 64], timeout=900_000, polling="raf")
-    first = time.perf_counter() - t0
+    first, cpu = time.perf_counter() - t0, cpu_seconds(server) - c0
     if str(done.json_value()).startswith("error"):
         raise RuntimeError(f"the app showed an error: {done.json_value()}")
     wait_idle(page, 900_000, after=before)
-    return first, time.perf_counter() - t0
+    return first, time.perf_counter() - t0, cpu
 
 
 def run_browser(lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path, no_write: bool) -> int:
@@ -106,17 +124,21 @@ def run_browser(lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path,
             # the first forward of a size pays one-off allocations in each process: warm both up
             forward_once(lm, texts(lm, n, 1)[0][0])
             for text, n_app in texts(lm, n, repeats):
-                first, whole = one_run(page, text, n_app)
-                floor = forward_once(lm, text)
-                rows.append((first, whole, floor))
-                sys.stderr.write(f"  {n_app} tokens: first {first:.2f} s, page {whole:.2f} s, ")
-                sys.stderr.write(f"forward {floor:.2f} s\n")
-            first, whole, floor = (statistics.median(r[i] for r in rows) for i in range(3))
+                first, whole, cpu = one_run(page, text, n_app, psutil.Process(server.pid))
+                extract = extraction_seconds(server.log(), n_app)
+                floor, floor_cpu = forward_once(lm, text)
+                rows.append((first, whole, floor, extract, cpu / floor_cpu))
+                sys.stderr.write(f"  {n_app} tokens: first {first:.2f} s (extract {extract:.2f}), ")
+                sys.stderr.write(f"page {whole:.2f} s, ")
+                sys.stderr.write(f"forward {floor:.2f} s, CPU ratio {cpu / floor_cpu:.2f}\n")
+            first, whole, floor, extract = (statistics.median(r[i] for r in rows) for i in range(4))
             ratio = statistics.median(r[0] / r[2] for r in rows)
             ratio_page = statistics.median(r[1] / r[2] for r in rows)
+            ratio_cpu = statistics.median(r[4] for r in rows)
             line = (
-                f"| {n} | {first:.2f} s | {whole:.2f} s | {floor:.2f} s | {ratio:.2f}x | "
-                f"{ratio_page:.2f}x | {load0:.2f} → {os.getloadavg()[0]:.2f} |"
+                f"| {n_app} | {first:.2f} s | {extract:.2f} s | {whole:.2f} s | {floor:.2f} s | "
+                f"{ratio:.2f}x | {ratio_page:.2f}x | {ratio_cpu:.2f}x | "
+                f"{load0:.2f} → {os.getloadavg()[0]:.2f} |"
             )
             sys.stdout.write(line + "\n")
             sys.stdout.flush()

@@ -106,3 +106,33 @@ def test_two_models_with_different_layouts_compare_matched_statistics(env):
     assert z_of(heatmaps(sim)[0]).shape == (4, 3)  # 4 heads x 3 layers of A, each its best r in B
     assert len(at.dataframe[0].value) == 12
     assert at.text_area(key="text").value == TEXT  # the page keeps serving
+
+
+def test_one_colour_scale_control_auto_by_length_and_log(env):
+    """Compare has the explorer's "Colour scale" without "rank" and "per head" (A and B share one
+    range): auto is linear on short texts, log past 300 tokens (said in a caption); on log the
+    A and B grids hold log10 of the engine's aligned weights."""
+    at = new_app(PAGE, model=TINY, text=TEXT, text2=OTHER_TEXT, layer=1).run()
+    ok(at)
+    box = at.selectbox(key="scale")
+    assert box.label == "Colour scale" and box.value == "auto"
+    assert box.options == ["auto (log₁₀ past 300 tokens)", "linear", "log₁₀"]
+    grids = [s for s in specs(at) if len(heatmaps(s)) == 4]
+    assert grids[0]["layout"]["coloraxis"]["cmin"] == 0
+    assert grids[0]["layout"]["coloraxis"]["cmax"] == grids[1]["layout"]["coloraxis"]["cmax"]
+    box.set_value("log").run()
+    ok(at)
+    assert at.query_params["scale"] == "log"
+    ra, rb = engine(TEXT), engine(OTHER_TEXT)
+    al = align.align_tokens(ra.tokens, rb.tokens)
+    a, b = align.aligned(ra.layer(1), al.a), align.aligned(rb.layer(1), al.b)
+    grids = [s for s in specs(at) if len(heatmaps(s)) == 4]
+    for h in range(4):
+        np.testing.assert_allclose(z_of(heatmaps(grids[0])[h]), np.log10(np.maximum(a[h], 1e-5)), atol=1e-5)
+        np.testing.assert_allclose(z_of(heatmaps(grids[1])[h]), np.log10(np.maximum(b[h], 1e-5)), atol=1e-5)
+    long_text = "the river bank and the money bank are not the same bank at all " * 30
+    at = new_app(PAGE, model=TINY, text=long_text, text2=long_text + " bank").run()
+    ok(at)
+    grids = [s for s in specs(at) if len(heatmaps(s)) == 4]
+    assert grids[0]["layout"]["coloraxis"]["cmin"] == -5
+    assert any("Auto colour scale: colour is log₁₀" in c.value for c in at.caption)

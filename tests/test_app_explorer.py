@@ -289,6 +289,33 @@ def test_downloads_and_png_name(env):
     assert config["toImageButtonOptions"]["filename"] == "attnviz_tiny-llama-gqa_L1_H2"
 
 
+def test_a_download_past_the_limit_is_disabled_with_what_to_use(env):
+    from attnviz import limits
+
+    n = len(labels(TEXT))
+    # the head's NPZ is n × n float32: a limit just below it refuses, one at it allows
+    env.setattr(limits, "DOWNLOAD_LIMIT", n * n * 4 - 1)
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    npz = next(b for b in at.get("download_button") if b.label == "⬇ NPZ")
+    assert npz.proto.disabled
+    said = [c.value for c in at.caption if f"NPZ of {n:,} × {n:,} weights" in c.value]
+    assert said and "attnviz extract" in said[0]
+    env.setattr(limits, "DOWNLOAD_LIMIT", n * n * 4)
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
+    npz = next(b for b in at.get("download_button") if b.label == "⬇ NPZ")
+    assert not npz.proto.disabled and not any("weights would be" in c.value for c in at.caption)
+
+
+def test_download_refusal_sizes():
+    from attnviz import limits
+
+    assert limits.download_refusal(5792, 5792, "npz") is None  # 128 MiB of float32
+    msg = limits.download_refusal(8192, 8192, "npz")
+    assert msg is not None and "8,192 × 8,192" in msg and "256 MiB" in msg and "128 MiB" in msg
+    assert limits.download_refusal(4000, 4000, "csv") is not None  # 11 bytes a cell
+
+
 def test_export_helpers_round_trip():
     from ui import export
 

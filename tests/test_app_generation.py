@@ -100,3 +100,29 @@ def test_continuation_markdown_is_text_never_markup():
     assert continuation("1. a", ["b"], 0).startswith("1\\. a") and continuation("- a", [], 0).startswith(
         "\\- a"
     )
+
+
+def test_one_colour_scale_control_auto_by_length_and_old_log_links(env):
+    """Generation has the explorer's "Colour scale" (no "Log colour", no "per head"): auto is
+    linear on a short prompt, log past 300 tokens (said in a caption); an old ``log=1`` link
+    opens on log and the rows drawn are log10 of the engine's weights."""
+    at = new_app(PAGE, model=TINY, text=TEXT, k=2).run()
+    ok(at)
+    assert [t.key for t in at.toggle if "colour" in t.label.lower()] == []
+    box = at.selectbox(key="scale")
+    assert box.label == "Colour scale" and box.value == "auto"
+    assert box.options == ["auto (log₁₀ past 300 tokens)", "linear", "log₁₀", "rank (percentile)"]
+    assert specs(at)[0]["layout"]["coloraxis"]["cmin"] == 0
+    long_prompt = "the river bank and the money bank are not the same bank at all " * 30
+    at = new_app(PAGE, model=TINY, text=long_prompt, k=1).run()
+    ok(at)
+    assert specs(at)[0]["layout"]["coloraxis"]["cmin"] == -5
+    assert any("Auto colour scale: colour is log₁₀" in c.value for c in at.caption)
+    at = new_app(PAGE, model=TINY, text=TEXT, k=2, log=1).run()
+    ok(at)
+    assert at.selectbox(key="scale").value == "log"
+    assert at.query_params["scale"] == "log" and "log" not in at.query_params
+    res = engine(2)
+    q = next(i for i, g in enumerate(res.tokens.generated) if g)
+    want = res.layer(0, rows=slice(q, q + 1))[:, 0, : q + 1]
+    np.testing.assert_allclose(z_of(heatmaps(specs(at)[0])[0]), np.log10(np.maximum(want, 1e-5)), atol=1e-5)

@@ -77,3 +77,47 @@ def test_metric_link_param_and_encoder_decoder_stacks(env):
     assert not any("`metric`" in w.value for w in at.warning), [w.value for w in at.warning]
     assert any("Metric 'induction' is not available here" in w.value for w in at.warning)
     assert at.selectbox(key="metric").value == "entropy"
+
+
+LONG_WORDS = "the river bank and the money bank are not the same bank at all " * 30  # > 300 tokens
+
+
+def log10(w: np.ndarray) -> np.ndarray:
+    return np.clip(np.log10(np.maximum(w, 1e-5)), -5, 0)
+
+
+def test_one_colour_scale_control_auto_by_length_and_old_log_links(env):
+    """The overview has the explorer's "Colour scale" (no "Log colour" switch, no "per head":
+    one mosaic, one range); auto is linear on a short text and log past 300 tokens, said in a
+    caption; an old ``log=1`` link opens on log, and the mosaic then holds log10 of the engine's
+    weights (each tile one head, the tiny text unpooled)."""
+    from ui.params import OverviewParams
+
+    at = new_app(PAGE, model=TINY, text=TEXT, induction=0).run()
+    ok(at)
+    assert [t.key for t in at.toggle if "colour" in t.label.lower()] == []
+    box = at.selectbox(key="scale")
+    assert box.label == "Colour scale" and box.value == "auto"
+    assert box.options == ["auto (log₁₀ past 300 tokens)", "linear", "log₁₀", "rank (percentile)"]
+    assert specs(at)[0]["layout"]["coloraxis"]["cmin"] == 0  # linear weights
+    assert not any("Auto colour scale" in c.value for c in at.caption)
+    at = new_app(PAGE, model=TINY, text=LONG_WORDS, induction=0).run()
+    ok(at)
+    assert specs(at)[0]["layout"]["coloraxis"]["cmin"] == -5  # log10 axis
+    assert any("Auto colour scale: colour is log₁₀" in c.value for c in at.caption)
+    at = new_app(PAGE, model=TINY, text=TEXT, log=1, induction=0).run()
+    ok(at)
+    assert at.selectbox(key="scale").value == "log"
+    assert at.query_params["scale"] == "log" and "log" not in at.query_params
+    import tiny
+
+    res = attnviz.extract(tiny.loaded("llama-gqa"), TEXT)
+    canvas, n = z_of(heatmaps(specs(at)[0])[0]), res.n_tokens
+    side = (canvas.shape[1] + 1) // 4 - 1  # 3 layers down, 4 heads across, one-pixel gaps
+    assert side == n  # short text: each tile is the head itself
+    for layer in range(3):
+        for h in range(4):
+            tile = canvas[layer * (n + 1) : layer * (n + 1) + n, h * (n + 1) : h * (n + 1) + n]
+            np.testing.assert_allclose(tile, log10(res.head(layer, h)), atol=1e-5)
+    assert OverviewParams.from_query({"log": "1", "scale": "rank"})[0].scale == "rank"
+    assert OverviewParams.from_query({"log": "0"})[0].scale == "auto"

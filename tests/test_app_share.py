@@ -14,16 +14,31 @@ LINKS = {
         model=TINY, text=TEXT, stack="self", layer=2, head=1, cmap="Magma", scale="perhead", nosink=True
     ),
     "pages/1_Model_overview.py": P.OverviewParams(
-        model=TINY, text=TEXT, stack="self", cmap="Blues", log=True, metric="sink"
+        model=TINY, text=TEXT, stack="self", cmap="Blues", scale="rank", metric="sink"
     ),
     "pages/2_From_scratch.py": P.ScratchParams(
         model=TINY, text=TEXT, layer=1, head=3, wstep="scores_raw", change="no mask"
     ),
     "pages/3_Compare.py": P.CompareParams(
-        model=TINY, text=TEXT, text2="the bank of the lazy dog", stack="self", layer=2, head=3, cmap="Greys"
+        model=TINY,
+        text=TEXT,
+        text2="the bank of the lazy dog",
+        stack="self",
+        layer=2,
+        head=3,
+        cmap="Greys",
+        scale="linear",
     ),
     "pages/4_Generation.py": P.GenerationParams(
-        model=TINY, text=TEXT, k=3, stack="self", gstep=2, layer=1, grow="predicting position", cmap="Inferno"
+        model=TINY,
+        text=TEXT,
+        k=3,
+        stack="self",
+        gstep=2,
+        layer=1,
+        grow="predicting position",
+        cmap="Inferno",
+        scale="log",
     ),
     "toy": P.ScratchParams(mode="toy", toy_d=64, toy_h=8, toy_n=12, toy_causal=False, toy_seed=7, head=5),
 }

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from server import OUTPUT, alerts, chromium, reran, streamlit_server, wait_idle
+from server import OUTPUT, alerts, chromium, reran, run_session, streamlit_server, wait_idle
 
 from ui.params import AtlasParams, CompareParams, ExplorerParams, OverviewParams
 
@@ -191,6 +191,25 @@ def test_long_text_views(server, page):
     assert re.search(r"smollm2-135m · layer 5 · head 2", head_title(page))
     titles_fit(page)
     screenshot(page, "views_explorer_n2000")
+
+
+def test_the_first_view_of_a_long_text_is_the_big_head(server):
+    """Past 300 tokens (log colour: the big head needs no maximum from the grid) the server sends
+    the big head before the grid, whose pooling covers every head: the first heatmap a person
+    sees comes sooner. A short text (linear, one shared range) sends the grid first."""
+    import urllib.parse
+
+    def first_figure(text: str) -> dict:
+        query = urllib.parse.urlencode(ExplorerParams(text=text, head=4).to_query().params)
+        run = run_session(server.url, query, timeout=600)
+        assert run.status == "FINISHED_SUCCESSFULLY" and not run.exceptions, run
+        return run.figures[0]
+
+    long_first = first_figure(SENTENCE * 12)  # ~420 tokens
+    assert "layer 0 · head 4" in long_first["layout"].get("title", {}).get("text", "")
+    assert len(long_first["data"]) == 1
+    short_first = first_figure(SENTENCE)
+    assert len([t for t in short_first["data"] if t["type"] == "heatmap"]) == 9  # the grid
 
 
 def test_compare_and_atlas_screens(server, page):

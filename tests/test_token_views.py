@@ -90,6 +90,29 @@ def test_token_lines_window_lists_far_keys_after_a_gap():
     assert F.payload_bytes(fig) < 200_000  # bounded at any N
 
 
+def test_far_partners_are_labelled_with_their_position():
+    """A partner outside the window (past the ⋯) says where the link goes: "(position) token",
+    on both sides of the window, and its line ends at that label; tokens inside the window keep
+    the bare token (their position is the row beside them). The hover names each token once."""
+    n = 3000
+    display = [f"t{i}" for i in range(n)]
+    display[0], display[2999] = "<s>", "<end>"
+    rows = np.full((2, 5, n), 1e-6, dtype=np.float32)
+    rows[0, :, 0] = 0.9  # head 0: a sink before the window
+    rows[1, :, 2999] = 0.8  # head 1: a partner after it
+    positions = list(range(1500, 1505))
+    fig = F.token_lines(rows, display, positions, top_k=1)
+    right = by_name(fig, "key tokens")
+    label = dict(zip([c[0] for c in right["customdata"]], right["text"], strict=True))
+    assert label[0] == "(0) &lt;s&gt;" and label[2999] == "(2999) &lt;end&gt;"
+    assert [label[p] for p in positions] == [f"t{p}" for p in positions]
+    assert right["hovertext"][0] == "&lt;s&gt;" and "%{hovertext}" in right["hovertemplate"]
+    y_of = dict(zip([c[0] for c in right["customdata"]], right["y"], strict=True))
+    ends = {round(b, 6) for _, _, b in lines_of(fig)}
+    assert ends == {y_of[0], y_of[2999]}  # every line ends at a labelled far partner
+    assert y_of[0] < min(y_of[p] for p in positions) < max(y_of[p] for p in positions) < y_of[2999]
+
+
 def test_token_text_colours_are_the_weights_and_click_targets_are_positions():
     w = np.array([0.5, 0.1, 0.3, 0.1], dtype=np.float32)
     disp = ["<i>x</i>", "b", "c↵", "d"]

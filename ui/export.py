@@ -12,6 +12,8 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
+from attnviz import limits
+
 HTML_PLOTLYJS: bool | str = True  # embed plotly.js: the file opens offline
 
 
@@ -95,22 +97,26 @@ def downloads(
     fig: go.Figure | Callable[[], go.Figure],
     key: str,
     what: str = "attention",
+    shape: tuple[int, int] | None = None,
 ) -> None:
     """Three download buttons (data made only when clicked; no rerun).
 
     The callables outlive the run (Streamlit keeps them until the session ends): they should hold
     a `ui.models.ResultRef` and small values, never a result (see `ui.models`). ``fig`` may be a
-    callable that rebuilds the figure."""
+    callable that rebuilds the figure. ``shape`` (rows, cols) of the NPZ's matrix: past the
+    engine's download limit the NPZ button is disabled and a caption says what to use instead."""
     build = fig if callable(fig) else (lambda: fig)
+    refused = None if shape is None else limits.download_refusal(*shape, "npz")
     c1, c2, c3 = st.columns(3)
     c1.download_button(
         "⬇ NPZ",
-        data=npz,
+        data=b"" if refused else npz,
+        disabled=refused is not None,
         file_name=f"{name}.npz",
         mime="application/octet-stream",
         key=f"{key}_npz",
         on_click="ignore",
-        help=f"The {what} as float32 arrays with the tokens (numpy.load).",
+        help=refused or f"The {what} as float32 arrays with the tokens (numpy.load).",
     )
     c2.download_button(
         "⬇ CSV",
@@ -130,3 +136,5 @@ def downloads(
         on_click="ignore",
         help="This figure as a standalone interactive HTML file (opens offline).",
     )
+    if refused:
+        st.caption(refused[0].upper() + refused[1:] + ".")

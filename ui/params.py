@@ -44,9 +44,11 @@ GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
 SCALE_CHOICES: tuple[str, ...] = ("auto", *SCALES)
-# The explorer's one colour control: a scale, or "perhead" (auto's scale, each head its own range).
+# Every page's one colour control ("Colour scale"), with the options that make sense there:
+# the explorer adds "perhead" (auto's scale, each head its own range); Compare leaves out "rank"
+# (a percentile per figure: the same colour would mean different weights in A and in B).
 EXPLORER_SCALES: tuple[str, ...] = (*SCALE_CHOICES, "perhead")
-LEGACY_SCALE_SWITCHES = {"log": "log", "perhead": "perhead"}  # old links' switches -> their scale
+COMPARE_SCALES: tuple[str, ...] = tuple(s for s in SCALE_CHOICES if s != "rank")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +146,25 @@ def unpack_text(raw: str) -> str:
         raise ValueError("not a compressed text (copy the whole link)") from None
 
 
+def _legacy_scale(
+    parsed: Any, applied: set[str], problems: list[Problem], query: Mapping[str, str]
+) -> tuple[Any, set[str]]:
+    """Links made before the one colour control carried switches (``log=1``, the explorer's
+    ``perhead=1``) instead of ``scale``: a switch that is on becomes the scale (a link with
+    ``scale`` keeps it; with several on, the last of `Params.LEGACY_SCALE`)."""
+    for name, scale in type(parsed).LEGACY_SCALE.items():
+        if name not in query or "scale" in query:
+            continue
+        try:
+            on = _bool(query[name])
+        except ValueError as err:
+            problems.append(Problem(name, query[name], str(err), parsed.scale))
+            continue
+        if on:
+            parsed, applied = parsed.replace(scale=scale), applied | {"scale"}
+    return parsed, applied
+
+
 def p(default: Any, parse: Callable[[str], Any], *, packed: str = "") -> Any:
     """A parameter field: its default, its parser and, for texts, the compressed twin's name."""
     return field(default=default, metadata={"parse": parse, "packed": packed})
@@ -177,6 +198,8 @@ class Params:
     """The parameters every page shares: model, text and the chat template switch."""
 
     PAGE: ClassVar[str] = ""
+    # switches of links made before the one colour control -> the scale each meant when on
+    LEGACY_SCALE: ClassVar[dict[str, str]] = {}
 
     model: str = p(attnviz.DEFAULT_MODEL, _spec)
     text: str = p(DEFAULT_TEXT, _text, packed="tz")
@@ -211,7 +234,10 @@ class Params:
                     applied.add(f.name)
                 except ValueError as err:
                     problems.append(Problem(name, query[name], str(err), _dump(values[f.name])))
-        return cls(**values), applied, problems
+        parsed = cls(**values)
+        if cls.LEGACY_SCALE:
+            parsed, applied = _legacy_scale(parsed, applied, problems, query)
+        return parsed, applied, problems
 
     def to_query(self, budget: int = LINK_BUDGET) -> Query:
         """The link form: every parameter; a long text compressed, and left out (named in
@@ -242,6 +268,7 @@ class Params:
 @dataclass(frozen=True)
 class ExplorerParams(Params):
     PAGE: ClassVar[str] = "Explorer"
+    LEGACY_SCALE: ClassVar[dict[str, str]] = {"log": "log", "perhead": "perhead"}
 
     stack: str = p("", _choice(STACKS))
     layer: int = p(0, _int())
@@ -261,34 +288,15 @@ class ExplorerParams(Params):
     zk: int = p(0, _int())  # its first key position
     zn: int = p(256, _int(8, 632))  # its side (tokens)
 
-    @classmethod
-    def from_query(
-        cls, query: Mapping[str, str], base: Self | None = None
-    ) -> tuple[Self, set[str], list[Problem]]:
-        """As `Params.from_query`; links made before the one colour control carried the switches
-        ``log=1`` / ``perhead=1`` beside ``scale``: a switch that is on becomes the scale (a link
-        with ``scale`` keeps it; with both switches on, per head)."""
-        parsed, applied, problems = super().from_query(query, base)
-        for name, scale in LEGACY_SCALE_SWITCHES.items():
-            if name not in query or "scale" in query:
-                continue
-            try:
-                on = _bool(query[name])
-            except ValueError as err:
-                problems.append(Problem(name, query[name], str(err), parsed.scale))
-                continue
-            if on:
-                parsed, applied = parsed.replace(scale=scale), applied | {"scale"}
-        return parsed, applied, problems
-
 
 @dataclass(frozen=True)
 class OverviewParams(Params):
     PAGE: ClassVar[str] = "Model overview"
+    LEGACY_SCALE: ClassVar[dict[str, str]] = {"log": "log"}
 
     stack: str = p("", _choice(STACKS))
     cmap: str = p("Viridis", _choice(COLORSCALES))
-    log: bool = p(False, _bool)
+    scale: str = p("auto", _choice(SCALE_CHOICES))  # auto: log past LONG_TEXT_TOKENS tokens
     metric: str = p("entropy", _choice(METRICS))
     pool: str = p("max", _choice(POOLS))  # how a long text's blocks are pooled: max or mean
 
@@ -320,11 +328,13 @@ class CompareParams(Params):
     layer: int = p(0, _int())
     head: int = p(0, _int())
     cmap: str = p("Viridis", _choice(COLORSCALES))
+    scale: str = p("auto", _choice(COMPARE_SCALES))
 
 
 @dataclass(frozen=True)
 class GenerationParams(Params):
     PAGE: ClassVar[str] = "Generation"
+    LEGACY_SCALE: ClassVar[dict[str, str]] = {"log": "log"}
 
     k: int = p(8, _int(1, 64))
     stack: str = p("", _choice(STACKS))
@@ -336,7 +346,7 @@ class GenerationParams(Params):
     topp: float = p(0.95, _float(0.01, 1.0))
     seed: int = p(0, _int(0, 2**31 - 1))
     cmap: str = p("Viridis", _choice(COLORSCALES))
-    log: bool = p(False, _bool)
+    scale: str = p("auto", _choice(SCALE_CHOICES))
 
 
 @dataclass(frozen=True)

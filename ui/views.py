@@ -30,13 +30,20 @@ _SEEN = "_attnviz_seen_clicks"
 _PENDING_TOK = "_attnviz_pending_tok"
 
 
-def scale_for(choice: str, n_tokens: int, *, log: bool = False) -> tuple[str, str]:
+SCALE_HELP = {
+    "auto": f"auto: linear weights for short texts, log₁₀ past {F.LONG_TEXT_TOKENS} tokens (where every "
+    "weight is ~1/N)",
+    "linear": "linear: the weight itself",
+    "log": "log₁₀: small weights visible at any length",
+    "rank": "rank: each weight's percentile among those drawn",
+    "perhead": "per head: auto's scale, each head on its own range (the others share one range)",
+}
+
+
+def scale_for(choice: str, n_tokens: int) -> tuple[str, str]:
     """(scale to draw, note for the page) for a choice of `scale_picker`. "auto" is log past
     `F.LONG_TEXT_TOKENS` tokens (a linear scale looks empty there); "perhead" is auto's scale with
-    each head on its own range (the caller drops the shared maximum). ``log`` (the overview's
-    "Log colour" switch) means log whatever the choice."""
-    if log:
-        return "log", F.scale_note("log", n_tokens)
+    each head on its own range (the caller drops the shared maximum)."""
     if choice in ("auto", "perhead"):
         scale = F.default_scale(n_tokens)
         note = F.scale_note(scale, n_tokens)
@@ -47,21 +54,18 @@ def scale_for(choice: str, n_tokens: int, *, log: bool = False) -> tuple[str, st
     return choice, F.scale_note(choice, n_tokens)
 
 
-def scale_picker(key: str = "scale") -> str:
-    """The explorer's one colour control: auto / linear / log / rank / per head. One colour
-    range for the grid and the big view, except "per head". A selectbox: five segments do not fit
-    the controls' column."""
-    state.choose(key, list(EXPLORER_SCALES), "colour scale")
+def scale_picker(options: Sequence[str] = EXPLORER_SCALES, key: str = "scale") -> str:
+    """Every page's one colour control ("Colour scale"): ``options`` are those that make sense on
+    the page (`ui.params`: the explorer's five, "per head" only where a page draws several heads on
+    their own ranges). A selectbox: five segments do not fit the controls' column."""
+    state.choose(key, list(options), "colour scale")
     return str(
         st.selectbox(
             "Colour scale",
-            list(EXPLORER_SCALES),
+            list(options),
             key=key,
             format_func=lambda s: SCALE_NAMES.get(s, s),
-            help="auto: linear weights for short texts, log₁₀ past "
-            f"{F.LONG_TEXT_TOKENS} tokens (where every weight is ~1/N); log₁₀: small weights "
-            "visible at any length; rank: each weight's percentile among those drawn; per head: "
-            "auto's scale, each head on its own range (the others share one range).",
+            help="; ".join(SCALE_HELP[o] for o in options) + ".",
         )
     )
 
@@ -150,7 +154,9 @@ def token_section(
         _apply_token_click(export.chart(fig, name, key="lines_chart", on_select=True), "lines_chart")
         if n > len(win):
             st.caption(
-                f"Positions {win[0]}–{win[-1]} of {n} around the selected token; far partners below ⋯."
+                f"Positions {win[0]}–{win[-1]} of {n} around the selected token; partners outside "
+                "the window are listed past a ⋯ with their position, as (position) token "
+                "(above it: earlier, below it: later)."
             )
     with text_tab:
         weights = TV.token_weights(res, layer, tok, head=head, direction=direction, stack=stack)

@@ -2,9 +2,9 @@
 coloured by attention. Tokens are text: every label is HTML-escaped.
 
 Both work at any N: the lines show a window of rows and the top-k links of each row per head
-(keys outside the window are listed below a "⋯" gap), and the coloured text shows a window of
-tokens around the selected one. Token markers carry their position as ``customdata`` so a click
-is a selection event that names the token.
+(keys outside the window are listed past a "⋯" gap, each labelled "(position) token"), and the
+coloured text shows a window of tokens around the selected one. Token markers carry their
+position as ``customdata`` so a click is a selection event that names the token.
 """
 
 from __future__ import annotations
@@ -127,18 +127,23 @@ def token_lines(
             )
         )
 
+    in_window = set(row_positions)
+
     def column(x: float, positions: list[int], ys: list[float], side: str, role: str) -> go.Scatter:
         emph = [selected is None or p == selected for p in positions]
+        tokens = [escape(display[p]) for p in positions]
         return go.Scatter(
             x=[x] * len(positions),
             y=ys,
             mode="markers+text",
-            text=[escape(display[p]) for p in positions],
+            # a partner outside the window (past a ⋯) is labelled with its position: where the link goes
+            text=[t if p in in_window else f"({p}) {t}" for p, t in zip(positions, tokens, strict=True)],
+            hovertext=tokens,
             textposition=f"middle {side}",
             textfont=dict(size=12, color=["#111" if e else "#999" for e in emph]),
             marker=dict(size=7, color=["#e4002b" if p == selected else "#777" for p in positions]),
             customdata=[[p] for p in positions],
-            hovertemplate=f"{role} (%{{customdata[0]}}) %{{text}}<extra></extra>",
+            hovertemplate=f"{role} (%{{customdata[0]}}) %{{hovertext}}<extra></extra>",
             name=f"{role} tokens",
             showlegend=False,
         )

@@ -90,7 +90,8 @@ def _eager_model(model: Any) -> Any:
     """The same weights in eager attention. A model that cannot switch its attention at run time
     (Falcon, GPT-J, BLOOM, ...) is rebuilt in eager rather than switched, so its masks are the
     ones eager expects (an SDPA-built mask added to eager scores loses the causal mask)."""
-    if model.config._attn_implementation == "eager":
+    text = model.config.get_text_config()  # a wrapper's language model may run another one
+    if model.config._attn_implementation == "eager" and text._attn_implementation == "eager":
         return model
     param = next(model.parameters())
     fresh = type(model)._from_config(
