@@ -138,6 +138,6 @@ def download_refusal(rows: int, cols: int, fmt: str) -> str | None:
         return None
     return (
         f"the {fmt.upper()} of {rows:,} × {cols:,} weights would be about {size / 2**20:,.0f} MiB "
-        f"(downloads here go up to {DOWNLOAD_LIMIT // 2**20} MiB): save it with "
-        "`attnviz extract --model … --text … --out file.npz` or from Python (`attnviz.extract`)"
+        f"(downloads here go up to {DOWNLOAD_LIMIT // 2**20} MiB): save it from Python, "
+        "`numpy.save(path, attnviz.extract(model, text).head(layer, head))`"
     )

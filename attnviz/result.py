@@ -237,8 +237,27 @@ class AttentionResult:
             yield i, self.layer_tensor(i, stack=stack)
 
     def all_layers(self, stack: Stack | None = None) -> np.ndarray:
-        """float32 (layers, heads, query_pos, key_pos): the full stack (big; for export)."""
-        return np.stack([t.cpu().numpy() for _, t in self.iter_layers(stack)])
+        """float32 (layers, heads, query_pos, key_pos): the full stack (big; for export), filled
+        one layer at a time into one array sized first: too big for the host's free memory is an
+        `OutOfMemory` saying what it needs, not a crash."""
+        from .limits import require
+
+        layers = self.iter_layers(stack)
+        _, first = next(layers)
+        n = self.layout.layers_in(self._stack(stack))
+        need = n * first.numel() * 4
+        require(
+            need,
+            "cpu",
+            what=f"the attention of all {n} layers ({n} × {tuple(first.shape)} float32)",
+            hint="fewer tokens, or one layer or head at a time (result.layer(i), result.head(i, h))",
+        )
+        out = np.empty((n, *first.shape), dtype=np.float32)
+        out[0] = first.float().cpu().numpy()
+        del first
+        for i, t in layers:
+            out[i] = t.float().cpu().numpy()
+        return out
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         """A notebook cell shows a summary and the head view (attnviz/notebook.py)."""

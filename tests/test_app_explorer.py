@@ -300,7 +300,7 @@ def test_a_download_past_the_limit_is_disabled_with_what_to_use(env):
     npz = next(b for b in at.get("download_button") if b.label == "⬇ NPZ")
     assert npz.proto.disabled
     said = [c.value for c in at.caption if f"NPZ of {n:,} × {n:,} weights" in c.value]
-    assert said and "attnviz extract" in said[0]
+    assert said and "attnviz.extract(" in said[0]
     env.setattr(limits, "DOWNLOAD_LIMIT", n * n * 4)
     at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
     npz = next(b for b in at.get("download_button") if b.label == "⬇ NPZ")

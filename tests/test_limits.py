@@ -41,3 +41,20 @@ def test_token_budget_follows_free_memory_and_the_model():
 def test_free_bytes_reads_the_host():
     assert L.free_bytes("cpu") > 0
     assert L.gib(3 * 2**30) == "3.00" and L.gib(96 * 2**30) == "96"
+
+
+def test_all_layers_is_sized_first_and_filled_layer_by_layer(monkeypatch):
+    import numpy as np
+    import tiny
+
+    import attnviz
+
+    res = attnviz.extract(tiny.loaded("llama-gqa"), "the bank of the river and the bank of money")
+    full = res.all_layers()
+    expected = np.stack([t.numpy() for _, t in res.iter_layers()])
+    assert full.dtype == np.float32 and full.shape == expected.shape and np.array_equal(full, expected)
+    # less free memory than the stack needs: a message with the size and what to try, no array
+    monkeypatch.setattr(L, "free_bytes", lambda device: full.nbytes)
+    said = r"attention of all \d+ layers .* needs .* GiB free on cpu — try fewer"
+    with pytest.raises(OutOfMemory, match=said):
+        res.all_layers()
