@@ -11,9 +11,11 @@ p_ij = exp(s_ij − L_i). The fused kernels return L next to their output, so
 (compute_log_sumexp) on CUDA, and an exact blocked softmax anywhere else or if a kernel refuses.
 
 These identities hold only where the model's scores are exactly scale · q·k plus a causal,
-sliding-window or no mask. `layer_spec` is the one predicate that says so for a captured call;
-anything else (soft-capping, a position bias, learned sinks or any other extra the capture
-records, an odd mask, an eager-only result) goes to the exact dense fallback of the caller.
+sliding-window or no mask, and optionally a per-head key-only bias b_hj (ALiBi, `key_bias`):
+folded into extra feature columns, so L and every expectation include it. `layer_spec` is the
+one predicate that says so for a captured call; anything else (soft-capping, a query-dependent
+position bias (T5), learned sinks or any other extra the capture records, an odd mask, an
+eager-only result) goes to the exact dense fallback of the caller.
 """
 
 from __future__ import annotations
@@ -122,13 +124,15 @@ def layer_spec(
     for f in dataclasses.fields(cap):
         value = getattr(cap, f.name)
         if f.name in _EXACT_WHEN_NONE:
-            if value is not None:
+            if value is not None and f.name != "position_bias":
                 return None, _EXACT_WHEN_NONE[f.name]
         elif f.name not in _KNOWN and not _unset(value):
             return None, f"captured {f.name}"
     n_q, n_k = cap.query.shape[2], cap.key.shape[2]
     if cap.query.shape[1] % cap.key.shape[1]:
         return None, "head grouping"
+    if cap.position_bias is not None and (cap.forward is not None or key_bias(cap) is None):
+        return None, "position bias"
     if cap.mask is None:  # eager then masks exactly key_pos > query_pos when is_causal
         return MaskSpec(causal=cap.is_causal and n_q > 1, window=None), "fused"
     causal, window = mask_of(layout, layer, stack)
@@ -138,12 +142,35 @@ def layer_spec(
     return spec, "fused"
 
 
+def key_bias(cap: CapturedAttention) -> torch.Tensor | None:
+    """The captured per-head, key-only additive bias (ALiBi: s_ij = scale · q_i·k_j + b_hj) as
+    float32 (heads, key_pos); None when there is no bias or it depends on the query (T5)."""
+    pb = cap.position_bias
+    if pb is None:
+        return None
+    h, n_k = cap.query.shape[1], cap.key.shape[2]
+    if pb.dim() != 4 or pb.shape[0] != 1 or pb.shape[2] != 1 or pb.shape[1] not in (1, h):
+        return None
+    if pb.shape[3] != n_k:
+        return None
+    return pb[0, :, 0].float().expand(h, n_k)
+
+
 def scores_tile(
-    q: torch.Tensor, k: torch.Tensor, scale: float, spec: MaskSpec, q0: int, k0: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    spec: MaskSpec,
+    q0: int,
+    k0: int,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact masked scores of a tile: q (h, rows, d) at query_pos q0.., k (h, cols, d) at key_pos k0..
-    -> float32 (h, rows, cols), disallowed entries -inf."""
+    -> float32 (h, rows, cols), disallowed entries -inf. ``bias`` (h, key_pos), a key-only additive
+    bias over every key (`key_bias`), is added at key_pos k0.."""
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale)
+    if bias is not None:
+        s.add_(bias[:, None, k0 : k0 + k.shape[-2]])
     if spec.causal or spec.window is not None:
         ok = allowed(
             torch.arange(q0, q0 + q.shape[-2], device=q.device),
@@ -278,16 +305,34 @@ def _remember(cap: CapturedAttention, lse: torch.Tensor) -> None:
 
 def _features(cap: CapturedAttention) -> tuple[torch.Tensor, torch.Tensor]:
     """q1 = [q, 0] (heads, q, d + 1) and kv = [k, key_pos] (heads, k, d + 1), float32, GQA-expanded,
-    each built in one copy. q1·kv = q·k, so kv serves as both keys and values."""
+    each built in one copy. q1·kv = q·k, so kv serves as both keys and values.
+
+    With a key-only bias b (`key_bias`), G more columns (G the KV group size): kv of head a holds
+    the biases b_g of every head g of a's group, q1 holds 1 / scale in a's own column, so
+    scale · q1·kv = scale · q·k + b_a and the output's columns d + 1.. are E_{p_a}[b_g]."""
     query, key = cap.query[0], cap.key[0]  # (heads, q, d), (kv_heads, k, d)
     h, n_q, d = query.shape
     n_kv, n_k, _ = key.shape
-    q1 = torch.zeros(h, n_q, d + 1, dtype=torch.float32, device=query.device)
+    group = h // n_kv
+    bias = key_bias(cap)
+    e = d + 1 + (group if bias is not None else 0)
+    q1 = torch.zeros(h, n_q, e, dtype=torch.float32, device=query.device)
     q1[..., :d] = query
-    kv = torch.empty(n_kv, h // n_kv, n_k, d + 1, dtype=torch.float32, device=key.device)
+    kv = torch.empty(n_kv, group, n_k, e, dtype=torch.float32, device=key.device)
     kv[..., :d] = key[:, None]
     kv[..., d] = torch.arange(n_k, device=key.device, dtype=torch.float32)
-    return q1, kv.view(h, n_k, d + 1)
+    if bias is not None:
+        q1.view(n_kv, group, n_q, e)[..., d + 1 :].diagonal(0, 1, 3).fill_(1.0 / cap.scaling)
+        kv[..., d + 1 :] = bias.reshape(n_kv, 1, group, n_k).transpose(-1, -2)
+    return q1, kv.view(h, n_k, e)
+
+
+def _cross(q1: torch.Tensor, out: torch.Tensor, scale: float, group: int, d: int) -> torch.Tensor:
+    """The cross terms [a, b] = scale · q_b·E_{p_a}[k] (+ E_{p_a}[b_b] with a key-only bias)."""
+    cross = cross_terms(q1[..., :d], out[..., :d], scale, group)
+    if out.shape[-1] > d + 1:  # (heads, q, group) -> (heads, group, q)
+        cross += out[..., d + 1 :].transpose(1, 2)
+    return cross
 
 
 def layer_pass(cap: CapturedAttention, spec: MaskSpec, *, distance: bool = True) -> LayerPass:
@@ -299,16 +344,17 @@ def layer_pass(cap: CapturedAttention, spec: MaskSpec, *, distance: bool = True)
     if fwd is not None:
         got = LayerPass(lse=fwd.lse, cross=fwd.cross, e_pos=fwd.e_pos, source="forward")
     else:
-        q1, kv = _features(cap)  # (h, pos, d + 1)
+        d = cap.query.shape[-1]
+        q1, kv = _features(cap)  # (h, pos, d + 1 [+ group])
         out, lse = attend(q1, kv, kv, scale=cap.scaling, spec=spec)
-        cross = cross_terms(q1[..., :-1], out[..., :-1], cap.scaling, group)
-        got = LayerPass(lse=lse, cross=cross, e_pos=out[..., -1])
+        cross = _cross(q1, out, cap.scaling, group, d)
+        got = LayerPass(lse=lse, cross=cross, e_pos=out[..., d])
         _remember(cap, lse)
     if distance and not spec.causal:
         if q1 is None or kv is None:
             q1, kv = _features(cap)
         out_c, lse_c = attend(q1, kv, kv, scale=cap.scaling, spec=MaskSpec(True, spec.window))
-        got.lse_causal, got.pos_causal = lse_c, out_c[..., -1]
+        got.lse_causal, got.pos_causal = lse_c, out_c[..., cap.query.shape[-1]]
         if fwd is not None:
             got.source = "forward + causal pass"  # mean distance needs the keys before each query
     return got

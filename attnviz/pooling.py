@@ -21,7 +21,7 @@ import torch
 from .errors import AttnvizError
 from .layout import Stack
 from .limits import require
-from .lse import captured, layer_lse, layer_spec, scores_tile
+from .lse import captured, key_bias, layer_lse, layer_spec, scores_tile
 from .result import AttentionResult
 
 log = logging.getLogger(__name__)
@@ -133,12 +133,14 @@ def pooled(
     if computation != "dense" and spec is not None and cap is not None:
         q, k = _qk(cap, hs)
         lse = layer_lse(cap, spec)[hs]  # (h, q)
+        kb = key_bias(cap)
+        kb = None if kb is None else kb[hs]
         side = max(1, int(math.sqrt(TILE_ELEMENTS / len(hs))))
         for a in range(0, n_q, side):
             for c in range(0, n_k, side):
                 if spec.causal and c > a + side - 1:
                     break  # above the diagonal: all zero
-                s = scores_tile(q[:, a : a + side], k[:, c : c + side], float(cap.scaling), spec, a, c)
+                s = scores_tile(q[:, a : a + side], k[:, c : c + side], float(cap.scaling), spec, a, c, kb)
                 grid.add(torch.exp(s - lse[:, a : a + side, None]), a, c)  # p = exp(s - L)
         path = "fused"
     else:
@@ -189,7 +191,9 @@ def region(
         require(3 * len(hs) * (r1 - r0) * (c1 - c0) * 4, cap.query.device, what="this region",
                 hint="a smaller region")  # fmt: skip
         q, k = _qk(cap, hs)
-        s = scores_tile(q[:, r0:r1], k[:, c0:c1], float(cap.scaling), spec, r0, c0)
+        kb = key_bias(cap)
+        kb = None if kb is None else kb[hs]
+        s = scores_tile(q[:, r0:r1], k[:, c0:c1], float(cap.scaling), spec, r0, c0, kb)
         p = torch.exp(s - layer_lse(cap, spec)[hs][:, r0:r1, None])
         return p.cpu().numpy()
     require(3 * len(hs) * (r1 - r0) * n_k * 4, "cpu", what="this region", hint="fewer rows")

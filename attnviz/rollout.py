@@ -22,7 +22,7 @@ import torch
 from .capture import CapturedAttention
 from .errors import AttnvizError
 from .layout import Stack
-from .lse import NEG, MaskSpec, attend, captured, layer_lse, layer_spec, lse_without_first
+from .lse import NEG, MaskSpec, attend, captured, key_bias, layer_lse, layer_spec, lse_without_first
 from .result import AttentionResult
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,8 @@ def _transposed(cap: CapturedAttention, spec: MaskSpec, r: torch.Tensor, residua
     _, got = attend(queries.view(h, n, d + 1), keys, keys, scale=1.0, spec=spec)
     if flip:
         got = got.flip(-1)
-    u = torch.exp(got)  # (h, key_pos)
+    kb = key_bias(cap)  # a key-only bias b_hj is constant along the transposed row j: a factor
+    u = torch.exp(got if kb is None else got + kb)  # (h, key_pos)
     if sink_aware:
         u[:, 0] = 0.0
     return u.mean(0), r_tilde

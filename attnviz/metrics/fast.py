@@ -5,7 +5,7 @@ scale · q_b·E_{p_a}[k] (heads a, b of one KV group) and E_p[key_pos]_i: from t
 forward (``extract(statistics=True)``, attnviz.forward_stats) or from one second fused attention
 call. Then, per query row i (s_ij = scale · q_i·k_j):
 
-- entropy            H_i = L_i - scale · q_i·E_p[k]  (a head's own cross term)
+- entropy            H_i = L_i - scale · q_i·E_p[k] [- E_p[b]]  (a head's own cross term)
 - sink / prev / diag p_ij = exp(s_ij - L_i) at j = 0, i - 1, i   (0 where the mask forbids j)
 - distance (causal)  i - E_p[key_pos]
 - distance (bidir.)  2 m_i (i - E_c[key_pos]) + E_p[key_pos] - i, with the causal pass's
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..capture import CapturedAttention
-from ..lse import LayerPass, MaskSpec, layer_lse, layer_pass
+from ..lse import LayerPass, MaskSpec, key_bias, layer_lse, layer_pass
 from .definitions import key_counts
 
 Sums = dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -45,7 +45,14 @@ def _grouped(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def _prob_shifted(
-    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, q0: int, shift: int, spec: MaskSpec
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+    q0: int,
+    shift: int,
+    spec: MaskSpec,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """p[h, r] = exp(scale · q[h, r]·k[kv(h), q0 + r + shift] - L[h, r]) where allowed, else 0:
     the diagonal (shift 0), previous token (-1), induction target (1 - length), by slicing."""
@@ -58,15 +65,20 @@ def _prob_shifted(
         a = q0 + shift
         dots = (_grouped(q[:, lo:hi], k) * k[:, None, a + lo : a + hi]).sum(-1)  # (kv_head, group, rows)
         s[:, lo:hi] = dots.flatten(0, 1)
-    return torch.where(ok, torch.exp(s * scale - lse), 0.0)
+    s = s * scale
+    if bias is not None and hi > lo:  # the key-only bias b_h at key_pos q0 + r + shift
+        s[:, lo:hi] += bias[:, q0 + shift + lo : q0 + shift + hi]
+    return torch.where(ok, torch.exp(s - lse), 0.0)
 
 
-def _prob_first(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, spec: MaskSpec):
+def _prob_first(q, k, lse, scale: float, spec: MaskSpec, bias: torch.Tensor | None = None):
     """p[h, i] on key_pos 0 (the sink) for every row: one matrix-vector product per KV head."""
     qpos = torch.arange(q.shape[1], device=q.device)
     ok = _allowed_at(qpos, torch.zeros_like(qpos), spec, k.shape[1])
-    s = torch.matmul(_grouped(q, k), k[:, None, 0, :, None])[..., 0].flatten(0, 1)  # (h, q)
-    return torch.where(ok, torch.exp(s * scale - lse), 0.0)
+    s = torch.matmul(_grouped(q, k), k[:, None, 0, :, None])[..., 0].flatten(0, 1) * scale  # (h, q)
+    if bias is not None:
+        s = s + bias[:, :1]
+    return torch.where(ok, torch.exp(s - lse), 0.0)
 
 
 def _reduce(values: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,10 +110,12 @@ def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -
     raw_entropy = lse - lp.cross[torch.arange(q.shape[0], device=q.device), own]  # (h, q)
     log_len = torch.log(counts.clamp(min=2).float())
     out["entropy"] = _reduce((raw_entropy / log_len).clamp(0.0, 1.0), informative)
-    out["sink"] = _reduce(_prob_first(q, k, lse, scale, spec), informative)
+    kb = key_bias(cap)
+    out["sink"] = _reduce(_prob_first(q, k, lse, scale, spec, kb), informative)
     prev_ok = informative & (qpos >= 1) & (qpos - 1 < n_k)
-    out["previous_token"] = _reduce(_prob_shifted(q, k, lse, scale, 0, -1, spec), prev_ok)
-    out["diagonal"] = _reduce(_prob_shifted(q, k, lse, scale, 0, 0, spec), informative & (qpos < n_k))
+    out["previous_token"] = _reduce(_prob_shifted(q, k, lse, scale, 0, -1, spec, kb), prev_ok)
+    diag = _prob_shifted(q, k, lse, scale, 0, 0, spec, kb)
+    out["diagonal"] = _reduce(diag, informative & (qpos < n_k))
     fpos = qpos.float()
     if spec.causal:
         dist = fpos - lp.e_pos  # every allowed key is at or before the query
@@ -142,5 +156,5 @@ def induction_sums(
     n_k = k.shape[1]
     qpos = torch.arange(rows.start, rows.stop, device=q.device)
     ok = (qpos >= start + length) & (qpos < start + 2 * length) & (qpos - length + 1 < n_k)
-    p = _prob_shifted(q, k, lse, cap.scaling, rows.start, 1 - length, spec)
+    p = _prob_shifted(q, k, lse, cap.scaling, rows.start, 1 - length, spec, key_bias(cap))
     return _reduce(p, ok)[0], ok.float().sum()
