@@ -31,6 +31,7 @@ from .capture import CapturedAttention
 from .forward_stats import cross_terms
 from .layout import AttentionLayout, Stack
 from .limits import require
+from .masks import BLOCK_ROWS, MaskSpec, _mask_matches, _recorded_bias, allowed, key_bias, mask_bias, mask_of
 
 log = logging.getLogger(__name__)
 
@@ -38,75 +39,7 @@ log = logging.getLogger(__name__)
 # (e.g. learned attention sinks) makes the call non-standard: never silently wrong.
 _KNOWN = {"module_name", "query", "key", "value", "mask", "is_causal", "scaling", "forward"}
 _EXACT_WHEN_NONE = {"softcap": "soft-capping", "position_bias": "position bias"}
-BLOCK_ROWS = 1024  # query rows per block where a mask must be spelled out
 NEG = -3.0e4  # "log 0" for per-key biases: exp(NEG + any score) == 0 in float32
-
-
-@dataclass(frozen=True)
-class MaskSpec:
-    """A mask the fused kernels reproduce: causal (key_pos <= query_pos), optionally a sliding
-    window of W keys (key_pos > query_pos - W), or none (every key)."""
-
-    causal: bool
-    window: int | None = None
-
-
-def mask_of(layout: AttentionLayout, layer: int, stack: Stack) -> tuple[bool, int | None]:
-    """(causal, sliding window or None) of one layer, read from the layout."""
-    causal = stack == "decoder" or (stack == "self" and layout.kind == "decoder")
-    window = None
-    if layout.sliding_window and stack != "cross":
-        types = layout.layer_types
-        if (not types and layout.kind == "decoder") or (
-            layer < len(types) and types[layer] == "sliding_attention"
-        ):
-            window = int(layout.sliding_window)
-    return causal, window
-
-
-def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
-    """Bool (query_pos, key_pos): which keys each query may see under ``spec``."""
-    ok = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
-    if spec.causal:
-        ok &= k_pos[None, :] <= q_pos[:, None]
-    if spec.window is not None:
-        ok &= k_pos[None, :] > q_pos[:, None] - spec.window
-    return ok
-
-
-# Verdicts on mask tensors, keyed by id with a weak reference that proves it is the same tensor
-# (layers of one type share one mask object, so each mask is checked once).
-_MASK_VERDICTS: dict[int, tuple[weakref.ref, MaskSpec, bool]] = {}
-
-
-def _mask_matches(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
-    hit = _MASK_VERDICTS.get(id(mask))
-    if hit is not None and hit[0]() is mask and hit[1] == spec:
-        return hit[2]
-    verdict = _check_mask(mask, spec, n_q, n_k)
-    if len(_MASK_VERDICTS) > 256:
-        _MASK_VERDICTS.clear()
-    _MASK_VERDICTS[id(mask)] = (weakref.ref(mask), spec, verdict)
-    return verdict
-
-
-def _check_mask(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
-    """True when ``mask`` (bool or additive, (1, 1, q, k)) is exactly ``spec``'s mask."""
-    if mask.dim() != 4 or mask.shape[0] != 1 or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (n_q, n_k):
-        return False
-    m = mask[0, 0]
-    k_pos = torch.arange(n_k, device=m.device)
-    for a in range(0, n_q, BLOCK_ROWS):
-        rows = m[a : a + BLOCK_ROWS]
-        want = allowed(torch.arange(a, a + rows.shape[0], device=m.device), k_pos, spec)
-        if rows.dtype == torch.bool:
-            if not torch.equal(rows, want):
-                return False
-        else:
-            blocked = rows <= torch.finfo(rows.dtype).min / 2
-            if not (torch.equal(rows == 0, want) and torch.equal(blocked, ~want)):
-                return False
-    return True
 
 
 def _unset(value: object) -> bool:
@@ -131,8 +64,12 @@ def layer_spec(
     n_q, n_k = cap.query.shape[2], cap.key.shape[2]
     if cap.query.shape[1] % cap.key.shape[1]:
         return None, "head grouping"
-    if cap.position_bias is not None and (cap.forward is not None or key_bias(cap) is None):
+    if cap.position_bias is not None and (cap.forward is not None or _recorded_bias(cap) is None):
         return None, "position bias"
+    if cap.mask is not None and cap.mask.dim() == 4 and cap.mask.shape[1] not in (1, cap.query.shape[1]):
+        return None, "mask"
+    if cap.forward is not None and mask_bias(cap.mask) is not None:
+        return None, "mask"
     if cap.mask is None:  # eager then masks exactly key_pos > query_pos when is_causal
         return MaskSpec(causal=cap.is_causal and n_q > 1, window=None), "fused"
     causal, window = mask_of(layout, layer, stack)
@@ -140,20 +77,6 @@ def layer_spec(
     if not _mask_matches(cap.mask, spec, n_q, n_k):
         return None, "mask"
     return spec, "fused"
-
-
-def key_bias(cap: CapturedAttention) -> torch.Tensor | None:
-    """The captured per-head, key-only additive bias (ALiBi: s_ij = scale · q_i·k_j + b_hj) as
-    float32 (heads, key_pos); None when there is no bias or it depends on the query (T5)."""
-    pb = cap.position_bias
-    if pb is None:
-        return None
-    h, n_k = cap.query.shape[1], cap.key.shape[2]
-    if pb.dim() != 4 or pb.shape[0] != 1 or pb.shape[2] != 1 or pb.shape[1] not in (1, h):
-        return None
-    if pb.shape[3] != n_k:
-        return None
-    return pb[0, :, 0].float().expand(h, n_k)
 
 
 def scores_tile(

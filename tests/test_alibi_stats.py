@@ -22,7 +22,7 @@ from attnviz import metrics as M
 from attnviz import rollout as R
 from attnviz.pooling import pooled, region
 
-ALIBI = ["bloom", "mpt"]
+ALIBI = ["bloom", "mpt", "falcon-alibi"]
 N = 120
 _RESULTS: dict[str, attnviz.AttentionResult] = {}
 
@@ -75,8 +75,10 @@ def test_alibi_pooled_region_and_induction_equal_dense(variant):
     assert np.abs(fast.mean - dense.mean).max() <= 1e-5 and np.abs(fast.max - dense.max).max() <= 1e-5
     want = res.layer_tensor(1, rows=slice(40, 90))[:, :, 10:70].numpy()
     assert np.abs(region(res, 1, rows=slice(40, 90), cols=slice(10, 70)) - want).max() <= 1e-5
-    lm = wrap(build(variant)[0])
-    probe = M.induction_probe(lm, length=30, seed=1)
+    copy = tuple(int(i) for i in np.random.default_rng(1).choice(np.arange(5, 250), 30, replace=False))
+    probe = M.InductionProbe(
+        result=attnviz.extract_ids(wrap(build(variant)[0]), [*copy, *copy]), random_ids=copy, seed=1
+    )
     assert lse.key_bias(lse.captured(probe.result, "self", 0)) is not None
     ind = M.head_induction(probe), M.head_induction(probe, dense=True)
     assert np.abs(ind[0] - ind[1]).max() <= 1e-4
@@ -125,13 +127,26 @@ def test_a_key_bias_under_grouped_query_attention_is_per_query_head():
     assert tr.paths == ("fused",) * len(caps) and np.abs(tr.sources - td.sources).max() <= 1e-4
 
 
-def test_falcon_alibi_mask_carries_the_bias_so_it_stays_dense():
-    """Falcon-ALiBi's captured mask is per head (1, heads, N, N) and itself holds ALiBi values:
-    not a plain mask, so the statistics say "dense: mask" (still equal to the definitions)."""
+def test_falcon_alibi_per_head_mask_is_mask_plus_key_bias():
+    """transformers' Falcon adds ALiBi into its causal mask too ((1, heads, N, N) float): the
+    mask counts as causal + a key-only bias only when every allowed entry of a head equals that
+    head's bias on the diagonal; one odd entry sends the layer to the dense path."""
     res = result("falcon-alibi")
     cap = lse.captured(res, "self", 0)
-    assert cap.mask is not None and cap.mask.shape[1] == res.n_heads
-    fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
-    assert set(fast.paths) == {"dense: mask"}
+    assert cap.mask is not None and cap.mask.shape == (1, res.n_heads, N, N)
+    want = cap.position_bias[0, :, 0] + cap.mask[0, :, -1]  # the last row sees every key
+    assert torch.equal(lse.key_bias(cap), want)
+    assert lse.layer_spec(cap, res.layout, 0, "self") == (lse.MaskSpec(True), "fused")
+    odd = cap.mask.clone()
+    odd[0, 2, 50, 7] += 0.25  # a query-dependent entry
+    bad = dataclasses.replace(cap, mask=odd)
+    assert lse.layer_spec(bad, res.layout, 0, "self") == (None, "mask")
+    hole = cap.mask.clone()
+    hole[0, 1, 50, 7] = torch.finfo(torch.float32).min  # a masked key inside the causal band
+    assert lse.layer_spec(dataclasses.replace(cap, mask=hole), res.layout, 0, "self") == (None, "mask")
+    res2 = dataclasses.replace(res)
+    res2._captured = {"self": [bad, *res._captured["self"][1:]]}
+    fast, dense = M.head_metrics(res2), M.head_metrics(res2, computation="dense")
+    assert fast.paths[0] == "dense: mask" and set(fast.paths[1:]) == {"fused"}
     for m in fast.metrics:
-        assert np.abs(fast.values(m) - dense.values(m)).max() <= 1e-6, m
+        assert np.abs(fast.values(m) - dense.values(m)).max() <= 1e-4, m
