@@ -142,3 +142,11 @@ def _check_head_mask(mask: torch.Tensor, spec: MaskSpec) -> bool:
         if not torch.equal(torch.where(want, block.float(), 0.0), torch.where(want, c[:, None], 0.0)):
             return False
     return True
+
+
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A mask as eager adds it to the scores: a float mask cast to ``dtype``; a bool mask
+    (True = attend) as 0 where attended and the dtype's min elsewhere."""
+    if mask.dtype != torch.bool:
+        return mask.to(dtype)
+    return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)

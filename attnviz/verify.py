@@ -17,6 +17,7 @@ import torch
 
 from .capture import CapturedAttention
 from .errors import AttnvizError
+from .masks import additive
 from .result import AttentionResult, Check
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,7 @@ def _additive(cap: CapturedAttention, dtype: torch.dtype) -> torch.Tensor | None
             return None
         q, k = cap.query.shape[2], cap.key.shape[2]
         mask = torch.ones(q, k, dtype=torch.bool, device=cap.query.device).tril(k - q)[None, None]
-    if mask.dtype != torch.bool:
-        return mask.to(dtype)
-    zero = torch.zeros((), dtype=dtype, device=mask.device)
-    return torch.where(mask, zero, torch.finfo(dtype).min)
+    return additive(mask, dtype)
 
 
 def eager_function(module: Any):

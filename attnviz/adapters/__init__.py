@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import capture
+from ..masks import additive
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +95,6 @@ def _is_causal(mask: torch.Tensor) -> bool:
     return verdict
 
 
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if mask.dtype != torch.bool:
-        return mask.to(dtype)
-    return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-
-
 def attend(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -133,7 +128,7 @@ def attend(
         block = bias.to(dtype)
         if mask is not None:
             m = mask[..., rows, :] if mask.shape[-2] > 1 else mask
-            block = block + _additive(m, dtype)
+            block = block + additive(m, dtype)
         block = block.expand(1, q.shape[1], min(QUERY_ROWS, q.shape[2] - start), k.shape[2])
         out.append(F.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=block, scale=scaling))
     return torch.cat(out, dim=2).to(value.dtype)
