@@ -146,7 +146,8 @@ def attention_scores(
 
     query (..., q_pos, d_head) and key (..., key_pos, d_head) with matching head dims (GQA already
     resolved). ``mask``/``position_bias`` must be sliced to the same query rows; ``q_offset`` is
-    the absolute position of the first query row (for the implicit causal mask).
+    the absolute position of the first query row (for the implicit causal mask: query row i sees
+    keys 0 .. q_offset + i, whatever the number of rows - a single first row sees only key 0).
     """
     # Every step after the matmul works in place on its fresh output: one (heads, q, k) buffer.
     scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
@@ -159,7 +160,7 @@ def attention_scores(
             scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
         else:
             scores.add_(mask)
-    elif is_causal and scores.shape[-2] + q_offset > 1:
+    elif is_causal:
         q_pos = torch.arange(scores.shape[-2], device=scores.device) + q_offset
         k_pos = torch.arange(scores.shape[-1], device=scores.device)
         scores.masked_fill_(k_pos[None, :] > q_pos[:, None], torch.finfo(scores.dtype).min)
@@ -181,6 +182,8 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
     (GPT-OSS): the visible keys' weights sum to less than 1, as in the model's eager attention.
     """
     groups = query.shape[1] // key.shape[1]
+    # The queries are the last q_pos of the key_pos positions (one new token against a cache).
+    shift = key.shape[2] - query.shape[2]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
@@ -196,7 +199,7 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
             position_bias=None if position_bias is None else position_bias[..., rows, :],
             mask=None if mask is None else mask[..., rows, :],
             is_causal=is_causal,
-            q_offset=start,
+            q_offset=shift + start,
         )
         if sinks is not None:  # GPT-OSS order: concat the sink logit, subtract the max, softmax, drop it
             sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)

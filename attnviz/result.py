@@ -54,8 +54,13 @@ def probs_from_capture(
     """
     n_heads, n_kv = cap.query.shape[1], cap.key.shape[1]
     head_idx = list(range(n_heads)) if heads is None else [int(h) for h in heads]
-    rows = rows or slice(None)
-    start = rows.start or 0
+    n_q, n_k = cap.query.shape[2], cap.key.shape[2]
+    first, stop, step = (rows or slice(None)).indices(n_q)
+    if step != 1:
+        raise ValueError(f"rows must be a contiguous slice (step 1), got step {step}")
+    rows = slice(first, max(first, stop))
+    # Absolute position of the first asked row: the queries are the last n_q of n_k positions.
+    start = first + n_k - n_q
     q = cap.query[0, head_idx, rows]  # (h, q_rows, d_head)
     kv_idx = torch.tensor([h // (n_heads // n_kv) for h in head_idx], device=cap.key.device)
     k = cap.key[0].index_select(0, kv_idx)  # (h, key_pos, d_head)

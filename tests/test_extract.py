@@ -60,6 +60,31 @@ def test_head_is_a_slice_of_layer(pair):
     np.testing.assert_array_equal(fast.layer(1, rows=slice(3, 7)), layer[:, 3:7])
 
 
+def test_any_rows_and_heads_equal_the_full_layers_rows(pair):
+    """Property: whatever rows (the first one alone included) and heads are asked, the answer is
+    those rows of the full layer - on every stack, the causal mask included."""
+    _, lm, fast, _ = pair
+    rng = np.random.default_rng(0)
+    for stack in fast.stacks:
+        n_q = len(fast.axes(stack)[0])
+        cases = [slice(0, 1), slice(1, 2), slice(n_q - 1, n_q), slice(-1, None), slice(0, 0), slice(None)]
+        cases += [
+            slice(int(a), int(a) + int(w)) for a, w in zip(rng.integers(0, n_q, 6), rng.integers(1, 5, 6))
+        ]
+        for i in range(fast.n_layers(stack)):
+            full = fast.layer(i, stack=stack)
+            for rows in cases:
+                heads = sorted(
+                    rng.choice(
+                        lm.layout.n_heads, size=int(rng.integers(1, lm.layout.n_heads + 1)), replace=False
+                    ).tolist()
+                )
+                got = fast.layer_tensor(i, heads=heads, stack=stack, rows=rows).cpu().numpy()
+                np.testing.assert_allclose(
+                    got, full[heads][:, rows], atol=1e-5, err_msg=f"{stack} {i} {rows} {heads}"
+                )
+
+
 def test_sliding_window_masks_far_keys():
     lm = tiny.loaded("mistral-sliding")
     window = lm.layout.sliding_window
