@@ -13,6 +13,7 @@ from ._version import __version__
 from .errors import (
     AttnvizError,
     BadIndex,
+    CannotWrite,
     EmptyInput,
     GatedModel,
     InputTooLong,
@@ -41,6 +42,7 @@ __all__ = [
     "AttentionResult",
     "AttnvizError",
     "BadIndex",
+    "CannotWrite",
     "EmptyInput",
     "GatedModel",
     "InputTooLong",

