@@ -30,6 +30,7 @@ import torch
 
 from .extract import PathName, _forward_kwargs, extract_ids
 from .loading import LoadedModel, load_model, resolve_device, wrap_model
+from .loading.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 WORDS = [
@@ -338,8 +339,7 @@ def replace_section(path: Path, name: str, body: str) -> None:
         new = old[: old.index(start)] + block + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
+    atomic_write_text(path, new)  # a full disk keeps the old file whole
 
 
 def write_markdown(path: Path, rows: list[Row], machine: str, sizes: list[int]) -> None:

@@ -197,9 +197,15 @@ def _extract(args) -> int:
             arrays[f"{stack}_attentions"] = res.all_layers(stack)  # type: ignore[arg-type]
     else:
         arrays["attentions"] = res.all_layers()
-    try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
+    from .loading.files import atomic_write
+
+    try:  # complete or absent: a full disk or a kill mid-write never leaves half an .npz
+        atomic_write(
+            args.out,
+            lambda f: np.savez_compressed(f, **arrays),  # type: ignore[arg-type]
+            what=repr(args.out.name),
+            needed=sum(a.nbytes for a in arrays.values()),  # uncompressed: an upper bound
+        )
     except OSError as err:
         raise AttnvizError(f"cannot write {str(args.out)!r}: {err.strerror or err}") from None
     n = len(res.tokens)

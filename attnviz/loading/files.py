@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -51,6 +51,7 @@ WRITE_ERRNOS: dict[int, str] = {
     errno.EPERM: "operation not permitted",
 }
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+ONLY_WRITES = (*_FULL, errno.EROFS)  # errors no read raises (permission errors may be reads)
 _verified: dict[str, tuple] = {}  # folder -> (stat signature) of its last full check that passed
 _verified_lock = threading.Lock()
 
@@ -90,12 +91,23 @@ def cannot_write(
     reason = WRITE_ERRNOS.get(code) or (err.strerror or type(err).__name__)
     text = f"cannot write {what} to {str(folder)!r}: {reason}"
     if code in _FULL:
-        text += f" (it needs about {size_text(needed)}, {size_text(free_bytes(folder))} free there)"
+        need = f"it needs about {size_text(needed)}, " if needed else ""
+        text += f" ({need}{size_text(free_bytes(folder))} free there)"
         fix = "free some space there"
     else:
         text += f" (it needs about {size_text(needed)})" if needed else ""
         fix = "make that folder writable"
     return CannotWrite(f"{text}; {fix}{' ' + hint if hint else ''}")
+
+
+def write_oserror(err: BaseException | None, codes: Iterable[int] = WRITE_ERRNOS) -> OSError | None:
+    """The full-disk / read-only / permission ``OSError`` behind ``err`` (its causes included)."""
+    seen, wanted = 0, set(codes)
+    while err is not None and seen < 8:
+        if isinstance(err, OSError) and err.errno in wanted:
+            return err
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import constants as hf_constants
 from transformers import AutoConfig, AutoTokenizer
 
 from .. import env
@@ -24,6 +25,7 @@ from ..errors import (
     OutOfMemory,
     UnsafeWeights,
 )
+from . import files
 from .config import _auto_class, attention_layout, loads_eager
 from .convert import SMOLLM, SMOLLM_GGUF, SMOLLM_PACKAGE, Converted, damage, smollm
 from .device import is_out_of_memory, resolve_device, resolve_dtype
@@ -117,6 +119,10 @@ def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
         )
     if is_out_of_memory(err):
         return OutOfMemory(f"{spec!r} does not fit in memory; try a smaller model or a GPU")
+    disk = files.write_oserror(err, files.ONLY_WRITES)
+    if disk is not None:  # the Hub cache (or a folder it writes) is full, read-only or refused
+        where = Path(disk.filename).parent if disk.filename else Path(hf_constants.HF_HUB_CACHE)
+        return files.cannot_write(disk, where, what=f"the files of {spec!r}", hint="or set HF_HOME elsewhere")
     if name == "GatedRepoError" or "gated" in text.lower() or "401" in text or "403" in text:
         return GatedModel(
             f"{spec!r} is gated: accept its licence on huggingface.co and give a token "
