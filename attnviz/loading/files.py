@@ -22,9 +22,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -50,10 +50,9 @@ WRITE_ERRNOS: dict[int, str] = {
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
 }
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 ONLY_WRITES = (*_FULL, errno.EROFS)  # errors no read raises (permission errors may be reads)
-_verified: dict[str, tuple] = {}  # folder -> (stat signature) of its last full check that passed
-_verified_lock = threading.Lock()
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -100,27 +99,40 @@ def cannot_write(
     return CannotWrite(f"{text}; {fix}{' ' + hint if hint else ''}")
 
 
+def error_number(err: BaseException) -> int | None:
+    """The OS error number of ``err``: ``OSError.errno``, or the "(os error 28)" that Rust
+    writers (safetensors, tokenizers) put in their messages instead of raising ``OSError``."""
+    if isinstance(err, OSError):
+        return err.errno
+    found = _RUST_OS_ERROR.search(str(err))
+    return int(found.group(1)) if found else None
+
+
 def write_oserror(err: BaseException | None, codes: Iterable[int] = WRITE_ERRNOS) -> OSError | None:
-    """The full-disk / read-only / permission ``OSError`` behind ``err`` (its causes included)."""
+    """The full-disk / read-only / permission error behind ``err`` (its causes included), as an
+    ``OSError``; None when there is none."""
     seen, wanted = 0, set(codes)
     while err is not None and seen < 8:
-        if isinstance(err, OSError) and err.errno in wanted:
-            return err
+        code = error_number(err)
+        if code in wanted:
+            return err if isinstance(err, OSError) else OSError(code, os.strerror(code))
         err, seen = err.__cause__ or err.__context__, seen + 1
     return None
 
 
 @contextlib.contextmanager
 def writing(folder: Path, *, what: str, needed: int | None = None, hint: str = "") -> Iterator[None]:
-    """Turn a full disk / read-only / permission ``OSError`` raised inside into `CannotWrite`."""
+    """Turn a full disk / read-only / permission error raised inside (an ``OSError``, or a Rust
+    writer's error that carries one) into `CannotWrite`; anything else passes through."""
     try:
         yield
     except AttnvizError:
         raise
-    except OSError as err:
-        if err.errno in WRITE_ERRNOS:
-            raise cannot_write(err, folder, what=what, needed=needed, hint=hint) from None
-        raise
+    except Exception as err:
+        disk = write_oserror(err)
+        if disk is None:
+            raise
+        raise cannot_write(disk, folder, what=what, needed=needed, hint=hint) from None
 
 
 def check_room(folder: Path, needed: int, *, what: str, hint: str = "") -> None:
@@ -228,21 +240,14 @@ def write_manifest(folder: Path, *, version: str, source: str, name: str = MANIF
     return manifest
 
 
-def _signature(folder: Path, files: dict) -> tuple:
-    out = []
-    for rel in sorted(files):
-        st = (folder / rel).stat()
-        out.append((rel, st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
 def check_folder(
     folder: Path, *, version: str, source: str, deep: bool = True, name: str = MANIFEST
 ) -> str | None:
     """None when ``folder`` matches its manifest (and ``version`` / ``source``), else why not, as
-    a phrase ("has no manifest", "model.safetensors is 1,000 bytes; its manifest says ...").
-    ``deep`` also compares SHA-256 (memoised per process until a file's size or mtime changes);
-    without it, only sizes."""
+    a phrase that follows the folder's name ("has no manifest", "is damaged: model.safetensors
+    is 1,000 bytes; its manifest says ...").
+    ``deep`` also compares every file's SHA-256 (never memoised: a file changed in place with its
+    mtime put back is still caught); without it, only sizes."""
     folder = Path(folder)
     if not folder.is_dir():
         return "is missing" if not folder.exists() else "is not a folder"
@@ -263,28 +268,18 @@ def check_folder(
         try:
             size = p.stat().st_size
         except OSError:
-            return f"{rel} is missing"
+            return f"is damaged: {rel} is missing"
         if size != entry["bytes"]:
-            return f"{rel} is {size:,} bytes; its manifest says {entry['bytes']:,}"
+            return f"is damaged: {rel} is {size:,} bytes; its manifest says {entry['bytes']:,}"
     if not deep:
         return None
-    key = str(folder.absolute())
-    try:
-        sig = _signature(folder, files)
-    except OSError:
-        return "changed while it was checked"
-    with _verified_lock:
-        if _verified.get(key) == sig:
-            return None
-    for rel, entry in sorted(files.items()):
+    for rel, entry in sorted(files.items()):  # ~0.5 s for SmolLM2's 538 MB (SHA-NI), once per load
         try:
             digest = file_sha256(folder / rel)
         except OSError as err:
-            return f"{rel} cannot be read ({err.strerror or err})"
+            return f"is damaged: {rel} cannot be read ({err.strerror or err})"
         if digest != entry["sha256"]:
-            return f"{rel} does not match its SHA-256 in the manifest (damaged or changed)"
-    with _verified_lock:
-        _verified[key] = sig
+            return f"is damaged: {rel} does not match its SHA-256 in the manifest"
     return None
 
 
