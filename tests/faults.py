@@ -133,11 +133,13 @@ def attention_checksum(lm) -> float:
 
 
 # -- a worker process ----------------------------------------------------------------------------
-def start_worker(cache: Path, *args: str, real: bool = False) -> subprocess.Popen:
+def start_worker(cache: Path, *args: str, real: bool = False, gate: Path | None = None) -> subprocess.Popen:
     """``load_model("smollm2-135m")`` in a new process with ATTNVIZ_CACHE=cache (the tiny
-    converter unless ``real``); it prints one JSON line: notices, conversions, checksum."""
+    converter unless ``real``); it prints one JSON line: notices, conversions, checksum. With
+    ``gate`` it writes ``gate/ready-<pid>`` once imported and loads when ``gate/go`` exists."""
     env = {
         **os.environ,
+        "FAULTS_GATE": str(gate or ""),
         "ATTNVIZ_CACHE": str(cache),
         "HF_HUB_OFFLINE": "1",
         "TQDM_DISABLE": "1",
@@ -145,6 +147,18 @@ def start_worker(cache: Path, *args: str, real: bool = False) -> subprocess.Pope
     }
     cmd = [sys.executable, str(HERE / "faults.py"), "worker", "real" if real else "tiny", *args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def start_together(n: int, cache: Path, gate: Path, *args: str, real: bool = False) -> list:
+    """``n`` workers that start loading at the same moment (once all ``n`` have imported)."""
+    gate.mkdir(parents=True, exist_ok=True)
+    procs = [start_worker(cache, *args, real=real, gate=gate) for _ in range(n)]
+    t0 = time.monotonic()
+    while len(list(gate.glob("ready-*"))) < n:
+        assert time.monotonic() - t0 < 300 and all(p.poll() is None for p in procs), "a worker stopped"
+        time.sleep(0.05)
+    (gate / "go").touch()
+    return procs
 
 
 def _worker(argv: list[str]) -> None:
@@ -160,6 +174,11 @@ def _worker(argv: list[str]) -> None:
         pause = float(argv[1]) if len(argv) > 1 else 0.0
         stall = Path(argv[2]) if len(argv) > 2 and argv[2] != "-" else None
         conv = TinyConverter(Path(os.environ["ATTNVIZ_CACHE"]).parent, pause, stall).install(setattr)
+    gate = os.environ.get("FAULTS_GATE")
+    if gate:
+        (Path(gate) / f"ready-{os.getpid()}").touch()
+        while not (Path(gate) / "go").exists():
+            time.sleep(0.01)
     lm = attnviz.load_model("smollm2-135m", device="cpu")
     out = {
         "notices": list(lm.notices),
