@@ -204,7 +204,8 @@ def _extract(args) -> int:
             args.out,
             lambda f: np.savez_compressed(f, **arrays),  # type: ignore[arg-type]
             what=repr(args.out.name),
-            needed=sum(a.nbytes for a in arrays.values()),  # uncompressed: an upper bound
+            needed=sum(a.nbytes for a in arrays.values()),
+            up_to=True,  # the uncompressed size bounds the compressed file
         )
     except OSError as err:
         raise AttnvizError(f"cannot write {str(args.out)!r}: {err.strerror or err}") from None

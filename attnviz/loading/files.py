@@ -83,18 +83,25 @@ def free_bytes(path: Path) -> int | None:
 
 
 def cannot_write(
-    err: OSError, folder: Path, *, what: str, needed: int | None = None, hint: str = ""
+    err: OSError,
+    folder: Path,
+    *,
+    what: str,
+    needed: int | None = None,
+    hint: str = "",
+    up_to: bool = False,
 ) -> CannotWrite:
-    """One line for a failed write: what, which folder, why, the space needed (and free), the fix."""
+    """One line for a failed write: what, which folder, why, the space needed (and free), the fix.
+    ``up_to``: ``needed`` is an upper bound (a compressed file's uncompressed size)."""
     code = err.errno or 0
     reason = WRITE_ERRNOS.get(code) or (err.strerror or type(err).__name__)
     text = f"cannot write {what} to {str(folder)!r}: {reason}"
+    need = f"it needs {'up to' if up_to else 'about'} {size_text(needed)}" if needed else ""
     if code in _FULL:
-        need = f"it needs about {size_text(needed)}, " if needed else ""
-        text += f" ({need}{size_text(free_bytes(folder))} free there)"
+        text += f" ({need + ', ' if need else ''}{size_text(free_bytes(folder))} free there)"
         fix = "free some space there"
     else:
-        text += f" (it needs about {size_text(needed)})" if needed else ""
+        text += f" ({need})" if need else ""
         fix = "make that folder writable"
     return CannotWrite(f"{text}; {fix}{' ' + hint if hint else ''}")
 
@@ -121,7 +128,9 @@ def write_oserror(err: BaseException | None, codes: Iterable[int] = WRITE_ERRNOS
 
 
 @contextlib.contextmanager
-def writing(folder: Path, *, what: str, needed: int | None = None, hint: str = "") -> Iterator[None]:
+def writing(
+    folder: Path, *, what: str, needed: int | None = None, hint: str = "", up_to: bool = False
+) -> Iterator[None]:
     """Turn a full disk / read-only / permission error raised inside (an ``OSError``, or a Rust
     writer's error that carries one) into `CannotWrite`; anything else passes through."""
     try:
@@ -132,7 +141,7 @@ def writing(folder: Path, *, what: str, needed: int | None = None, hint: str = "
         disk = write_oserror(err)
         if disk is None:
             raise
-        raise cannot_write(disk, folder, what=what, needed=needed, hint=hint) from None
+        raise cannot_write(disk, folder, what=what, needed=needed, hint=hint, up_to=up_to) from None
 
 
 def check_room(folder: Path, needed: int, *, what: str, hint: str = "") -> None:
@@ -193,13 +202,14 @@ def atomic_write(
     what: str | None = None,
     needed: int | None = None,
     hint: str = "",
+    up_to: bool = False,
 ) -> None:
     """Write ``path`` through ``write(file)`` into a temporary file beside it, fsync, then rename
     over ``path``: a failure (full disk, read-only folder, a crash) leaves the old file or none,
     and a full disk / read-only folder / refused permission is `CannotWrite` naming the folder."""
     path = Path(path)
     folder = path.parent
-    with writing(folder, what=what or repr(path.name), needed=needed, hint=hint):
+    with writing(folder, what=what or repr(path.name), needed=needed, hint=hint, up_to=up_to):
         folder.mkdir(parents=True, exist_ok=True)
         _remove_stale(folder, f".{path.name}.*.tmp")
         _replace_file(path, write)
