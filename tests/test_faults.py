@@ -243,6 +243,22 @@ def test_the_disk_filling_up_mid_write_is_answered_and_recovered(tmp_path, monke
         assert convert.smollm(folder / SMOLLM).notices == () and convert.damage(folder / SMOLLM) is None
 
 
+@mounts
+def test_a_damaged_entry_gives_its_space_to_the_rebuild(tmp_path, monkeypatch, conv, pristine):
+    """A disk with room for one entry, taken by a damaged one: it is removed before the rebuild
+    is written (not after), so the rebuild fits."""
+    monkeypatch.setattr(convert, "TOKENIZER_BYTES", 0)
+    with faults.tmpfs(tmp_path / "small", 2**20) as folder:
+        shutil.copytree(pristine, folder / SMOLLM)
+        _zero_all(folder / SMOLLM)
+        faults.fill(folder, 128 * 1024)  # 0.1 MB free + the damaged entry's 0.6 MB
+        monkeypatch.setenv("ATTNVIZ_CACHE", str(folder))
+        lm = load()
+        (note,) = lm.notices
+        assert "does not match its SHA-256" in note and "rebuilding it" in note
+        assert convert.damage(folder / SMOLLM) is None and leftovers(folder) == []
+
+
 def test_a_write_that_raises_enospc_is_answered(cache, monkeypatch, conv, expected):
     """The same without a mount: the tokenizer's writer writes half a file, then raises ENOSPC."""
     import tiny

@@ -120,6 +120,9 @@ def _rebuild(target: Path, bad: str) -> Converted:
     log.info("converting %s to safetensors in %s (once)", SMOLLM_GGUF, target)
     model, tok = convert_in_memory(gguf_dir)
 
+    if existed:  # damaged, and we hold the lock: its space goes to the new entry
+        files.discard(target)
+
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)

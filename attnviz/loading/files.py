@@ -321,6 +321,17 @@ def remove_leftovers(target: Path) -> None:
         log.info("removed %s, left by a writer that stopped", old)
 
 
+def discard(target: Path) -> None:
+    """Remove the entry ``target`` (a damaged one, under `folder_lock`): renamed aside first, so
+    no reader ever sees it half-removed; a folder that cannot be changed is left as it is."""
+    aside = target.parent / f".{target.name}.old-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        os.rename(target, aside)
+    except OSError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def _swap_in(tmp: Path, target: Path) -> None:
     """Rename the finished ``tmp`` to ``target``; a damaged ``target`` is moved aside first."""
     try:
