@@ -138,7 +138,9 @@ def _rebuild(target: Path, bad: str) -> Converted:
             hint=CACHE_HINT,
         )
     except CannotWrite as err:
-        stuck = f"; remove {str(target)!r} (or make it writable) so it can be rebuilt" if target.exists() else ""
+        stuck = (
+            f"; remove {str(target)!r} (or make it writable) so it can be rebuilt" if target.exists() else ""
+        )
         note = f"{err}{stuck}; this load uses the model converted in memory (the cache is not written)"
         log.warning(note)
         return Converted(None, model, tok, (*notices, note))
