@@ -143,8 +143,8 @@ def _parser() -> argparse.ArgumentParser:
         const="true",
         default=None,
         metavar="LAYER",
-        help="recompute one layer (the middle one, or LAYER) with transformers' eager attention and "
-        "fail on a mismatch",
+        help="recompute one layer of every stack (the middle one, or LAYER) with transformers' eager "
+        "attention and fail on a mismatch",
     )
 
     info = sub.add_parser("info", help="the attention layout of a model")
@@ -206,8 +206,8 @@ def _extract(args) -> int:
     sys.stdout.write(
         f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path})\n"
     )
-    if res.check is not None:
-        sys.stdout.write(res.check.caption() + "\n")
+    if res.checks:  # one figure per stack (encoder, decoder, cross)
+        sys.stdout.write(res.check_caption() + "\n")
     return 0
 
 

@@ -69,7 +69,8 @@ def test_any_rows_and_heads_equal_the_full_layers_rows(pair):
         n_q = len(fast.axes(stack)[0])
         cases = [slice(0, 1), slice(1, 2), slice(n_q - 1, n_q), slice(-1, None), slice(0, 0), slice(None)]
         cases += [
-            slice(int(a), int(a) + int(w)) for a, w in zip(rng.integers(0, n_q, 6), rng.integers(1, 5, 6))
+            slice(int(a), int(a) + int(w))
+            for a, w in zip(rng.integers(0, n_q, 6), rng.integers(1, 5, 6), strict=True)
         ]
         for i in range(fast.n_layers(stack)):
             full = fast.layer(i, stack=stack)
@@ -250,3 +251,37 @@ def test_progress_hears_every_attention_layer_and_can_stop_the_forward():
         attnviz.extract(lm, TEXT, progress=stop_after_one)
     again = attnviz.extract(lm, TEXT)  # the lock was released: the next run works and is exact
     np.testing.assert_allclose(again.layer(1), res.layer(1), atol=1e-6)
+
+
+def test_coloured_text_of_the_first_token_shows_only_itself(monkeypatch):
+    """The Explorer's first view on a left-to-right model: the "Coloured text" of token 0 asks for
+    one row, and token 0 can attend only to itself - weight 1 there, exactly 0 on every later token
+    (a single first row once lost its causal mask and showed the later words)."""
+    from test_app_explorer import TINY, new_app, ok, prepare, specs
+    from test_app_views import vals
+
+    prepare(monkeypatch)
+    for layer, head in ((0, 0), (2, 3)):
+        at = new_app(model=TINY, text=TEXT, layer=layer, head=head).run()
+        ok(at)
+        assert at.number_input(key="tok").value == 0
+        fig = next(s for s in specs(at) if s["data"][0].get("type") == "bar")
+        assert fig["layout"]["title"]["text"].startswith("how much (0) ")
+        weights = vals(fig["data"][0]["marker"]["color"])
+        assert len(weights) > 10 and weights[0] == 1.0 and (weights[1:] == 0).all(), weights[:4]
+
+
+def test_a_padding_mask_of_one_row_serves_any_rows_slice():
+    """A model that hands its attention a padding mask (1, 1, 1, key_pos) - one row for every query
+    (LayoutLM builds one from the attention mask) - answers any rows slice with those rows of the
+    full layer (rows 1:2 once asked that mask for its missing second row and crashed)."""
+    import archs
+
+    model, _ = archs.build("layoutlm", "masked")
+    lm = attnviz.wrap_model(model, archs.tokenizer(), spec="tiny-layoutlm")
+    res = attnviz.extract_ids(lm, [3 + (i * 37) % 300 for i in range(12)])
+    cap_mask = res._captured["self"][0].mask
+    assert res.method == "fast exact" and cap_mask is not None and tuple(cap_mask.shape) == (1, 1, 1, 12)
+    full = res.layer(1)
+    for rows in (slice(0, 1), slice(1, 2), slice(5, 9), slice(11, 12)):
+        np.testing.assert_allclose(res.layer(1, rows=rows), full[:, rows], atol=1e-6)
