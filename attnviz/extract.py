@@ -14,15 +14,17 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from . import layerwise
-from .capture import IMPLEMENTATION, CapturedAttention, recording
+from .capture import layerwise
+from .capture.hook import IMPLEMENTATION, recording
+from .capture.layerwise import LayerInput
+from .capture.records import CapturedAttention
+from .capture.sites import decoder_start, eager_attentions, forward_inputs
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
-from .layerwise import LayerInput
+from .exact.eager import CannotCheck
+from .exact.verify import VerifyArg, pick_layers, self_check
 from .loading import LoadedModel, is_out_of_memory
-from .probe import decoder_start, eager_attentions, forward_inputs
 from .result import AttentionResult
 from .tokens import Tokens
-from .verify import CannotCheck, VerifyArg, pick_layers, self_check
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ def tokenize(lm: LoadedModel, text: str, *, chat: bool = False) -> tuple[list[in
     return list(ids), [False] * len(ids)
 
 
-def _forward_kwargs(lm: LoadedModel) -> dict:
+def forward_kwargs(lm: LoadedModel) -> dict:
     params = inspect.signature(lm.model.forward).parameters
     kwargs: dict = {}
     if "use_cache" in params:
@@ -161,13 +163,13 @@ def extract(
     decoder, cross) with transformers' own eager attention on the same layer input and records each
     stack's max |Δ| in ``result.checks``; a mismatch above the dtype's tolerance raises. "auto"
     checks only where it is cheap (<= 1024 tokens). An encoder-decoder's decoder starts from the
-    model's own start token (`attnviz.probe.decoder_start`, the one generate starts from).
+    model's own start token (`attnviz.capture.sites.decoder_start`, the one generate starts from).
     ``sampling`` generates by sampling (temperature, top-p, seed: reproducible) instead of greedily.
     ``progress(done, total)`` hears the fast forward's attention layers as they finish (a UI's
     progress bar; an exception it raises stops the forward and frees its work).
     ``statistics=True`` is for a result that will go to `head_metrics` (or rollout): the fast
     forward keeps each layer's log-sum-exp and feature expectations where the CPU flash kernel
-    runs it in float32 (`attnviz.forward_stats`), so the statistics need no second attention
+    runs it in float32 (`attnviz.capture.statistics`), so the statistics need no second attention
     pass there; the output equals a plain run to float32 rounding.
     """
     ids, template = tokenize(lm, text, chat=chat)
@@ -247,7 +249,7 @@ def extract_ids(
             if enc_dec and dec_ids is None:
                 dec_ids = [start, *ids[:-1]]
             # The same inputs (ids, all-ones masks) for the fast, eager and layer-at-a-time forwards
-            inputs: dict = {**forward_inputs(model, ids, dec_ids), **_forward_kwargs(lm)}
+            inputs: dict = {**forward_inputs(model, ids, dec_ids), **forward_kwargs(lm)}
             captured: dict[str, list[CapturedAttention]] = {}
             eager: dict[str, list[torch.Tensor]] = {}
             layers: dict[str, list[LayerInput]] = {}

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from .errors import ModelHasNoAttention
+from ..errors import ModelHasNoAttention
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def probe(
     whenever no recorder is active, so they are not switched. ``tokenizer`` gives the probe input
     its special tokens (`probe_inputs`).
     """
-    from . import capture
+    from . import hook as capture
 
     switch = capture_ok if switch is None else switch
     inputs = probe_inputs(model, tokenizer, encoder_decoder)
@@ -307,9 +307,9 @@ PROBE_TOLERANCE = 2e-2
 def _worst_diff(
     model: Any, found: Probe, calls: list, eager_probs: dict[str, list[torch.Tensor]], half: bool
 ) -> float:
-    from .errors import AttnvizError
-    from .result import probs_from_capture
-    from .verify import eager_probabilities
+    from ..errors import AttnvizError
+    from ..exact.eager import eager_probabilities
+    from ..exact.probabilities import probs_from_capture
 
     seen: Counter[str] = Counter()
     worst = 0.0
