@@ -18,7 +18,8 @@ import numpy as np
 
 from ._version import __version__
 from .errors import AttnvizError
-from .extract import DEFAULT_MAX_TOKENS, PATHS
+from .extract import DEFAULT_MAX_TOKENS
+from .result import PATHS
 
 
 class _Parser(argparse.ArgumentParser):

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
@@ -23,13 +23,11 @@ from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
 from .exact.eager import CannotCheck
 from .exact.verify import VerifyArg, pick_layers, self_check
 from .loading import LoadedModel, is_out_of_memory
-from .result import AttentionResult
+from .result import PATHS, AttentionResult, PathName
 from .tokens import Tokens
 
 log = logging.getLogger(__name__)
 
-PathName = Literal["fast", "eager"]
-PATHS: tuple[str, ...] = get_args(PathName)
 Progress = Callable[[int, int], None]  # (attention layers done, attention layers in all)
 DEFAULT_MAX_TOKENS = 8192
 _SENTINEL = "\u27e6attnviz\u27e7"
@@ -309,7 +307,7 @@ def extract_ids(
     picks = pick_layers(result, verify)
     if picks:
         try:
-            checks = self_check(lm.model, result, picks, captured)
+            checks = self_check(lm.model, result, picks)
         except CannotCheck:
             if verify != "auto":
                 raise

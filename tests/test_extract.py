@@ -280,7 +280,7 @@ def test_a_padding_mask_of_one_row_serves_any_rows_slice():
     model, _ = archs.build("layoutlm", "masked")
     lm = attnviz.wrap_model(model, archs.tokenizer(), spec="tiny-layoutlm")
     res = attnviz.extract_ids(lm, [3 + (i * 37) % 300 for i in range(12)])
-    cap_mask = res._captured["self"][0].mask
+    cap_mask = res.captured(0).mask
     assert res.method == "fast exact" and cap_mask is not None and tuple(cap_mask.shape) == (1, 1, 1, 12)
     full = res.layer(1)
     for rows in (slice(0, 1), slice(1, 2), slice(5, 9), slice(11, 12)):

@@ -17,11 +17,10 @@ from typing import Any
 
 import torch
 
-from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
 from ..layout import Stack
 from ..result import AttentionResult, Check
-from .eager import eager_probabilities
+from .eager import comparable, eager_probabilities
 
 log = logging.getLogger(__name__)
 
@@ -54,36 +53,22 @@ def pick_layers(result: AttentionResult, verify: VerifyArg) -> dict[Stack, int]:
     return dict.fromkeys(result.stacks, layer)
 
 
-def self_check(
-    model: Any,
-    result: AttentionResult,
-    layers: Mapping[Stack, int],
-    captured: Mapping[str, list[CapturedAttention]],
-) -> tuple[Check, ...]:
-    """Recompute one layer of each stack in ``layers`` with eager from the calls ``captured`` in the
-    forward that made ``result`` (none: the probabilities are eager's own) and compare; raises
-    naming the stack and layer on a mismatch."""
-    return tuple(_check_one(model, result, stack, layer, captured) for stack, layer in layers.items())
+def self_check(model: Any, result: AttentionResult, layers: Mapping[Stack, int]) -> tuple[Check, ...]:
+    """Recompute one layer of each stack in ``layers`` with eager from what the forward captured
+    (a result without captures holds eager's own probabilities) and compare; raises naming the
+    stack and layer on a mismatch."""
+    return tuple(_check_one(model, result, stack, layer) for stack, layer in layers.items())
 
 
-def _check_one(
-    model: Any,
-    result: AttentionResult,
-    stack: Stack,
-    layer: int,
-    captured: Mapping[str, list[CapturedAttention]],
-) -> Check:
+def _check_one(model: Any, result: AttentionResult, stack: Stack, layer: int) -> Check:
     ours = result.layer_tensor(layer, stack=stack)
     dtype = next(model.parameters()).dtype
-    if not captured:
+    cap = result.captured(layer, stack)
+    if cap is None:
         # The probabilities already are eager's own (the module re-run on this layer's input).
         return Check(stack, layer, 0.0, str(dtype).removeprefix("torch."), tolerance(dtype), "eager itself")
-    cap = captured[stack][layer]
     theirs = eager_probabilities(model, cap).to(ours.device)
-    if cap.sinks is not None and bool(((theirs.sum(-1) - 1).abs() < 1e-3).all()):
-        # Granite-SWA scales the output by sigmoid(lse - sink) after a plain softmax, so its eager
-        # weights sum to 1: the same as ours once the sink's share is taken back out.
-        ours = ours / ours.sum(-1, keepdim=True)
+    ours = comparable(ours, theirs, cap)
     diff = float((ours - theirs).abs().max()) if ours.numel() else 0.0
     check = Check(stack, layer, diff, str(cap.query.dtype).removeprefix("torch."), tolerance(cap.query.dtype))
     log.info("self-check %s: %s", result.model_name, check.caption())
