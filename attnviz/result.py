@@ -101,6 +101,14 @@ class AttentionResult:
             raise BadIndex(f"stack {stack!r} not in this model; choose one of {self.stacks}")
         return stack
 
+    def captured(self, stack: Stack | None, layer: int) -> CapturedAttention | None:
+        """What one layer's attention call saw (queries, keys, values, mask, scaling, ...): the
+        record the fast path computes probabilities from; None on the eager paths, which keep none."""
+        stack = self._stack(stack)
+        self._check(layer, None, stack)
+        caps = self._captured.get(stack)
+        return caps[layer] if caps else None
+
     def _check(self, layer: int, heads: Sequence[int] | None, stack: Stack) -> None:
         n = self.layout.layers_in(stack)
         if not 0 <= int(layer) < n:

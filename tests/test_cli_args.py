@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import tiny
 import torch
 
 import attnviz
@@ -77,6 +78,17 @@ EXTRACT = ["extract", "--model", "smollm2-135m", "--text", "river bank"]
         ([*EXTRACT, "--out", "x.npz", "--max-tokens", "0"], "must be 1 or more"),
         ([*EXTRACT, "--out", "x.npz", "--generate", "-1"], "must be 0 or more"),
         ([*EXTRACT, "--out", "x.npz", "--generate", "two"], "'two' is not a whole number"),
+        ([*EXTRACT, "--out", "x.npz", "--verify", "abc"], "'abc' is not a layer; give a layer index"),
+        ([*EXTRACT, "--out", "x.npz", "--verify", "-1"], "'-1' is not a layer"),
+        (
+            [*EXTRACT, "--out", "x.npz", "--verify", "99"],
+            "layer 99 is out of range; smollm2-135m has layers 0..29",
+        ),
+        ([*EXTRACT, "--out", "x.npz", "--format", "tiny"], "invalid choice: 'tiny'"),
+        (["extract", "--model", "a b!!", "--text", "t", "--out", "x.npz"], "this name also has ' ' '!'"),
+        (["info", "--model", "a b!!"], "a Hub id has only letters"),
+        (["info", "--model", "/no/such/folder"], "local folder '/no/such/folder' does not exist"),
+        (["info", "--model", "two\nlines"], "control characters"),
         (["app", "--port", "70000"], "not a port"),
         (["app", "--port", "http"], "not a whole number"),
     ],
@@ -85,6 +97,39 @@ def test_bad_argument_is_one_line_and_non_zero(capsys, no_cuda, argv, message):
     code, lines = run_main(capsys, *argv)
     assert code == 2
     assert_one_line(code, lines, message)
+
+
+def test_verify_layer_checked_against_the_config_before_loading(capsys, tmp_path):
+    """A local model's layer count comes from its config.json alone (the weights never load)."""
+    folder = tmp_path / "tiny-llama"
+    tiny.model("llama-gqa").config.save_pretrained(folder)  # 3 layers, no weights in the folder
+    argv = ["extract", "--model", str(folder), "--text", "river bank", "--out", str(tmp_path / "x.npz")]
+    code, lines = run_main(capsys, *argv, "--verify", "3")
+    assert code == 2
+    assert_one_line(code, lines, "layer 3 is out of range; " + str(folder) + " has layers 0..2")
+    with pytest.raises(AssertionError, match="a model was loaded"):  # layer 2 exists: it gets to the load
+        cli.main([*argv, "--verify", "2"])
+
+
+def test_builtin_layer_counts_match_their_descriptions():
+    assert set(cli.BUILTIN_LAYERS) == set(attnviz.BUILTIN_MODELS)
+    for spec, n in cli.BUILTIN_LAYERS.items():
+        assert f"{n} layers" in attnviz.BUILTIN_MODELS[spec]
+
+
+def test_max_tokens_default_from_the_environment(capsys, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "many")
+    code, lines = run_main(capsys, *EXTRACT, "--out", "x.npz")
+    assert code == 2
+    assert_one_line(code, lines, "ATTNVIZ_MAX_TOKENS='many' is not a whole number")
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "77")
+    parser = cli._parser()
+    args = parser.parse_args([*EXTRACT, "--out", "x.npz"])
+    cli._preflight(args, parser.error)
+    assert args.max_tokens == 77
+    args = parser.parse_args([*EXTRACT, "--out", "x.npz", "--max-tokens", "9"])  # the flag wins
+    cli._preflight(args, parser.error)
+    assert args.max_tokens == 9
 
 
 def test_extract_out_under_a_file(capsys, tmp_path):

@@ -66,6 +66,39 @@ def test_extract_npz_from_local_folder(tiny_folder, tmp_path):
     assert np.abs(np.load(eager_out)["attentions"] - data["attentions"]).max() <= 1e-5
 
 
+def test_extract_compact_file_reads_back_as_the_live_heads(tiny_folder, tmp_path):
+    """`--format compact` stores the captured queries, keys and values; `attnviz.load_npz` computes
+    every head from them, equal bit for bit to the live result of the same model and text."""
+    out = tmp_path / "long.npz"
+    r = run_cli(
+        "extract",
+        "--model",
+        str(tiny_folder),
+        "--text",
+        "river bank",
+        "--out",
+        str(out),
+        "--format",
+        "compact",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "compact: queries, keys and values; read it with attnviz.load_npz" in r.stdout
+    back = attnviz.load_npz(out)
+    live = attnviz.extract(attnviz.load_model(str(tiny_folder)), "river bank")
+    assert "attentions" not in np.load(out).files
+    for layer in range(live.n_layers()):
+        for head in range(live.n_heads):
+            assert np.array_equal(back.head(layer, head), live.head(layer, head)), (layer, head)
+
+
+def test_extract_honours_the_token_cap_from_the_environment(tiny_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "3")
+    r = run_cli(
+        "extract", "--model", str(tiny_folder), "--text", "river bank", "--out", str(tmp_path / "x.npz")
+    )
+    assert r.returncode == 1 and "the limit is 3" in r.stderr, r.stderr
+
+
 def test_extract_encoder_decoder_npz(tmp_path):
     folder = tmp_path / "bart"
     tiny.model("bart").save_pretrained(folder)
