@@ -92,11 +92,11 @@ def test_extract_compact_file_reads_back_as_the_live_heads(tiny_folder, tmp_path
 
 
 def test_extract_honours_the_token_cap_from_the_environment(tiny_folder, tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "3")
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "2")  # "river bank" is 3 tokens here
     r = run_cli(
         "extract", "--model", str(tiny_folder), "--text", "river bank", "--out", str(tmp_path / "x.npz")
     )
-    assert r.returncode == 1 and "the limit is 3" in r.stderr, r.stderr
+    assert r.returncode == 1 and "the limit is 2" in r.stderr, r.stderr
 
 
 def test_extract_encoder_decoder_npz(tmp_path):
