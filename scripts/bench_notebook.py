@@ -72,7 +72,7 @@ def main() -> None:
         f"The cell display of `res` (summary + head view) is "
         f"**{size / 1e6:.1f} MB** and takes **{statistics.median(times):.1f} s** (median of "
         f"{args.repeats}), showing {shown}; the extraction before it took {extract_s:.1f} s. "
-        f"1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after ."
+        f"1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after."
     )
     print(body)
     if not args.no_write:
