@@ -208,6 +208,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-write", action="store_true", help="print only")
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
+    bench.add_argument(
+        "--no-stats", action="store_true", help="the extraction table only (no whole-model statistics rows)"
+    )
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 
@@ -357,7 +360,10 @@ def _app(args) -> int:
     from .server.app_files import app_script, streamlit_flags
 
     if importlib.util.find_spec("streamlit") is None:
-        raise AttnvizError('the web app needs Streamlit: pip install "attnviz[app]"')
+        raise AttnvizError(
+            'the web app needs Streamlit: pip install "streamlit>=1.45,<2" '
+            '(in a checkout: pip install ".[app]")'
+        )
     script = app_script()
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_flags(script.parent)]
     cmd += [f"--server.port={args.port}", f"--server.address={args.address}"]

@@ -237,4 +237,7 @@ def test_app_without_streamlit_says_which_extra(monkeypatch, capsys):
         importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a)
     )
     code, lines = run_main(capsys, "app")
-    assert code == 1 and lines == ['attnviz: error: the web app needs Streamlit: pip install "attnviz[app]"']
+    assert code == 1 and lines == [
+        'attnviz: error: the web app needs Streamlit: pip install "streamlit>=1.45,<2" '
+        '(in a checkout: pip install ".[app]")'
+    ]

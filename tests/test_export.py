@@ -102,5 +102,5 @@ def test_a_foreign_npz_is_refused_with_what_to_do():
     buf = io.BytesIO()
     np.savez(buf, attentions=np.zeros((1, 1, 2, 2), np.float32))
     buf.seek(0)
-    with pytest.raises(attnviz.AttnvizError, match="read its arrays with numpy.load"):
+    with pytest.raises(attnviz.AttnvizError, match=r"read its arrays with numpy\.load"):
         attnviz.load_npz(buf)
