@@ -325,7 +325,7 @@ def _info(args) -> int:
         ("device / dtype", f"{lm.device} / {str(lm.dtype).removeprefix('torch.')}"),
         (
             "fast path",
-            "fast exact (SDPA + captured Q/K)"
+            "fast exact (SDPA + captured Q/K/V)"
             if lm.fast_exact
             else "eager exact, one layer at a time"
             + (f" ({lm.probe.why_not_fast})" if lm.probe and lm.probe.why_not_fast else ""),
