@@ -20,7 +20,8 @@ from pathlib import Path
 from ._version import __version__
 from .errors import AttnvizError
 from .export import FORMATS
-from .extract import DEFAULT_MAX_TOKENS, PATHS
+from .extract import DEFAULT_MAX_TOKENS
+from .result import PATHS
 
 
 class _Parser(argparse.ArgumentParser):

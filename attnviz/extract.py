@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
@@ -22,13 +23,11 @@ from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
 from .exact.eager import CannotCheck
 from .exact.verify import VerifyArg, pick_layer, self_check
 from .loading import LoadedModel, is_out_of_memory
-from .result import AttentionResult
+from .result import PATHS, AttentionResult, PathName
 from .tokens import Tokens
 
 log = logging.getLogger(__name__)
 
-PathName = Literal["fast", "eager"]
-PATHS: tuple[str, ...] = get_args(PathName)
 Progress = Callable[[int, int], None]  # (attention layers done, attention layers in all)
 DEFAULT_MAX_TOKENS = 8192
 _SENTINEL = "\u27e6attnviz\u27e7"
@@ -304,7 +303,7 @@ def extract_ids(
     layer = pick_layer(result, verify)
     if layer is not None:
         try:
-            result.check = self_check(lm.model, result, layer)
+            result = dataclasses.replace(result, check=self_check(lm.model, result, layer))
         except CannotCheck:
             if verify != "auto":
                 raise

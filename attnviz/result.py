@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -16,7 +18,10 @@ from .exact.probabilities import probs_from_capture
 from .layout import AttentionLayout, Stack
 from .tokens import Tokens
 
-Path = str  # "fast" | "eager"
+# How a result was asked for: "fast" (captured Q/K/V, probabilities on demand) or "eager"
+# (output_attentions=True). The one list of path names (the CLI's --path choices too).
+PathName = Literal["fast", "eager"]
+PATHS: tuple[str, ...] = get_args(PathName)
 # Model types whose attention has learned sinks in the softmax (rows of visible keys sum to < 1).
 SINK_MODELS = frozenset(
     {"gpt_oss", "flint", "granite_swa", "granitemoe_swa", "hy_v4", "mimo_v2_flash", "deepseek_v4"}
@@ -42,7 +47,7 @@ class Check:
         return f"checked against eager: max |Δ| {self.max_abs_diff:.0e}, {self.dtype} ({where})"
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class AttentionResult:
     """Attention of one model on one text.
 
@@ -56,7 +61,7 @@ class AttentionResult:
     model_name: str
     layout: AttentionLayout
     tokens: Tokens  # encoder / input tokens
-    path: Path
+    path: PathName
     decoder_tokens: Tokens | None = None
     _captured: dict[str, list[CapturedAttention]] = field(default_factory=dict, repr=False)
     _eager: dict[str, list[torch.Tensor]] = field(default_factory=dict, repr=False)
@@ -78,7 +83,7 @@ class AttentionResult:
         return len(self.tokens)
 
     def n_layers(self, stack: Stack | None = None) -> int:
-        return self.layout.layers_in(self._stack(stack))
+        return self.layout.layers_in(self.resolve_stack(stack))
 
     @property
     def n_heads(self) -> int:
@@ -86,7 +91,7 @@ class AttentionResult:
 
     def axes(self, stack: Stack | None = None) -> tuple[Tokens, Tokens]:
         """(query tokens, key tokens) for a stack."""
-        stack = self._stack(stack)
+        stack = self.resolve_stack(stack)
         dec = self.decoder_tokens or self.tokens
         if stack == "decoder":
             return dec, dec
@@ -94,28 +99,41 @@ class AttentionResult:
             return dec, self.tokens
         return self.tokens, self.tokens
 
-    def _stack(self, stack: Stack | None) -> Stack:
+    def resolve_stack(self, stack: Stack | None) -> Stack:
+        """The stack asked for (None: the first one), checked against this model's stacks."""
         if stack is None:
             return self.stacks[0]
         if stack not in self.stacks:
             raise BadIndex(f"stack {stack!r} not in this model; choose one of {self.stacks}")
         return stack
 
-    def captured(self, stack: Stack | None, layer: int) -> CapturedAttention | None:
-        """What one layer's attention call saw (queries, keys, values, mask, scaling, ...): the
-        record the fast path computes probabilities from; None on the eager paths, which keep none."""
-        stack = self._stack(stack)
-        self._check(layer, None, stack)
-        caps = self._captured.get(stack)
-        return caps[layer] if caps else None
-
-    def _check(self, layer: int, heads: Sequence[int] | None, stack: Stack) -> None:
+    def check_index(self, layer: int, heads: Sequence[int] | None, stack: Stack) -> None:
+        """Raise `BadIndex` (saying the valid range) for a layer or head this model lacks."""
         n = self.layout.layers_in(stack)
         if not 0 <= int(layer) < n:
             raise BadIndex(f"layer {layer} is out of range: this model has layers 0..{n - 1}")
         for h in heads or ():
             if not 0 <= int(h) < self.layout.n_heads:
                 raise BadIndex(f"head {h} is out of range: this model has heads 0..{self.layout.n_heads - 1}")
+
+    def captured(self, layer: int, stack: Stack | None = None) -> CapturedAttention | None:
+        """What the forward recorded for one layer (query, key, value, mask, scaling, ...) on the
+        fast path; None for a result from the eager or the layer-at-a-time path."""
+        stack = self.resolve_stack(stack)
+        self.check_index(layer, None, stack)
+        calls = self._captured.get(stack)
+        return calls[layer] if calls else None
+
+    def with_capture(self, layer: int, cap: CapturedAttention, stack: Stack | None = None) -> AttentionResult:
+        """A copy of this fast-path result with one layer's record replaced (to ask "what if this
+        layer had seen ...": a planted bias, mask or scale in a test, a counterfactual)."""
+        stack = self.resolve_stack(stack)
+        self.check_index(layer, None, stack)
+        if not self._captured.get(stack):
+            raise BadIndex("only a fast-path result has captured records to replace")
+        calls = list(self._captured[stack])
+        calls[layer] = cap
+        return dataclasses.replace(self, _captured={**self._captured, stack: calls})
 
     def layer_tensor(
         self,
@@ -126,8 +144,8 @@ class AttentionResult:
         stack: Stack | None = None,
     ) -> torch.Tensor:
         """Probabilities as a float32 tensor on the model's device: (heads, query_pos, key_pos)."""
-        stack = self._stack(stack)
-        self._check(layer, heads, stack)
+        stack = self.resolve_stack(stack)
+        self.check_index(layer, heads, stack)
         if self._eager:
             t = self._eager[stack][layer]
         elif self._layers:
@@ -167,7 +185,7 @@ class AttentionResult:
 
     def iter_layers(self, stack: Stack | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """(layer, probabilities tensor) one layer at a time, never the whole stack at once."""
-        stack = self._stack(stack)
+        stack = self.resolve_stack(stack)
         for i in range(self.layout.layers_in(stack)):
             yield i, self.layer_tensor(i, stack=stack)
 
@@ -179,7 +197,7 @@ class AttentionResult:
 
         layers = self.iter_layers(stack)
         _, first = next(layers)
-        n = self.layout.layers_in(self._stack(stack))
+        n = self.layout.layers_in(self.resolve_stack(stack))
         need = n * first.numel() * 4
         require(
             need,

@@ -311,8 +311,8 @@ def test_self_check_of_gptj_runs_its_own_attn():
     lm = wrap(model)
     res = attnviz.extract_ids(lm, ids(40), verify=1)
     assert res.check.max_abs_diff <= 1e-5
-    cap = res._captured["self"][1]
-    res._captured["self"][1] = dataclasses.replace(cap, scaling=cap.scaling * 1.05)
+    cap = res.captured(1)
+    res = res.with_capture(1, dataclasses.replace(cap, scaling=cap.scaling * 1.05))
     from attnviz.exact.verify import self_check
 
     with pytest.raises(attnviz.AttnvizError, match="self-check failed"):

@@ -53,7 +53,7 @@ def test_compact_keeps_bfloat16_bits():
     lm = attnviz.wrap_model(model, tiny.tokenizer("decoder"), spec="tiny-llama-bf16")
     live = attnviz.extract(lm, TEXT)
     back, _ = round_trip(live, "compact")
-    cap, got = live.captured(None, 1), back.captured(None, 1)
+    cap, got = live.captured(1), back.captured(1)
     assert cap is not None and got is not None and got.query.dtype == torch.bfloat16
     assert torch.equal(cap.query, got.query) and torch.equal(cap.key, got.key)
     assert_same_heads(live, back)
@@ -61,7 +61,7 @@ def test_compact_keeps_bfloat16_bits():
 
 def test_a_shared_mask_is_stored_once():
     live = attnviz.extract(tiny.loaded("mistral-sliding"), TEXT)
-    masks = {id(live.captured(None, i).mask) for i in range(live.n_layers())}  # type: ignore[union-attr]
+    masks = {id(live.captured(i).mask) for i in range(live.n_layers())}  # type: ignore[union-attr]
     _, data = round_trip(live, "compact")
     stored = [f for f in np.load(io.BytesIO(data)).files if f.endswith(".mask")]
     assert None not in masks and len(stored) == len(masks)

@@ -8,6 +8,7 @@ import pathlib
 import pytest
 
 import attnviz
+from attnviz.loading import names
 from attnviz.server import specs
 from attnviz.server.settings import Settings
 
@@ -19,7 +20,7 @@ def test_a_long_id_says_how_long_and_the_limit():
     with pytest.raises(attnviz.ModelNotFound) as err:
         specs.resolve("a" * 300, OPEN)
     msg = str(err.value)
-    assert "300 characters long" in msg and f"at most {specs.MAX_HUB_ID}" in msg
+    assert "300 characters long" in msg and f"at most {names.MAX_HUB_ID}" in msg
     assert msg.count("a" * 50) == 0  # the id is not repeated back
 
 

@@ -24,8 +24,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from ..extract import PathName, extract_ids
+from ..extract import extract_ids
 from ..loading import LoadedModel, load_model, resolve_device
+from ..result import PathName
 from .common import floor, ids_of_length, llama3b_shaped, machine_line, measure, replace_section
 
 log = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..exact.probabilities import attention_scores
+from ..layout import repeat_kv
 from .records import CapturedAttention
 from .statistics import forward_with_stats, fusable
 
@@ -93,6 +94,11 @@ def _changes_probabilities(name: str, value) -> bool:
 _ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_recorder", default=None)
 
 
+def active_recorder() -> Recorder | None:
+    """The recorder of the `recording` block this thread / task is in (None outside one)."""
+    return _ACTIVE.get()
+
+
 @contextlib.contextmanager
 def recording(
     names: dict[int, str], on_call: Callable[[int], None] | None = None, *, statistics: bool = False
@@ -117,9 +123,7 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
     groups = query.shape[1] // key.shape[1]
     # The queries are the last q_pos of the key_pos positions (one new token against a cache).
     shift = key.shape[2] - query.shape[2]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     out = []
     chunk = 1024
     for start in range(0, query.shape[2], chunk):

@@ -241,7 +241,7 @@ def _worst_diff(
     model: Any, found: Probe, calls: list, eager_probs: dict[str, list[torch.Tensor]], half: bool
 ) -> float:
     from ..errors import AttnvizError
-    from ..exact.eager import eager_probabilities
+    from ..exact.eager import comparable, eager_probabilities
     from ..exact.probabilities import probs_from_capture
 
     seen: Counter[str] = Counter()
@@ -258,8 +258,6 @@ def _worst_diff(
                 ref = eager_probabilities(model, c)
             except AttnvizError:
                 continue  # no eager function to compare with; the first layer was compared
-        ours = probs_from_capture(c).to(ref.device)
-        if c.sinks is not None and bool(((ref.sum(-1) - 1).abs() < 1e-3).all()):
-            ours = ours / ours.sum(-1, keepdim=True)  # eager weights before the sink scaling
+        ours = comparable(probs_from_capture(c).to(ref.device), ref, c)
         worst = max(worst, float((ours - ref).abs().max()))
     return worst

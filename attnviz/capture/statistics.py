@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend
 
+from ..layout import repeat_kv
 from ..limits import USABLE, free_bytes
 
 
@@ -79,7 +80,7 @@ def fusable(module, query, key, value, mask, dropout: float, scaling, is_causal:
     group = query.shape[1] // key.shape[1]
     k, v = key, value
     if group > 1 and not (mask is None and key.shape[-1] == value.shape[-1] <= 256):  # use_gqa_in_sdpa
-        k, v = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+        k, v = repeat_kv(key, group), repeat_kv(value, group)
     try:
         choice = torch._fused_sdp_choice(
             query, k, v, mask, dropout, causal, scale=scaling, enable_gqa=k is key and group > 1

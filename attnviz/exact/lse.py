@@ -22,16 +22,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import weakref
 from dataclasses import dataclass
 
 import torch
 
 from ..capture.records import CapturedAttention
 from ..capture.statistics import cross_terms
-from ..layout import AttentionLayout, Stack
+from ..layout import AttentionLayout, Stack, repeat_kv
 from ..limits import require
-from .masks import BLOCK_ROWS, MaskSpec, allowed, key_bias, mask_bias, mask_matches, mask_of, recorded_bias
+from .masks import (
+    BLOCK_ROWS,
+    MaskSpec,
+    PerTensor,
+    allowed,
+    key_bias,
+    mask_bias,
+    mask_matches,
+    mask_of,
+    recorded_bias,
+)
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +203,7 @@ def attend(
 def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
     """(kv_heads, pos, d) -> (heads, pos, d) in transformers' repeat_kv order."""
     group = cap.query.shape[1] // t.shape[0]
-    return t.repeat_interleave(group, 0) if group > 1 else t
+    return repeat_kv(t, group, dim=0)
 
 
 @dataclass
@@ -215,15 +224,12 @@ class LayerPass:
     pos_causal: torch.Tensor | None = None
 
 
-# L of each captured call, keyed by id with a weak reference proving identity (small: (heads, N)).
-_LSE: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+# L of each captured call, kept while its query lives (small: (heads, N)).
+_LSE: PerTensor[torch.Tensor] = PerTensor(limit=512)
 
 
 def _remember(cap: CapturedAttention, lse: torch.Tensor) -> None:
-    if len(_LSE) > 512:
-        for key in [k for k, (ref, _) in _LSE.items() if ref() is None]:
-            del _LSE[key]
-    _LSE[id(cap)] = (weakref.ref(cap.query), lse)
+    _LSE.put(cap.query, lse)
 
 
 def _features(cap: CapturedAttention) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,9 +294,9 @@ def layer_lse(cap: CapturedAttention, spec: MaskSpec) -> torch.Tensor:
     once and remembered while the call lives."""
     if cap.forward is not None:
         return cap.forward.lse
-    hit = _LSE.get(id(cap))
-    if hit is not None and hit[0]() is cap.query:
-        return hit[1]
+    hit = _LSE.get(cap.query)
+    if hit is not None:
+        return hit
     q1, kv = _features(cap)
     _, lse = attend(q1, kv, kv, scale=cap.scaling, spec=spec)
     _remember(cap, lse)
@@ -313,5 +319,4 @@ def lse_without_first(cap: CapturedAttention, spec: MaskSpec) -> torch.Tensor:
 
 def captured(result, stack: Stack, layer: int) -> CapturedAttention | None:
     """The captured call behind one layer of a fast-path result (None for an eager result)."""
-    calls = (getattr(result, "_captured", None) or {}).get(stack)
-    return calls[layer] if calls else None
+    return result.captured(layer, stack)

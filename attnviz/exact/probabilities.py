@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from ..capture.records import CapturedAttention
+from ..layout import kv_heads_of
 
 
 def attention_scores(
@@ -80,7 +81,7 @@ def probs_from_capture(
     # Absolute position of the first asked row: the queries are the last n_q of n_k positions.
     start = first + n_k - n_q
     q = cap.query[0, head_idx, rows]  # (h, q_rows, d_head)
-    kv_idx = torch.tensor([h // (n_heads // n_kv) for h in head_idx], device=cap.key.device)
+    kv_idx = torch.tensor(kv_heads_of(head_idx, n_heads, n_kv), device=cap.key.device)
     k = cap.key[0].index_select(0, kv_idx)  # (h, key_pos, d_head)
     bias = None
     if cap.position_bias is not None:

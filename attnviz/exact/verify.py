@@ -16,7 +16,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..result import AttentionResult, Check
-from .eager import eager_probabilities
+from .eager import comparable, eager_probabilities
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +50,12 @@ def self_check(model: Any, result: AttentionResult, layer: int) -> Check:
     stack = result.stacks[0]
     ours = result.layer_tensor(layer, stack=stack)
     dtype = next(model.parameters()).dtype
-    if not result._captured:
+    cap = result.captured(layer, stack)
+    if cap is None:
         # The probabilities already are eager's own (the module re-run on this layer's input).
         return Check(stack, layer, 0.0, str(dtype).removeprefix("torch."), tolerance(dtype), "eager itself")
-    cap = result._captured[stack][layer]
     theirs = eager_probabilities(model, cap).to(ours.device)
-    if cap.sinks is not None and bool(((theirs.sum(-1) - 1).abs() < 1e-3).all()):
-        # Granite-SWA scales the output by sigmoid(lse - sink) after a plain softmax, so its eager
-        # weights sum to 1: the same as ours once the sink's share is taken back out.
-        ours = ours / ours.sum(-1, keepdim=True)
+    ours = comparable(ours, theirs, cap)
     diff = float((ours - theirs).abs().max()) if ours.numel() else 0.0
     check = Check(stack, layer, diff, str(cap.query.dtype).removeprefix("torch."), tolerance(cap.query.dtype))
     log.info("self-check %s: %s", result.model_name, check.caption())

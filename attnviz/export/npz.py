@@ -59,7 +59,7 @@ def dense_nbytes(result: AttentionResult) -> int:
 
 def _has_capture(result: AttentionResult) -> bool:
     return all(
-        result.captured(stack, i) is not None
+        result.captured(i, stack) is not None
         for stack in result.stacks
         for i in range(result.n_layers(stack))
     )
@@ -139,7 +139,7 @@ def _capture_arrays(result: AttentionResult, arrays: dict[str, np.ndarray]) -> d
     for stack in result.stacks:
         calls[stack] = []
         for layer in range(result.n_layers(stack)):
-            cap = result.captured(stack, layer)
+            cap = result.captured(layer, stack)
             assert cap is not None  # choose_format checked every layer
             entry: dict[str, Any] = {}
             for f in fields(cap):
