@@ -173,6 +173,8 @@ def run_bench(args) -> int:
         if readme.exists() and "<!-- bench:start -->" in readme.read_text():
             write_markdown(readme, rows, machine_line(device), sizes)  # the README quotes the same table
         sys.stdout.write(f"wrote {args.out}\n")
+    if getattr(args, "no_stats", False):
+        return 0
     from .stats import run_stats_bench  # whole-model answers: statistics, rollout, pooled view
 
     del lm

@@ -133,8 +133,8 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
             key,
             scaling=scaling,
             softcap=softcap,
-            position_bias=None if position_bias is None else position_bias[..., rows, :],
-            mask=None if mask is None else mask[..., rows, :],
+            position_bias=_rows_of(position_bias, rows),
+            mask=_rows_of(mask, rows),
             is_causal=is_causal,
             q_offset=shift + start,
         )
@@ -148,6 +148,12 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out.append(torch.matmul(probs, value))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous()
+
+
+def _rows_of(t: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """Query rows ``rows`` of a (..., q_pos, key_pos) mask or bias; one that has a single row for
+    every query (a padding mask (1, 1, 1, key_pos), ALiBi) is that row for all of them."""
+    return t if t is None or t.shape[-2] == 1 else t[..., rows, :]
 
 
 def attnviz_attention(

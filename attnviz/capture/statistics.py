@@ -20,7 +20,7 @@ no-cache prefill, ``torch._fused_sdp_choice`` picks flash for the call transform
 and the widened buffers fit the free memory).
 Elsewhere (CUDA, bf16, eager-only extras) the layer runs as before and the statistics take a
 second fused pass. The output equals plain SDPA's to float32 rounding — the GEMM library sums a
-wider product in another order for some sizes — not always bit for bit (tests/test_forward_stats.py).
+wider product in another order for some sizes — not always bit for bit (tests/engine/test_forward_stats.py).
 Cost: the kernel still multiplies the zero columns of Q', so the widened call costs about the plain
 attention plus a second pass minus one softmax; the gain grows with N (docs/benchmarks.md).
 """
