@@ -3,14 +3,14 @@ the page says so above its charts (the engine side: tests/engine/test_faults.py)
 
 from __future__ import annotations
 
-from apptest import TEXT, new_app, ok, prepare
+from apptest import TEXT, new_app, ok
 from faults import TinyConverter
 
 from attnviz.loading import convert
 
 
-def test_the_app_shows_that_it_rebuilt_a_damaged_cache(tmp_path, monkeypatch):
-    prepare(monkeypatch)
+def test_the_app_shows_that_it_rebuilt_a_damaged_cache(env, tmp_path):
+    monkeypatch = env
     cache = tmp_path / "cache"
     monkeypatch.setenv("ATTNVIZ_CACHE", str(cache))
     conv = TinyConverter(tmp_path).install(monkeypatch.setattr)
