@@ -160,6 +160,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-write", action="store_true", help="print only")
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
+    bench.add_argument(
+        "--llama-sizes",
+        type=token_sizes,
+        help="CUDA: token counts of the Llama-3.2-3B-shaped statistics rows",
+    )
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 

@@ -18,7 +18,7 @@ import torch
 import attnviz
 from attnviz import metrics as M
 from attnviz.capture.records import CapturedAttention
-from attnviz.exact import lse
+from attnviz.exact import fused, lse
 
 # Long enough (> 40 tokens) that a sliding window of 4 and several 512-row blocks matter.
 TEXT = (
@@ -103,13 +103,14 @@ def test_fused_kernel_lse_and_expectations_equal_a_dense_softmax():
         s = lse.scores_tile(q, k, 0.3, spec, 0, 0)
         want_l = torch.logsumexp(s, -1)
         want_o = torch.softmax(s, -1) @ v
-        out, got_l = lse.attend(q, k, v, scale=0.3, spec=spec)
+        out, got_l, path = lse.attend(q, k, v, scale=0.3, spec=spec)
+        assert path == "fused"
         assert torch.allclose(got_l, want_l, atol=1e-5), spec
         assert torch.allclose(out, want_o, atol=1e-5), spec
-        out_b, l_b = lse._blocked(q, k, v, 0.3, spec, 0)
+        out_b, l_b = fused.blocked(q, k, v, 0.3, spec, 0)
         assert torch.allclose(l_b, want_l, atol=1e-5) and torch.allclose(out_b, want_o, atol=1e-5)
     # rows of a rectangular causal block at an offset
-    out, got_l = lse.attend(q[:, 40:], k, v, scale=0.3, spec=lse.MaskSpec(True), q_offset=40)
+    out, got_l, _ = lse.attend(q[:, 40:], k, v, scale=0.3, spec=lse.MaskSpec(True), q_offset=40)
     want_l = torch.logsumexp(lse.scores_tile(q[:, 40:], k, 0.3, lse.MaskSpec(True), 40, 0), -1)
     assert torch.allclose(got_l, want_l, atol=1e-5)
 
