@@ -60,6 +60,8 @@ class EfficientCall:
     bias: tuple[int, ...] | None
     causal: bool
     lse_rows: int
+    key_storage: int  # data_ptr of the key's and the value's storage: one buffer or two
+    value_storage: int
 
 
 @dataclass
@@ -82,11 +84,18 @@ class EmulatedCuda(kernels.TorchDevice):
     calls: list[EfficientCall] = field(default_factory=list)
     synced: list[torch.device] = field(default_factory=list)
     fail: BaseException | None = None  # raised by the next efficient call (OOM, a refusal, ...)
+    refuse: str | None = None  # every efficient call raises RuntimeError(refuse)
 
     def kind(self, device: torch.device) -> kernels.Kind:
         return "cuda" if device.type in ("cpu", "cuda") else "other"
 
-    def cpu_flash_attention(self, q, k, v, dropout_p, is_causal, *, attn_mask, scale):
+    def available(self) -> bool:
+        return True
+
+    def device(self) -> torch.device:
+        return torch.device("cpu")  # the emulated GPU: CPU tensors stand for CUDA ones
+
+    def cpu_flash_attention(self, query, key, value, dropout_p, is_causal, *, attn_mask, scale):
         raise NotImplementedError(
             "Could not run 'aten::_scaled_dot_product_flash_attention_for_cpu' with arguments from the "
             "'CUDA' backend."
@@ -137,6 +146,8 @@ class EmulatedCuda(kernels.TorchDevice):
         if self.fail is not None:
             err, self.fail = self.fail, None
             raise err
+        if self.refuse is not None:
+            raise RuntimeError(self.refuse)
         for t in (query, key, value):
             if t.dim() != 4:
                 raise RuntimeError("query, key and value must be 4-D (B, H, M, K)")
@@ -180,7 +191,8 @@ class EmulatedCuda(kernels.TorchDevice):
             lse_out[..., :M] = lse.float()
         self.calls.append(
             EfficientCall(name, tuple(query.shape), tuple(value.shape),
-                          None if attn_bias is None else tuple(attn_bias.shape), bool(is_causal), rows)
+                          None if attn_bias is None else tuple(attn_bias.shape), bool(is_causal), rows,
+                          key.untyped_storage().data_ptr(), value.untyped_storage().data_ptr())
         )  # fmt: skip
         return out, lse_out, torch.empty((), dtype=torch.long), torch.empty((), dtype=torch.long)
 

@@ -194,7 +194,9 @@ def test_bf16_inputs_differences_are_measured():
 
 @pytest.mark.slow
 def test_smollm2_fast_equals_dense():
-    lm = attnviz.load_model("smollm2-135m")
+    lm = attnviz.load_model(
+        "smollm2-135m", device="cpu", dtype="float32"
+    )  # what it asserts (auto: CUDA bf16)
     res = attnviz.extract(lm, TEXT * 3)
     fast = M.head_metrics(res)
     dense = M.head_metrics(res, computation="dense")
@@ -203,6 +205,26 @@ def test_smollm2_fast_equals_dense():
     print("smollm2 float32 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})
     probe = M.induction_probe(lm, length=50)
     assert np.abs(M.head_induction(probe) - M.head_induction(probe, dense=True)).max() < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_smollm2_fast_equals_dense_on_cuda_bf16():
+    """The built-in model as a GPU machine loads it (CUDA, bf16): bf16 tolerances (tests/test_gpu.py)."""
+    from test_gpu import TOL
+
+    lm = attnviz.load_model("smollm2-135m")
+    assert lm.device.type == "cuda" and lm.dtype == torch.bfloat16
+    res = attnviz.extract(lm, TEXT * 3)
+    fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
+    assert fast.paths == ("fused",) * 30
+    errs = _assert_same(fast, dense, TOL[torch.bfloat16][0])
+    print("smollm2 CUDA bf16 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})
+    probe = M.induction_probe(lm, length=50)
+    assert (
+        np.abs(M.head_induction(probe) - M.head_induction(probe, dense=True)).max() < TOL[torch.bfloat16][2]
+    )
 
 
 @pytest.mark.parametrize("model_type", ["gpt_oss", "falcon", "jamba", "gemma3_text", "phi3", "olmo2", "gptj"])

@@ -75,7 +75,9 @@ def test_token_rollout_rejects_bad_input():
 
 @pytest.mark.slow
 def test_smollm2_token_rollout_equals_dense():
-    lm = attnviz.load_model("smollm2-135m")
+    lm = attnviz.load_model(
+        "smollm2-135m", device="cpu", dtype="float32"
+    )  # what it asserts (auto: CUDA bf16)
     res = attnviz.extract(lm, TEXT * 3)
     for sink_aware in (False, True):
         fast = R.token_rollout(res, sink_aware=sink_aware)
@@ -84,3 +86,20 @@ def test_smollm2_token_rollout_equals_dense():
         err = np.abs(fast.sources - dense.sources).max()
         print(f"smollm2 rollout sink_aware={sink_aware}: max |fast - dense| {err:.1e}")
         assert err < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_smollm2_token_rollout_on_cuda_bf16():
+    from test_gpu import TOL
+
+    lm = attnviz.load_model("smollm2-135m")  # auto on a GPU machine: CUDA, bf16
+    res = attnviz.extract(lm, TEXT * 3)
+    for sink_aware in (False, True):
+        fast = R.token_rollout(res, sink_aware=sink_aware)
+        dense = R.token_rollout(res, sink_aware=sink_aware, computation="dense")
+        assert fast.paths == ("fused",) * 30
+        err = np.abs(fast.sources - dense.sources).max()
+        print(f"smollm2 CUDA bf16 rollout sink_aware={sink_aware}: max |fast - dense| {err:.1e}")
+        assert err < TOL[torch.bfloat16][1]

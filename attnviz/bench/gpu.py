@@ -186,7 +186,7 @@ def run(
     try:
         if layout_at and layout_at <= max((r.n for r in report.rows), default=0):
             report.layout = kernel_layout(lm, layout_at)
-        report.drift = drift.measure(lm, ids_of_length(lm, drift_tokens))
+        report.drift = drift.measure(lm, ids_of_length(lm, min(drift_tokens, max(sizes))))
     except Exception as err:  # noqa: BLE001
         report.failures.append(f"layout / drift: {type(err).__name__}: {err}")
     return report

@@ -191,7 +191,8 @@ def attend(
 
     s_ij = scale · q_i·k_j (+ ``key_bias`` (h, key_pos)) under ``spec``; ``q_offset`` is the
     absolute position of the first query row. ``score_dim``: q is zero beyond that many columns
-    (kernels may then skip them). A row with no allowed key comes back with L = -inf and E = 0.
+    (kernels may then skip them). A row with no allowed key comes back with E = 0 and L = -inf
+    (the CPU kernel reports L = 0 there: callers that make such rows set them themselves).
     """
     h, n_q, e = q.shape
     n_k = k.shape[1]

@@ -68,17 +68,26 @@ class TorchDevice:
     def kind(self, device: torch.device) -> Kind:
         return device.type if device.type in ("cpu", "cuda") else "other"  # type: ignore[return-value]
 
-    def cpu_flash_attention(self, q, k, v, dropout_p: float, is_causal: bool, *, attn_mask, scale):
+    def available(self) -> bool:
+        """Whether this machine has a CUDA device PyTorch can use."""
+        return torch.cuda.is_available()
+
+    def device(self) -> torch.device:
+        """The CUDA device a run without an explicit choice uses."""
+        return torch.device("cuda")
+
+    def cpu_flash_attention(self, query, key, value, dropout_p: float, is_causal: bool, *, attn_mask, scale):
         """aten::_scaled_dot_product_flash_attention_for_cpu -> (output, logsumexp)."""
         out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
         )
         return out[0], out[1]
 
-    def efficient_attention(self, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
-                            *, scale=None):  # fmt: skip
+    def efficient_attention(self, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                            is_causal=False, *, scale=None):  # fmt: skip
+        """aten::_scaled_dot_product_efficient_attention, argument for argument (its schema's names)."""
         return torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, attn_bias, compute_log_sumexp, dropout_p, is_causal, scale=scale
+            query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, scale=scale
         )
 
     def capability(self, device: torch.device) -> tuple[int, int]:
