@@ -182,6 +182,31 @@ def test_head_dim_128_features_take_register_file_kernels_from_one_buffer(spec):
     assert {c.kernel for c in one.calls} == {"aligned_32x128_gmem"}
 
 
+def test_a_llama_3b_shaped_layer_keeps_one_aligned_buffer_and_rf_kernels():
+    """Head dim 128 with GQA (Llama-3.2-3B's attention, 6 heads / 2 KV heads here), bf16 like the
+    model: the features are one buffer whose width is 4-aligned, every call of the statistics, the
+    LSE and the rollout keys takes a register-file kernel, and the numbers equal the CPU's."""
+    from attnviz.capture.records import CapturedAttention
+
+    torch.manual_seed(3)
+    n = 45
+    cap = CapturedAttention(
+        module_name="model.layers.0.self_attn",
+        query=(torch.randn(1, 6, n, 128) * 0.3).bfloat16(),
+        key=(torch.randn(1, 2, n, 128) * 0.3).bfloat16(),
+        mask=None, is_causal=True, scaling=128**-0.5,
+    )  # fmt: skip
+    ref = lse.layer_pass(cap, MaskSpec(True))
+    with emulate() as cuda:
+        got = lse.layer_pass(cap, MaskSpec(True))
+        lse_rest, path = lse.lse_without_first(cap, MaskSpec(True))
+    assert got.source == path == "fused" and {c.kernel for c in cuda.calls} == {"aligned_64x128_rf"}
+    assert all(c.key_storage == c.value_storage for c in cuda.calls)  # K and V: views of one buffer
+    for a, b in ((got.lse, ref.lse), (got.cross, ref.cross), (got.e_pos, ref.e_pos)):
+        assert torch.allclose(a, b, atol=1e-4)
+    assert torch.isfinite(lse_rest[:, 1:]).all() and (lse_rest[:, 0] == float("-inf")).all()
+
+
 def test_unaligned_head_dims_bias_buffers_and_offset_rows_on_cuda():
     q, k = _qkv(6, n=41)  # head dim 6: not a multiple of 4, padded once (K is Q's copy when k is q)
     kb = torch.randn(3, 41)
