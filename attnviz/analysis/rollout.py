@@ -178,7 +178,8 @@ class TokenRollout:
 
     ``sources[l]`` (float64, layers × key_pos) = e_t^T A_{last} ⋯ A_l: how much each token at the
     input of layer l flows into ``token`` after the last layer. Row 0 is the token's row of the
-    full rollout (`attention_rollout`); every row sums to 1. ``paths[l]`` says how layer l ran.
+    full rollout (`attention_rollout`); every row sums to 1. ``paths[l]`` says how layer l ran:
+    "fused", "blocked: <why>" (a fused kernel refused: the exact blocked softmax) or "dense: <why>".
     """
 
     token: int

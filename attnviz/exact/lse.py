@@ -34,8 +34,25 @@ from . import kernels
 from .fused import Attended, attend, scores_tile
 from .masks import MaskSpec, key_bias, mask_bias, mask_matches, mask_of, recorded_bias
 
-__all__ = ["Attended", "LayerPass", "MaskSpec", "attend", "key_bias", "layer_lse", "layer_pass",
-           "layer_spec", "mask_of", "scores_tile"]  # fmt: skip
+__all__ = [  # with the fused pass and the masks' names the analyses import from here
+    "NEG",
+    "Attended",
+    "Features",
+    "LayerPass",
+    "MaskSpec",
+    "attend",
+    "captured",
+    "expand_kv",
+    "key_bias",
+    "layer_lse",
+    "layer_lse_path",
+    "layer_pass",
+    "layer_spec",
+    "lse_without_first",
+    "mask_of",
+    "scores_tile",
+    "worst",
+]
 
 log = logging.getLogger(__name__)
 
