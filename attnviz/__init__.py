@@ -5,6 +5,7 @@ lm = attnviz.load_model("smollm2-135m")
 res = attnviz.extract(lm, "the financial bank is located on river bank")
 res.head(3, 0)            # (N, N) float32 probabilities of layer 3, head 0
 attnviz.head_view(res)    # plotly figure of every head (a notebook cell also shows `res` itself)
+attnviz.save_npz(res, "bank.npz")   # and attnviz.load_npz("bank.npz") reads it back as a result
 """
 
 import logging
@@ -23,6 +24,7 @@ from .errors import (
     OutOfMemory,
     UnsafeWeights,
 )
+from .export import load_npz, save_npz
 from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
 from .figures.notebook import head_view, model_view
 from .layout import AttentionLayout
@@ -57,7 +59,9 @@ __all__ = [
     "extract_ids",
     "head_view",
     "load_model",
+    "load_npz",
     "model_view",
+    "save_npz",
     "tokenize",
     "wrap_model",
 ]

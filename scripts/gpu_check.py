@@ -1,6 +1,6 @@
 """Driver of `make gpu-check` (scripts/gpu_check.sh installs what it needs, then runs this).
 
-1. the GPU suite: ``pytest -m gpu`` (tests/test_gpu.py: every log-sum-exp entry point against the
+1. the GPU suite: ``pytest -m gpu`` (tests/engine/test_gpu.py: every log-sum-exp entry point against the
    dense oracle on tiny architectures and the built-in model, fp32 and bf16; fails on any fallback);
 2. the benchmark rows of the Llama-3.2-3B-shaped random bf16 model (attnviz/bench/gpu.py) at 1k, 8k,
    32k and, when memory and the time budget allow, 128k tokens;

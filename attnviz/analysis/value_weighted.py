@@ -25,7 +25,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..exact.probabilities import probs_from_capture
-from ..layout import Stack
+from ..layout import Stack, kv_heads_of
 from ..loading import LoadedModel
 from ..result import AttentionResult
 
@@ -82,21 +82,20 @@ def key_norms(
     lm: LoadedModel, result: AttentionResult, layer: int, *, stack: Stack | None = None
 ) -> torch.Tensor:
     """‖W_O^h v_j^h‖ for every head and key: float32 (heads, key_pos) on the layer's device."""
-    stack = result._stack(stack)
-    result._check(layer, None, stack)
-    caps = result._captured.get(stack)
-    if not caps:
+    stack = result.resolve_stack(stack)
+    result.check_index(layer, None, stack)
+    cap = result.captured(layer, stack)
+    if cap is None:
         raise AttnvizError(
             "value-weighted attention needs the values the model used, which only the fast path "
             "records; extract with path='fast' (this result came from the eager path)"
         )
-    cap = caps[layer]
     if cap.value is None:
         raise AttnvizError("this attention call recorded no values; value-weighted attention is unavailable")
     n_heads, n_kv = cap.query.shape[1], cap.value.shape[1]
     v = cap.value[0].float()  # (kv_heads, key_pos, d_head)
     w_o = output_weight(lm.model, cap.module_name, n_heads, v.shape[-1]).to(v.device)
-    kv = torch.arange(n_heads, device=v.device) // (n_heads // n_kv)  # repeat_kv order
+    kv = torch.tensor(kv_heads_of(range(n_heads), n_heads, n_kv), device=v.device)
     with torch.no_grad():
         # (heads, key_pos, d_model) = v^{g(h)} (key_pos, d_head) @ W_O^h^T (d_head, d_model)
         proj = torch.matmul(v[kv], w_o.transpose(1, 2))
@@ -117,11 +116,13 @@ def value_weighted(
     ``lm`` must be the model that produced ``result`` (fast path). Rows sum to the norm-weighted
     mass of each query, not to 1.
     """
-    stack = result._stack(stack)
-    result._check(layer, heads, stack)
+    stack = result.resolve_stack(stack)
+    result.check_index(layer, heads, stack)
     norms = key_norms(lm, result, layer, stack=stack)
     head_idx = list(range(norms.shape[0])) if heads is None else [int(h) for h in heads]
-    probs = probs_from_capture(result._captured[stack][layer], head_idx, rows)
+    cap = result.captured(layer, stack)
+    assert cap is not None  # key_norms refused an eager result
+    probs = probs_from_capture(cap, head_idx, rows)
     return (probs * norms[head_idx, None, :].to(probs.device)).cpu().numpy()
 
 
@@ -160,7 +161,7 @@ class ValueWeighted:
 
     def norms(self, layer: int, stack: Stack | None = None) -> torch.Tensor:
         """(heads, key_pos) key norms of a layer (relative to the largest when ``relative``)."""
-        st = self.result._stack(stack)
+        st = self.result.resolve_stack(stack)
         if (layer, st) not in self._norms:
             n = key_norms(self._lm, self.result, layer, stack=st)
             if self.relative:

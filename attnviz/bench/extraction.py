@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 
 from ..exact import kernels
-from ..extract import PathName, extract_ids
+from ..extract import extract_ids
 from ..limits import free_bytes
 from ..loading import LoadedModel, load_model, resolve_device
+from ..result import PathName
 from .common import floor, ids_of_length, llama3b_shaped, machine_line, measure, replace_section
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,8 @@ def run_bench(args) -> int:
         if readme.exists() and "<!-- bench:start -->" in readme.read_text():
             write_markdown(readme, rows, machine_line(device), sizes)  # the README quotes the same table
         sys.stdout.write(f"wrote {args.out}\n")
+    if getattr(args, "no_stats", False):
+        return 0
     from .stats import CUDA_SIZES, run_stats_bench  # whole-model answers: statistics, rollout, pooled view
 
     chosen = getattr(args, "stats_sizes", None)

@@ -21,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..exact.probabilities import attention_scores
+from ..layout import repeat_kv
 from .records import CapturedAttention
 from .statistics import forward_with_stats, fusable
 
@@ -93,6 +94,11 @@ def _changes_probabilities(name: str, value) -> bool:
 _ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_recorder", default=None)
 
 
+def active_recorder() -> Recorder | None:
+    """The recorder of the `recording` block this thread / task is in (None outside one)."""
+    return _ACTIVE.get()
+
+
 @contextlib.contextmanager
 def recording(
     names: dict[int, str], on_call: Callable[[int], None] | None = None, *, statistics: bool = False
@@ -117,9 +123,7 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
     groups = query.shape[1] // key.shape[1]
     # The queries are the last q_pos of the key_pos positions (one new token against a cache).
     shift = key.shape[2] - query.shape[2]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     out = []
     chunk = 1024
     for start in range(0, query.shape[2], chunk):
@@ -129,8 +133,8 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
             key,
             scaling=scaling,
             softcap=softcap,
-            position_bias=None if position_bias is None else position_bias[..., rows, :],
-            mask=None if mask is None else mask[..., rows, :],
+            position_bias=_rows_of(position_bias, rows),
+            mask=_rows_of(mask, rows),
             is_causal=is_causal,
             q_offset=shift + start,
         )
@@ -144,6 +148,12 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out.append(torch.matmul(probs, value))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous()
+
+
+def _rows_of(t: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """Query rows ``rows`` of a (..., q_pos, key_pos) mask or bias; one that has a single row for
+    every query (a padding mask (1, 1, 1, key_pos), ALiBi) is that row for all of them."""
+    return t if t is None or t.shape[-2] == 1 else t[..., rows, :]
 
 
 def attnviz_attention(

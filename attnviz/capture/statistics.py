@@ -20,7 +20,7 @@ no-cache prefill, ``torch._fused_sdp_choice`` picks flash for the call transform
 and the widened buffers fit the free memory).
 Elsewhere (CUDA, bf16, eager-only extras) the layer runs as before and the statistics take a
 second fused pass. The output equals plain SDPA's to float32 rounding — the GEMM library sums a
-wider product in another order for some sizes — not always bit for bit (tests/test_forward_stats.py).
+wider product in another order for some sizes — not always bit for bit (tests/engine/test_forward_stats.py).
 Cost: the kernel still multiplies the zero columns of Q', so the widened call costs about the plain
 attention plus a second pass minus one softmax; the gain grows with N (docs/benchmarks.md).
 """
@@ -33,6 +33,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from ..exact import kernels
+from ..layout import repeat_kv
 from ..limits import USABLE, free_bytes
 
 
@@ -80,7 +81,7 @@ def fusable(module, query, key, value, mask, dropout: float, scaling, is_causal:
     group = query.shape[1] // key.shape[1]
     k, v = key, value
     if group > 1 and not (mask is None and key.shape[-1] == value.shape[-1] <= 256):  # use_gqa_in_sdpa
-        k, v = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+        k, v = repeat_kv(key, group), repeat_kv(value, group)
     try:
         choice = torch._fused_sdp_choice(
             query, k, v, mask, dropout, causal, scale=scaling, enable_gqa=k is key and group > 1

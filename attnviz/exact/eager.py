@@ -65,3 +65,13 @@ def eager_probabilities(model: Any, cap: CapturedAttention) -> torch.Tensor:
             **kwargs,
         )
     return weights[0].float()
+
+
+def comparable(ours: torch.Tensor, theirs: torch.Tensor, cap: CapturedAttention) -> torch.Tensor:
+    """Our probabilities in the form the eager oracle returns them. With learned sinks our rows
+    sum to < 1 (the sink's share left out, as the model's softmax does); Granite-SWA's eager
+    weights come from a plain softmax (it scales the output by sigmoid(lse - sink) afterwards)
+    and sum to 1: the same as ours once the sink's share is taken back out."""
+    if cap.sinks is not None and bool(((theirs.sum(-1) - 1).abs() < 1e-3).all()):
+        return ours / ours.sum(-1, keepdim=True)
+    return ours

@@ -4,7 +4,7 @@ The engine never calls ``torch.cuda`` or an aten attention op directly; it asks 
 the fused attention ops with their log-sum-exp (`Device.efficient_attention` on CUDA,
 `Device.cpu_flash_attention` on the CPU), the caching allocator's memory queries, synchronisation,
 and fp32 matmuls (TF32 or IEEE). `TorchDevice` is PyTorch itself; the test suite installs an
-emulation of the same contract with `use` (tests/cuda_emulation.py), so every CUDA branch of the
+emulation of the same contract with `use` (tests/engine/cuda_emulation.py), so every CUDA branch of the
 engine runs on a CPU in CI.
 
 The contract, as PyTorch's sources state it (pytorch/pytorch):

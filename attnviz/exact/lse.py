@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import weakref
 from dataclasses import dataclass
 
 import torch
 
 from ..capture.records import CapturedAttention
 from ..capture.statistics import cross_terms
-from ..layout import AttentionLayout, Stack
+from ..layout import AttentionLayout, Stack, repeat_kv
 from . import kernels
 from .fused import Attended, attend, scores_tile
-from .masks import MaskSpec, key_bias, mask_bias, mask_matches, mask_of, recorded_bias
+from .masks import MaskSpec, PerTensor, key_bias, mask_bias, mask_matches, mask_of, recorded_bias
 
 __all__ = [  # with the fused pass and the masks' names the analyses import from here
     "NEG",
@@ -103,7 +102,7 @@ def layer_spec(
 def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
     """(kv_heads, pos, d) -> (heads, pos, d) in transformers' repeat_kv order."""
     group = cap.query.shape[1] // t.shape[0]
-    return t.repeat_interleave(group, 0) if group > 1 else t
+    return repeat_kv(t, group, dim=0)
 
 
 @dataclass
@@ -130,16 +129,12 @@ def worst(*paths: str) -> str:
     return next((p for p in paths if p not in ("fused", "forward")), paths[0])
 
 
-# L and its path of each captured call, keyed by id with a weak reference proving identity
-# (small: (heads, N)).
-_LSE: dict[int, tuple[weakref.ref, torch.Tensor, str]] = {}
+# L of each captured call and where it came from, kept while its query lives (small: (heads, N)).
+_LSE: PerTensor[tuple[torch.Tensor, str]] = PerTensor(limit=512)
 
 
 def _remember(cap: CapturedAttention, lse: torch.Tensor, path: str) -> None:
-    if len(_LSE) > 512:
-        for key in [k for k, (ref, _, _) in _LSE.items() if ref() is None]:
-            del _LSE[key]
-    _LSE[id(cap)] = (weakref.ref(cap.query), lse, path)
+    _LSE.put(cap.query, (lse, path))
 
 
 @dataclass(frozen=True)
@@ -217,9 +212,9 @@ def layer_lse_path(cap: CapturedAttention, spec: MaskSpec) -> tuple[torch.Tensor
     kept it, else computed once and remembered while the call lives."""
     if cap.forward is not None:
         return cap.forward.lse, "forward"
-    hit = _LSE.get(id(cap))
-    if hit is not None and hit[0]() is cap.query:
-        return hit[1], hit[2]
+    hit = _LSE.get(cap.query)
+    if hit is not None:
+        return hit
     _, lse, path = _pass(_features(cap), cap, spec)
     _remember(cap, lse, path)
     return lse, path
@@ -249,5 +244,4 @@ def lse_without_first(cap: CapturedAttention, spec: MaskSpec) -> tuple[torch.Ten
 
 def captured(result, stack: Stack, layer: int) -> CapturedAttention | None:
     """The captured call behind one layer of a fast-path result (None for an eager result)."""
-    calls = (getattr(result, "_captured", None) or {}).get(stack)
-    return calls[layer] if calls else None
+    return result.captured(layer, stack)

@@ -10,7 +10,9 @@ into the causal mask). `attnviz.exact.lse.layer_spec` decides; these only answer
 from __future__ import annotations
 
 import weakref
+from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
@@ -18,6 +20,30 @@ from ..capture.records import CapturedAttention
 from ..layout import AttentionLayout, Stack
 
 BLOCK_ROWS = 1024  # query rows per block where a mask must be spelled out
+V = TypeVar("V")
+
+
+class PerTensor(Generic[V]):
+    """Values computed once per tensor object (a verdict on a mask, a derived mask, a layer's L):
+    keyed by the tensor's id and a tag, with a weak reference proving it is the same tensor (every
+    layer of a forward shares one mask object, so each is worked out once). An entry goes when its
+    tensor is freed; past ``limit`` entries the table starts afresh."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._table: dict[tuple[int, Hashable], tuple[weakref.ref, V]] = {}
+
+    def get(self, tensor: torch.Tensor, tag: Hashable = None) -> V | None:
+        hit = self._table.get((id(tensor), tag))
+        return hit[1] if hit is not None and hit[0]() is tensor else None
+
+    def put(self, tensor: torch.Tensor, value: V, tag: Hashable = None) -> V:
+        if len(self._table) > self.limit:
+            self._table.clear()
+        key = (id(tensor), tag)
+        self._table[key] = (weakref.ref(tensor), value)
+        weakref.finalize(tensor, self._table.pop, key, None)
+        return value
 
 
 @dataclass(frozen=True)
@@ -52,20 +78,22 @@ def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec) -> torch.T
     return ok
 
 
-# Verdicts on mask tensors, keyed by id with a weak reference that proves it is the same tensor
-# (layers of one type share one mask object, so each mask is checked once).
-_MASK_VERDICTS: dict[int, tuple[weakref.ref, MaskSpec, bool]] = {}
+_VERDICTS: PerTensor[bool] = PerTensor()
 
 
 def mask_matches(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
-    hit = _MASK_VERDICTS.get(id(mask))
-    if hit is not None and hit[0]() is mask and hit[1] == spec:
-        return hit[2]
-    verdict = _check_mask(mask, spec, n_q, n_k)
-    if len(_MASK_VERDICTS) > 256:
-        _MASK_VERDICTS.clear()
-    _MASK_VERDICTS[id(mask)] = (weakref.ref(mask), spec, verdict)
-    return verdict
+    """Whether ``mask`` is exactly ``spec``'s mask for n_q x n_k (worked out once per mask tensor)."""
+    hit = _VERDICTS.get(mask, (spec, n_q, n_k))
+    if hit is None:
+        hit = _VERDICTS.put(mask, _check_mask(mask, spec, n_q, n_k), (spec, n_q, n_k))
+    return hit
+
+
+def is_causal(mask: torch.Tensor) -> bool:
+    """True when ``mask`` (bool True = attend, or additive 0 / very negative), (1, 1, N, N), is
+    exactly the causal mask (SDPA can then run its causal kernel instead of reading the mask)."""
+    n = mask.shape[-1]
+    return mask.dim() == 4 and tuple(mask.shape[:3]) == (1, 1, n) and mask_matches(mask, MaskSpec(True), n, n)
 
 
 def _check_mask(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from ..capture.records import CapturedAttention
+from ..layout import kv_heads_of
 
 
 def attention_scores(
@@ -80,7 +81,7 @@ def probs_from_capture(
     # Absolute position of the first asked row: the queries are the last n_q of n_k positions.
     start = first + n_k - n_q
     q = cap.query[0, head_idx, rows]  # (h, q_rows, d_head)
-    kv_idx = torch.tensor([h // (n_heads // n_kv) for h in head_idx], device=cap.key.device)
+    kv_idx = torch.tensor(kv_heads_of(head_idx, n_heads, n_kv), device=cap.key.device)
     k = cap.key[0].index_select(0, kv_idx)  # (h, key_pos, d_head)
     bias = None
     if cap.position_bias is not None:
@@ -90,7 +91,8 @@ def probs_from_capture(
     mask = None
     if cap.mask is not None:
         m = cap.mask[0]
-        mask = (m[head_idx] if m.shape[0] > 1 else m)[:, rows]
+        mask = m[head_idx] if m.shape[0] > 1 else m
+        mask = mask[:, rows] if mask.shape[1] > 1 else mask  # a padding mask: one row for all
     if mask is None and bias is None and cap.sinks is None and cap.is_causal and q.shape[1] > _CAUSAL_BLOCK:
         return _causal_blocks(q, k, cap, start)
     scores = attention_scores(

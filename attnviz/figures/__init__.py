@@ -42,22 +42,16 @@ from attnviz.figures.colour import (
     SCALES,
     ColorScale,
     Scale,
-    _coloraxis,
-    _colour,
-    _max,
-    _weight_hover,
     default_scale,
     rank_values,
     resolve_scale,
     scale_note,
 )
-from attnviz.figures.grid import _grid_cols, head_grid
-from attnviz.figures.heatmaps import _token_heatmap, head_heatmap, matrix_heatmap, rows_heatmap
+from attnviz.figures.grid import head_grid
+from attnviz.figures.heatmaps import head_heatmap, matrix_heatmap, rows_heatmap
 from attnviz.figures.labels import (
     ALL_TICKS_MAX,
     TITLE_MARGIN,
-    _label_parts,
-    _title,
     bin_labels,
     escape,
     figure_name,
@@ -98,14 +92,6 @@ __all__ = [
     "Direction",
     "Pool",
     "Scale",
-    "_coloraxis",
-    "_colour",
-    "_grid_cols",
-    "_label_parts",
-    "_max",
-    "_title",
-    "_token_heatmap",
-    "_weight_hover",
     "bar_chart",
     "bin_edges",
     "bin_labels",

@@ -13,17 +13,53 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import torch
 
 from ..errors import BadIndex
+from ..layout import AttentionLayout, Stack
+from ..tokens import Tokens
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from ..layout import Stack
-    from ..result import AttentionResult
+
+class ShownResult(Protocol):
+    """What these views read of an `attnviz.AttentionResult` (typed here as a protocol, so that
+    the result can display itself through this module without an import circle)."""
+
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def layout(self) -> AttentionLayout: ...
+    @property
+    def tokens(self) -> Tokens: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def stacks(self) -> tuple[Stack, ...]: ...
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def n_layers(self, stack: Stack | None = None) -> int: ...
+    def resolve_stack(self, stack: Stack | None) -> Stack: ...
+    def axes(self, stack: Stack | None = None) -> tuple[Tokens, Tokens]: ...
+    def layer_tensor(
+        self,
+        layer: int,
+        *,
+        heads: Sequence[int] | None = None,
+        rows: slice | None = None,
+        stack: Stack | None = None,
+    ) -> torch.Tensor: ...
+
 
 SLIDER_MAX_CELLS = 240_000  # every layer's heads in one slider figure (~1.7 MB of JSON)
 REPR_MAX_CELLS = 120_000  # the cell display: the slider figure at half that (bundle ~2 MB)
@@ -33,7 +69,7 @@ REPR_ALL_LAYERS_CELLS = 50_000_000
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
-def _kv_heads(res: AttentionResult, stack: Stack, heads: Sequence[int]) -> list[int] | None:
+def _kv_heads(res: ShownResult, stack: Stack, heads: Sequence[int]) -> list[int] | None:
     lay = res.layout
     if lay.group_size <= 1 or stack == "cross":
         return None
@@ -41,7 +77,7 @@ def _kv_heads(res: AttentionResult, stack: Stack, heads: Sequence[int]) -> list[
 
 
 def _pooled_layer(
-    res: AttentionResult, layer: int, heads: list[int], stack: Stack, side: int
+    res: ShownResult, layer: int, heads: list[int], stack: Stack, side: int
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """(heads, <=side, <=side) max-pooled probabilities and the bin labels, fetched by row chunks."""
     from .. import figures as F
@@ -56,7 +92,7 @@ def _pooled_layer(
     return pooled, F.bin_labels(q_tok.labels, re), F.bin_labels(k_tok.labels, ce)
 
 
-def _heads(res: AttentionResult, heads: Sequence[int] | None) -> list[int]:
+def _heads(res: ShownResult, heads: Sequence[int] | None) -> list[int]:
     chosen = list(range(res.n_heads)) if heads is None else [int(h) for h in heads]
     if not chosen:
         raise BadIndex("heads is empty; give head indices or None for every head")
@@ -66,7 +102,7 @@ def _heads(res: AttentionResult, heads: Sequence[int] | None) -> list[int]:
     return chosen
 
 
-def _layers(res: AttentionResult, layer: int | None, stack: Stack) -> list[int]:
+def _layers(res: ShownResult, layer: int | None, stack: Stack) -> list[int]:
     n = res.n_layers(stack)
     if layer is None:
         return list(range(n))
@@ -76,7 +112,7 @@ def _layers(res: AttentionResult, layer: int | None, stack: Stack) -> list[int]:
 
 
 def head_view(
-    result: AttentionResult,
+    result: ShownResult,
     layer: int | None = None,
     heads: Sequence[int] | None = None,
     *,
@@ -95,7 +131,7 @@ def head_view(
     """
     from .. import figures as F
 
-    stack = result._stack(stack)
+    stack = result.resolve_stack(stack)
     chosen = _heads(result, heads)
     layers = _layers(result, layer, stack)
     q_tok, k_tok = result.axes(stack)
@@ -156,12 +192,12 @@ def head_view(
 
 
 def model_view(
-    result: AttentionResult, *, stack: Stack | None = None, colorscale: str = "Viridis", log: bool = False
+    result: ShownResult, *, stack: Stack | None = None, colorscale: str = "Viridis", log: bool = False
 ) -> go.Figure:
     """Every layer x head at once, one small pooled tile each (the app's model overview mosaic)."""
     from .. import figures as F
 
-    stack = result._stack(stack)
+    stack = result.resolve_stack(stack)
     n_layers, n_heads = result.n_layers(stack), result.n_heads
     side = F.mosaic_side(n_layers, n_heads)
     every = list(range(n_heads))
@@ -183,7 +219,7 @@ def model_view(
     return fig
 
 
-def summary(result: AttentionResult) -> list[tuple[str, str]]:
+def summary(result: ShownResult) -> list[tuple[str, str]]:
     """(name, value) rows describing a result (plain text)."""
     lay = result.layout
     heads = f"{lay.n_heads}" + (f" ({lay.n_kv_heads} KV heads, GQA)" if lay.group_size > 1 else "")
@@ -197,7 +233,7 @@ def summary(result: AttentionResult) -> list[tuple[str, str]]:
     ]
 
 
-def mimebundle(result: AttentionResult, max_cells: int = REPR_MAX_CELLS) -> dict[str, Any]:
+def mimebundle(result: ShownResult, max_cells: int = REPR_MAX_CELLS) -> dict[str, Any]:
     """What a notebook cell shows for ``result``: text, HTML (summary + figure, plotly.js from
     its CDN) and the Plotly JSON that JupyterLab, Notebook 7 and VS Code draw natively."""
     rows = summary(result)

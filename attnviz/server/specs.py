@@ -20,13 +20,10 @@ from typing import Literal
 from .. import limits
 from ..errors import ModelNotFound, NotAllowed
 from ..loading import BUILTIN_MODELS, LoadedModel, classify_spec, load_model, needs_conversion
+from ..loading.names import check_hub_chars, check_id
 from .settings import Settings, settings
 
 Source = Literal["builtin", "hub", "local", "plugin"]
-MAX_HUB_ID = 96 + 1 + 96  # owner (<= 96) / name (<= 96), the Hub's own limits
-MAX_PATH = 1024
-_HUB_CHARS = re.compile(r"[A-Za-z0-9._/-]")
-_PATH_LIKE = ("/", "./", "../", "~", "\\", "file:")
 SOURCE_LABELS: dict[str, str] = {
     "builtin": "built-in, offline",
     "hub": "Hugging Face Hub",
@@ -76,40 +73,6 @@ class ModelSpec:
     needs_conversion: bool = False  # a built-in converted once on first use (a slow first load)
 
 
-def check_id(spec: str, *, allow_local: bool) -> None:
-    """Raise with a specific message when ``spec`` cannot be a model name on this server: empty,
-    too long, control characters, a path where no paths are served, characters a Hub id never has.
-    Never looks at the filesystem."""
-    if not spec:
-        raise ModelNotFound("no model given; pick a built-in model: " + ", ".join(BUILTIN_MODELS))
-    if any(ord(c) < 32 or ord(c) == 127 for c in spec):
-        raise ModelNotFound("the model name has control characters (a line break?); type it on one line")
-    path_like = spec.startswith(_PATH_LIKE) or "\\" in spec or spec.count("/") > 1
-    if path_like and not allow_local:
-        raise NotAllowed("local paths are not allowed on this server; pick a model from the list")
-    if path_like:
-        if len(spec) > MAX_PATH:
-            raise ModelNotFound(f"the folder path is {len(spec)} characters long; at most {MAX_PATH}")
-        return
-    if len(spec) > MAX_HUB_ID:
-        raise ModelNotFound(
-            f"the model name is {len(spec)} characters long; a Hub id is at most {MAX_HUB_ID} "
-            "(owner/name, like 'gpt2' or 'Qwen/Qwen2.5-0.5B')"
-        )
-    if not allow_local:
-        _check_hub_chars(spec)
-
-
-def _check_hub_chars(spec: str) -> None:
-    bad = sorted({c for c in spec if not _HUB_CHARS.match(c)})
-    if bad:
-        shown = " ".join(repr(c) for c in bad[:8])
-        raise ModelNotFound(
-            f"{spec!r} is not a built-in model, a Hub id or a local folder: a Hub id has only letters, "
-            f"digits, '-', '_', '.' and one '/', and this name also has {shown}"
-        )
-
-
 def resolve(spec: str, cfg: Settings | None = None) -> ModelSpec:
     """Check ``spec`` against this server's rules and say where it comes from."""
     cfg = cfg or settings()
@@ -130,7 +93,7 @@ def resolve(spec: str, cfg: Settings | None = None) -> ModelSpec:
         try:
             kind = classify_spec(spec)  # may look at the filesystem: only where paths are served
         except ModelNotFound:
-            _check_hub_chars(spec)  # say which characters, where that is the reason
+            check_hub_chars(spec)  # say which characters, where that is the reason
             raise
         source = "local" if kind == "local" else "hub"
     return ModelSpec(spec, source, SOURCE_LABELS[source])

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import logging
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ...exact.masks import additive
+from ...exact.masks import additive, is_causal
+from ...layout import repeat_kv
 from .. import hook as capture
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ _EAGER_ATTR = "_attnviz_eager"  # a module's eager formula for the self-check (a
 
 def recorder(module: torch.nn.Module) -> capture.Recorder | None:
     """The active recorder when this call should take the fast path (None: run the module's own code)."""
-    rec = capture._ACTIVE.get()
+    rec = capture.active_recorder()
     return None if rec is None or module.training else rec
 
 
@@ -50,7 +50,7 @@ def record(
     position_bias: torch.Tensor | None = None,
 ) -> None:
     """Record one call: query (1, heads, q_pos, d_head), key/value (1, kv_heads, key_pos, d_head),
-    mask bool (True = attend) or additive, ALiBi as an additive (1, heads, 1, key_pos) bias.
+    mask bool (True = attention_output) or additive, ALiBi as an additive (1, heads, 1, key_pos) bias.
     The mask holds all the masking (no implicit causal mask: eager applies none either). With a
     bias, half-precision query and key are kept in float32 (exact: an upcast): the scores are then
     recomputed in float32, not rounded at the bias's magnitude."""
@@ -69,33 +69,7 @@ def record(
     )
 
 
-# Verdicts "this mask is exactly causal", keyed by id with a weak reference proving identity
-# (every layer of a forward shares one mask tensor: checked once).
-_CAUSAL: dict[int, tuple[weakref.ref, bool]] = {}
-
-
-def _is_causal(mask: torch.Tensor) -> bool:
-    """True when ``mask`` (bool True = attend, or additive 0 / very negative), (1, 1, N, N), is
-    exactly the causal mask: SDPA then runs its causal kernel instead of reading the mask."""
-    hit = _CAUSAL.get(id(mask))
-    if hit is not None and hit[0]() is mask:
-        return hit[1]
-    n_q, n_k = mask.shape[-2:]
-    verdict = mask.dim() == 4 and mask.shape[:2] == (1, 1) and n_q == n_k
-    if verdict:
-        want = torch.ones(n_q, n_k, dtype=torch.bool, device=mask.device).tril()
-        m = mask[0, 0]
-        if m.dtype == torch.bool:
-            verdict = torch.equal(m, want)
-        else:
-            verdict = torch.equal(m == 0, want) and torch.equal(m <= torch.finfo(m.dtype).min / 2, ~want)
-    if len(_CAUSAL) > 64:
-        _CAUSAL.clear()
-    _CAUSAL[id(mask)] = (weakref.ref(mask), verdict)
-    return verdict
-
-
-def attend(
+def attention_output(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -114,10 +88,9 @@ def attend(
     dtype = value.dtype if position_bias is None else torch.promote_types(value.dtype, torch.float32)
     q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
     groups = q.shape[1] // k.shape[1]
-    if groups > 1:  # (1, kv_heads, N, d) -> (1, heads, N, d)
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (1, kv_heads, N, d) -> (1, heads, N, d)
     if position_bias is None:
-        if mask is not None and _is_causal(mask):
+        if mask is not None and is_causal(mask):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
         attn_mask = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(dtype))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scaling)

