@@ -210,6 +210,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
     bench.add_argument(
+        "--llama-sizes",
+        type=token_sizes,
+        help="CUDA: token counts of the Llama-3.2-3B-shaped statistics rows",
+    )
+    bench.add_argument(
         "--no-stats", action="store_true", help="the extraction table only (no whole-model statistics rows)"
     )
 

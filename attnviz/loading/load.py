@@ -177,6 +177,12 @@ def hub_reachable(timeout: float = 2.0) -> bool:
     return ok
 
 
+def device_map(dev: torch.device) -> str | dict[str, int]:
+    """accelerate's placement for a CUDA load: "cuda" spreads over every GPU ("auto": one GPU if it
+    fits, else several, else CPU offload); an explicit "cuda:N" puts the whole model on GPU N."""
+    return "auto" if dev.index is None else {"": dev.index}
+
+
 def load_model(
     spec: str,
     *,
@@ -243,7 +249,7 @@ def load_model(
         **hub_kwargs,
     }
     if dev.type == "cuda":
-        kwargs["device_map"] = "auto"  # accelerate: one GPU if it fits, else several, else CPU offload
+        kwargs["device_map"] = device_map(dev)
     auto = auto_class(layout.kind, config)
     if loads_eager(auto, config):
         kwargs["attn_implementation"] = "eager"
