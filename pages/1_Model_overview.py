@@ -68,7 +68,7 @@ def every_head(
         if bar is None and len(ax.q_idx) > 256:
             bar = st.progress(0.0, text="Pooling the layers…")
         with guarded("pooling the layers") as caught:  # a size past the free memory: the message
-            img = longview.grid(res, key, layer, view, ax, side, how)
+            img = longview.layer_image(res, key, layer, view, ax, side, how)
         if caught:
             return
         tiles.append(img.z)

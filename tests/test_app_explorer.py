@@ -492,7 +492,9 @@ def test_a_compressed_link_restores_the_exact_view(env):
     from ui.params import ExplorerParams
 
     text = "the bank " * 240  # 2,160 characters, 482 tokens: compressed, and the tiny model runs it
-    view = ExplorerParams(model=TINY, text=text, stack="self", layer=1, head=2, cmap="Magma", scale="linear")
+    view = ExplorerParams(
+        model=TINY, text=text, stack="self", layer=1, head=2, cmap="Magma", scale="linear", tok=7
+    )
     link = view.to_query().params
     assert "tz" in link and "text" not in link and len(link["tz"]) < 200
     at = new_app(**link).run()

@@ -107,11 +107,15 @@ def test_token_views_and_clicking_a_token(env):
     at = new_app(model=TINY, text=TEXT, layer=2, head=1, tok=4).run()
     ok(at)
     _, res = tiny_result()
+    lines = next(s for s in specs(at) if any(t.get("name") == "query tokens" for t in s["data"]))
+    assert [c[0] for c in named(lines, "query tokens")["customdata"]] == list(range(len(res.tokens)))
+    # only the token view on screen is built: the coloured text is not in the page until chosen
+    assert not [s for s in specs(at) if s["data"][0].get("type") == "bar"]
+    at.segmented_control(key="tview").set_value("text").run()
+    ok(at)
     text_fig = next(s for s in specs(at) if (s["data"][0].get("type") == "bar"))
     bar = text_fig["data"][0]
     np.testing.assert_allclose(vals(bar["marker"]["color"]), res.head(2, 1)[4], atol=1e-6)
-    lines = next(s for s in specs(at) if any(t.get("name") == "query tokens" for t in s["data"]))
-    assert [c[0] for c in named(lines, "query tokens")["customdata"]] == list(range(len(res.tokens)))
     click = {"points": [{"customdata": [6, 0.1]}], "point_indices": [6]}
     at.session_state["text_chart"] = {"selection": click}
     at.run()

@@ -131,29 +131,47 @@ def _axis_name(i: int) -> str:
     return "" if i == 0 else str(i + 1)
 
 
+PICK_LATTICE = 8  # click targets per tile side: any click on a tile lands within ~15 px of one
+
+
 def _add_pickers(
     fig: go.Figure, heads: Sequence[int], titles: Sequence[str], cols: int, x: list[str], y: list[str]
 ) -> None:
-    """One clickable marker per facet, in its top-right cell (masked for causal heads)."""
+    """Make every facet clickable: heatmaps are not selectable in Plotly (a click on a cell is no
+    selection event), so each facet gets a lattice of invisible points covering it (customdata:
+    the head; a click anywhere on the tile lands on one) and a visible square in its top-right
+    cell that says so."""
+    n = PICK_LATTICE
+    xi = sorted({round(i * (len(x) - 1) / (n - 1)) for i in range(n)})
+    yi = sorted({round(i * (len(y) - 1) / (n - 1)) for i in range(n)})
     for i, h in enumerate(heads):
+        where = dict(row=i // cols + 1, col=i % cols + 1)
+        tip = f"{escape(titles[i])}: click to show it big<extra></extra>"
+        fig.add_trace(
+            go.Scatter(
+                x=[x[a] for a in xi for _ in yi],
+                y=[y[b] for _ in xi for b in yi],
+                mode="markers",
+                marker=dict(size=22, opacity=0, color="#fff"),
+                customdata=[[int(h)]] * (len(xi) * len(yi)),
+                name=f"tile {titles[i]}",
+                hovertemplate=tip,
+                showlegend=False,
+            ),
+            **where,
+        )
         fig.add_trace(
             go.Scatter(
                 x=[x[-1]],
                 y=[y[0]],
                 mode="markers",
-                marker=dict(
-                    symbol="square",
-                    size=12,
-                    color="rgba(255,255,255,0.85)",
-                    line=dict(width=1.5, color="#444"),
-                ),
+                marker=dict(symbol="square", size=12, color=_PICK_FILL, line=dict(width=1.5, color="#444")),
                 customdata=[[int(h)]],
                 name=f"pick {titles[i]}",
-                hovertemplate=f"{escape(titles[i])}: click to show it big<extra></extra>",
+                hovertemplate=tip,
                 showlegend=False,
             ),
-            row=i // cols + 1,
-            col=i % cols + 1,
+            **where,
         )
 
 
