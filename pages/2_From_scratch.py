@@ -221,9 +221,11 @@ def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int
         "key).",
         "ungrouped K/V": "Query head h reads KV head h % n_kv, not h // group: the learned pairing is lost.",
     }
-    if state.get("change") == "none" and state.page_changed() and not state.applied("change"):
+    # open on a real change, not the same map twice, unless the link named one (a bad value
+    # was warned about as showing 'none': show that)
+    if state.get("change") == "none" and state.page_changed() and not state.linked("change"):
         first = next((c for c in CHANGES if c != "none" and available.get(c) is not None), "none")
-        state.put("change", first)  # open on a real change, not the same map twice
+        state.put("change", first)
     change = str(st.segmented_control("Change", CHANGES, key="change", required=True))
     changed = available.get(change)
     if changed is None:

@@ -17,7 +17,8 @@ spec_a, text_a = frame.params.model, frame.params.text
 st.title("Compare attention")
 mode = st.segmented_control("Compare", COMPARE_MODES, key="cmp", required=True)
 if mode == "two texts":
-    st.text_area("Text B", key="text2", height=80, max_chars=MAX_TEXT_CHARS)
+    # no max_chars (a longer paste would be dropped silently): `shell.begin` says what is wrong
+    st.text_area("Text B", key="text2", height=80, help=f"Up to {MAX_TEXT_CHARS:,} characters.")
     spec_b, text_b = spec_a, str(state.get("text2"))
     st.caption(f"Model: **{md(spec_a)}**. A is the sidebar's text, B the text above.")
 else:
@@ -50,6 +51,8 @@ def main() -> None:
     stack = attention.stack_picker(res_a.stacks)
     p = compare.pair(res_a, res_b, stack)
     st.info(p.note, icon=":material/info:")
+    if p.caution:
+        st.warning(p.caution, icon=":material/warning:")
     pair_key = (ref_a.key, ref_b.key, stack)
 
     with st.spinner("Comparing every head…", show_time=True):

@@ -325,8 +325,10 @@ def test_export_helpers_round_trip():
     csv = export.csv_text(probs, ["(0) a", "(1) <b>"], ["(0) a", "(1) <b>"], "query \\ key")
     assert csv.splitlines()[0] == "query \\ key,(0) a,(1) <b>" and csv.splitlines()[2] == "(1) <b>,0.25,0.75"
     fig = F.head_heatmap(probs, ["(0) a", "(1) b"])
-    page = export.html_bytes(fig)
+    page = export.html_bytes(fig, offline=True)
     assert b"<html>" in page and b"plotly" in page.lower() and len(page) > 1_000_000  # plotly.js inside
+    small = export.html_bytes(fig)  # the download button's file: plotly.js from its CDN
+    assert b"cdn.plot.ly" in small and len(small) < 20_000
 
 
 def test_the_token_stays_out_of_the_url_and_the_cache_key(env):

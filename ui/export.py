@@ -64,8 +64,10 @@ def csv_text(matrix: np.ndarray, row_labels: Sequence[str], col_labels: Sequence
     return buf.getvalue()
 
 
-def html_bytes(fig: go.Figure) -> bytes:
-    return fig.to_html(include_plotlyjs=HTML_PLOTLYJS, full_html=True).encode()
+def html_bytes(fig: go.Figure, *, offline: bool = False) -> bytes:
+    """One figure as a standalone HTML file: plotly.js from its CDN (the figure's own size; a
+    one-head file with plotly.js inside was 4.8 MB), or inside it with ``offline``."""
+    return fig.to_html(include_plotlyjs=HTML_PLOTLYJS if offline else "cdn", full_html=True).encode()
 
 
 def html_page(figs: Sequence[go.Figure], title: str, *, cdn: bool = False) -> bytes:
@@ -149,7 +151,8 @@ def downloads(
         mime="text/html",
         key=f"{key}_html",
         on_click="ignore",
-        help="This figure as a standalone interactive HTML file (opens offline).",
+        help="This figure as a small interactive HTML file that loads plotly.js from its CDN (needs a "
+        "network to open; the layer grid's HTML buttons also offer an offline file).",
     )
     if refused:
         st.caption(refused[0].upper() + refused[1:] + ".")

@@ -18,6 +18,7 @@ from attnviz.figures.labels import (
 )
 from attnviz.figures.pooling import (
     GRID_MAX_CELLS,
+    GRID_MAX_SIDE,
     downsample,
     grid_side,
 )
@@ -41,8 +42,10 @@ def head_grid(
     scale: str | None = None,
     selected: int | None = None,
     pickable: bool = False,
+    max_side: int = GRID_MAX_SIDE,
 ) -> go.Figure:
     """All heads of one layer, one heatmap each, in one figure with a shared colour axis.
+    (``max_side``: bins per facet side at most; the notebook's `head_view` draws up to 256.)
 
     ``layer_probs`` is (heads, query_pos, key_pos), already pooled or not (pooled here to fit
     ``max_cells``). ``kv_heads[i]`` labels each facet "head h · kv g"; with GQA the grid puts
@@ -57,7 +60,7 @@ def head_grid(
     k_labels = q_labels if k_labels is None else k_labels
     n_h = layer_probs.shape[0]
     heads = list(range(n_h)) if heads is None else [int(h) for h in heads]
-    side = grid_side(n_h, max_cells, n_tokens=max(layer_probs.shape[-2:]))
+    side = grid_side(n_h, max_cells, max_side, n_tokens=max(layer_probs.shape[-2:]))
     pooled, re, ce = downsample(layer_probs, side, side, "mean" if diverging else "max")
     ql, kl = bin_labels(q_labels, re), bin_labels(k_labels, ce)
     if cols is None:
