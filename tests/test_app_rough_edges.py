@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_app_explorer import TINY, TEXT, env, new_app, ok, specs  # noqa: F401 - env is a fixture
+from test_app_explorer import TEXT, TINY, new_app, ok, prepare, specs
 
 import attnviz
 
@@ -17,6 +17,12 @@ OVERVIEW = "pages/1_Model_overview.py"
 SCRATCH = "pages/2_From_scratch.py"
 COMPARE = "pages/3_Compare.py"
 GENERATION = "pages/4_Generation.py"
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path))
+    return prepare(monkeypatch)
 
 
 def grid_of(at: AppTest) -> dict:
@@ -168,15 +174,13 @@ def test_share_box_does_not_promise_the_same_view_without_the_text(env):
 
 @pytest.mark.parametrize("missing", ["/definitely/not/a/folder/attnviz", "/etc"])
 def test_a_path_that_is_no_model_says_the_same_whether_it_exists(env, missing):
+    """Outside demo mode, "/etc: not a model folder" against "does not exist" told which server
+    folders exist."""
     at = new_app(model=missing, text=TEXT).run()
     assert not at.exception
-    assert (
-        at.error[0]
-        .value.replace(missing, "PATH")
-        .endswith(
-            "is not a model folder (a model folder holds config.json, .safetensors weights and tokenizer files)"
-        )
-    )
+    said = at.error[0].value.replace(missing, "PATH")
+    assert said.endswith("is not a model folder (a model folder holds config.json, .safetensors weights "
+                         "and tokenizer files)"), said  # fmt: skip
 
 
 def test_a_head_change_keeps_the_grid_data_and_moves_the_frame(env):
