@@ -5,8 +5,10 @@ from contextlib import nullcontext
 import numpy as np
 import streamlit as st
 
+from attnviz import AttentionResult, LoadedModel
 from attnviz import figures as F
 from attnviz.layout import Stack
+from attnviz.metrics import HeadMetrics
 from ui import attention, export, flow, longview, models, progress, shell, state, views
 from ui.params import SCALE_CHOICES, ExplorerParams, OverviewParams
 from ui.text import guarded, md
@@ -50,7 +52,13 @@ def main() -> None:
 
 
 def every_head(
-    spec: str, res, key: tuple, stack: Stack, cmap: str, choice: str, explorer: ExplorerParams
+    spec: str,
+    res: AttentionResult,
+    key: tuple,
+    stack: Stack,
+    cmap: str,
+    choice: str,
+    explorer: ExplorerParams,
 ) -> None:
     """The mosaic of every layer x head on the colour scale ``choice`` (`views.scale_picker`);
     a click on a tile opens that head in the explorer."""
@@ -104,7 +112,16 @@ def every_head(
         st.switch_page(shell.PAGES[0].file, query_params=target)
 
 
-def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool, token: str | None):
+def statistics(
+    lm: LoadedModel,
+    res: AttentionResult,
+    key: tuple,
+    stack: Stack,
+    cmap: str,
+    *,
+    induction: bool,
+    token: str | None,
+) -> HeadMetrics | None:
     """One (layer, head) heatmap per statistic; the metrics, or None after an error (shown)."""
     st.subheader("Head statistics")
     hm = None
@@ -139,7 +156,7 @@ def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool,
     return hm
 
 
-def head_finder(hm, stack: Stack, explorer: ExplorerParams, kv: list[int] | None) -> None:
+def head_finder(hm: HeadMetrics, stack: Stack, explorer: ExplorerParams, kv: list[int] | None) -> None:
     """The heads sorted by a statistic, each with a link to the explorer (``explorer`` with the
     row's layer and head); the KV head of each only with GQA (``kv``)."""
     present = list(hm.metrics)

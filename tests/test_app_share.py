@@ -11,7 +11,15 @@ from ui import params as P
 
 LINKS = {
     "pages/0_Explorer.py": P.ExplorerParams(
-        model=TINY, text=TEXT, stack="self", layer=2, head=1, cmap="Magma", scale="perhead", nosink=True
+        model=TINY,
+        text=TEXT,
+        stack="self",
+        layer=2,
+        head=1,
+        cmap="Magma",
+        scale="perhead",
+        nosink=True,
+        tok=3,
     ),
     "pages/1_Model_overview.py": P.OverviewParams(
         model=TINY, text=TEXT, stack="self", cmap="Blues", scale="rank", metric="sink"

@@ -13,8 +13,8 @@ from attnviz.align import align_tokens
 from attnviz.layout import Stack
 from ui import models
 
-MIN_ALIGNED = 8  # aligned tokens below which the head ranking comes with a caution
-ALIGNED_SHARE = 0.25  # ... or below this share of the shorter text
+MIN_ALIGNED = 4  # aligned tokens below which the head ranking comes with a caution
+ALIGNED_SHARE = 0.25  # ... or below this share of the longer text (most of it is not compared)
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,8 +43,7 @@ class Pairing:
         """A warning when few tokens are aligned ("" otherwise): every score below rests on the
         aligned rows, and a handful of rows ranks heads by chance (1,500 vs 9 tokens: 2 aligned,
         scores ~0.5)."""
-        shorter = min(self.n_a, self.n_b)
-        if self.m >= MIN_ALIGNED and self.m >= ALIGNED_SHARE * shorter:
+        if self.m >= MIN_ALIGNED and self.m >= ALIGNED_SHARE * max(self.n_a, self.n_b):
             return ""
         return (
             f"Only {self.m} of {self.n_a} / {self.n_b} tokens are aligned: every change score below is a "

@@ -358,4 +358,3 @@ class AtlasParams(Params):
 
     stat: str = p("previous_token", _choice(ATLAS_STATISTICS))
     ntexts: int = p(50, _int(1, 1000))
-
