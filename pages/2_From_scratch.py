@@ -7,7 +7,7 @@ import streamlit as st
 
 import attnviz
 from attnviz import figures as F
-from attnviz import token_views as TV
+from attnviz.analysis import token_views as TV
 from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
 from attnviz.reference.walkthrough import Walkthrough

@@ -12,7 +12,7 @@ from typing import Any, cast
 import streamlit as st
 
 from attnviz import figures as F
-from attnviz import token_views as TV
+from attnviz.analysis import token_views as TV
 from attnviz.layout import Stack
 from ui import export, models, state, views
 from ui.params import TOKEN_VIEWS

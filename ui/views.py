@@ -1,5 +1,5 @@
 """Controls and helpers the pages share: the colour-scale choice, clicks on figures and
-value-weighted attention. Figures come from `attnviz.figures`, data from `attnviz.value_weighted`."""
+value-weighted attention. Figures come from `attnviz.figures`, data from `attnviz.analysis.value_weighted`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import streamlit as st
 
 from attnviz import AttentionResult, AttnvizError
 from attnviz import figures as F
-from attnviz.value_weighted import ValueWeighted
+from attnviz.analysis.value_weighted import ValueWeighted
 from ui import models, state
 from ui.params import EXPLORER_SCALES
 
