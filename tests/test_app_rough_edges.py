@@ -237,3 +237,23 @@ def test_notebook_head_view_draws_every_token_of_a_short_text():
     for fig in (attnviz.head_view(res), attnviz.head_view(res, layer=1)):
         z = np.asarray(fig.data[0].z)
         assert z.shape == (n, n) and "pooled" not in fig.layout.title.text
+
+
+ATLAS = "pages/5_Head_atlas.py"
+
+
+def test_a_head_atlas_run_that_just_finished_is_not_from_the_disk_cache(env):
+    at = new_app(ATLAS, model=TINY, ntexts=3).run()
+    at.button(key="atlas_run").click().run()
+    ok(at)
+    notes = [c.value for c in at.caption if re.match(r"\d+ texts", c.value)]
+    assert notes and "from the disk cache" not in notes[0] and re.search(r", \d+\.\d s", notes[0]), notes
+
+
+def test_a_cancelled_head_atlas_says_so(env):
+    """The rerun a Cancel click starts (the button reads True in it) says the run was cancelled."""
+    at = new_app(ATLAS, model=TINY, ntexts=3).run()
+    at.session_state["atlas_cancel"] = True
+    at.run()
+    assert not at.exception
+    assert any("Cancelled" in i.value for i in at.info)

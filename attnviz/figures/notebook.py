@@ -117,7 +117,7 @@ def notebook_side(n_tokens: int, n_tiles: int, max_cells: int | None, *, one_lay
     """Bins per axis of each head's tile: every token up to `FULL_TOKENS` (within `FULL_CELLS` for
     the all-layer slider, which embeds every layer), pooled only beyond; ``max_cells`` (the
     figure's whole budget) overrides."""
-    from . import figures as F
+    from .. import figures as F
 
     if max_cells is None and n_tokens <= FULL_TOKENS and (one_layer or n_tiles * n_tokens**2 <= FULL_CELLS):
         return n_tokens
