@@ -100,8 +100,8 @@ def test_compare_cautions_when_few_tokens_align(env):
 
 
 def test_a_link_full_of_garbage_gives_one_warning(env):
-    bad = {"model": " ", "layer": "x", "head": "-3", "cmap": "nope", "hide": "maybe", "scale": "??"}
-    at = new_app(text=TEXT, **bad).run()
+    bad = {"layer": "x", "head": "-3", "cmap": "", "hide": "maybe", "scale": "??", "tview": "nope"}
+    at = new_app(model=TINY, text=TEXT, **bad).run()
     assert not at.exception
     assert len(at.warning) == 1
     msg = at.warning[0].value
