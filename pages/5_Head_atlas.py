@@ -99,9 +99,9 @@ def show(atlas: AT.Atlas, explorer: ExplorerParams) -> None:
     stat = st.selectbox(
         "Statistic", list(AT.STATISTICS), key="stat", format_func=lambda m: attention.METRIC_NAMES.get(m, m)
     )
-    ran = st.session_state.get(_JUST_RAN)
-    just_ran = ran is not None and ran[0] == (atlas.model_name, atlas.texts)
-    seconds = ran[1] if just_ran else atlas.seconds
+    ran = st.session_state.get(_JUST_RAN) or ((), 0.0)
+    just_ran = ran[0] == (atlas.model_name, atlas.texts)
+    seconds = float(ran[1]) if just_ran else atlas.seconds
     note = f"{atlas.n_texts} texts" + (
         " (from the disk cache)" if atlas.from_cache and not just_ran else f", {seconds:.1f} s"
     )

@@ -1,5 +1,9 @@
-"""The explorer's layer grid: every head of one layer, the selected head framed; a click on a
-head's tile selects it (read by `ui.head_view.current`, the one place the head is written)."""
+"""The explorer's layer grid: every head of one layer; a click on a head's tile selects it (read
+by `ui.head_view.current`, the one place the head is written).
+
+The grid does not frame the selected head: a head change reruns only the big head's fragment,
+so the grid is not sent or drawn again (a frame would have to move with it); the big head's
+title names the head."""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ from ui.models import ResultRef
 from ui.text import guarded
 
 
-def draw(ref: ResultRef, d: Drawing, head: int) -> tuple[bool, float | None]:
-    """Draw the grid of ``d``'s layer with ``head`` framed. Returns (drawn, the colour maximum the
+def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
+    """Draw the grid of ``d``'s layer. Returns (drawn, the colour maximum the
     big head shares: None when each head has its own range or for rank); not drawn: a message
     says why (past the free memory)."""
     big = len(d.ax.q_idx) * len(d.ax.k_idx) > 1 << 20
@@ -35,7 +39,7 @@ def draw(ref: ResultRef, d: Drawing, head: int) -> tuple[bool, float | None]:
     zmax = float(img.z.max()) if shared else None
     fig = F.head_grid(
         img.z, img.q_labels, img.k_labels, kv_heads=d.kv, colorscale=d.cmap, scale=d.scale, zmax=zmax,
-        selected=head, pickable=True,
+        pickable=True,
     )  # fmt: skip
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}")
     export.chart(fig, name, key=head_view.GRID_CHART, on_select=True)
