@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,7 +81,8 @@ def one_repeat(page, lm: attnviz.LoadedModel, n: int, i: int) -> dict[str, tuple
     """{row: (wall seconds, forward seconds or None)} for one pass through the pages."""
     (text_e, _), (text_o, _) = texts(lm, n, 2 * i + 2)[2 * i :]
     out: dict[str, tuple[float, float | None]] = {}
-    page.goto(page.url.split("/?")[0].rstrip("/") + "/?model=smollm2-135m")
+    parts = urllib.parse.urlsplit(page.url)  # back to the Explorer, whatever page the last pass ended on
+    page.goto(f"{parts.scheme}://{parts.netloc}/?model=smollm2-135m")
     wait_idle(page, 600_000)
     wall = timed(page, submit(page, text_e))
     out["Explorer: submit → page idle"] = (wall, forward_once(lm, text_e)[0])
