@@ -51,7 +51,10 @@ def texts_to_run() -> list[str] | None:
 
 def run(lm, texts: list[str]) -> AT.Atlas | None:
     """Run (or load from the disk cache) with a progress bar; a click on Cancel stops the run."""
-    cached = (models_cache_dir() / f"{AT.cache_key(lm, texts, None, AT.ATLAS_MAX_TOKENS)}.npz").exists()
+    key = AT.cache_key(lm, texts, None, AT.ATLAS_MAX_TOKENS)
+    cached = (models_cache_dir() / f"{key}.npz").exists()
+    if not cached and st.session_state.get("atlas_cancel"):  # this rerun is the Cancel click's
+        st.info("Cancelled: nothing was kept. Run it again when you like.", icon=":material/cancel:")
     if not cached and not st.button(f"Run the atlas on {len(texts)} texts", type="primary", key="atlas_run"):
         st.caption(
             "Each text is one forward pass; the result is cached on disk for this model and these texts."
@@ -75,9 +78,16 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
         bar.empty()
         cancel.empty()
         if not atlas.from_cache and not atlas.cancelled and atlas.n_texts:
+            st.session_state[_JUST_RAN] = (
+                (atlas.model_name, atlas.texts),
+                atlas.seconds,
+            )  # not "from the disk cache" after it
             st.rerun()  # drawn from the disk cache, without the run and cancel buttons
         return atlas
     return None
+
+
+_JUST_RAN = "_attnviz_atlas_just_ran"  # ((model, texts), seconds) of this session's last run
 
 
 def models_cache_dir():
@@ -89,8 +99,11 @@ def show(atlas: AT.Atlas, explorer: ExplorerParams) -> None:
     stat = st.selectbox(
         "Statistic", list(AT.STATISTICS), key="stat", format_func=lambda m: attention.METRIC_NAMES.get(m, m)
     )
+    ran = st.session_state.get(_JUST_RAN) or ((), 0.0)
+    just_ran = ran[0] == (atlas.model_name, atlas.texts)
+    seconds = float(ran[1]) if just_ran else atlas.seconds
     note = f"{atlas.n_texts} texts" + (
-        " (from the disk cache)" if atlas.from_cache else f", {atlas.seconds:.1f} s"
+        " (from the disk cache)" if atlas.from_cache and not just_ran else f", {seconds:.1f} s"
     )
     if atlas.skipped:
         note += f"; {len(atlas.skipped)} skipped (over {AT.ATLAS_MAX_TOKENS} tokens or empty)"

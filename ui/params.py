@@ -41,6 +41,8 @@ ScratchMode = Literal["real layer", "toy"]
 SCRATCH_MODES: tuple[str, ...] = get_args(ScratchMode)
 Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
 CHANGES: tuple[str, ...] = get_args(Change)
+TokenView = Literal["lines", "text"]  # the explorer's token view: lines between tokens or coloured text
+TOKEN_VIEWS: tuple[str, ...] = get_args(TokenView)
 GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
@@ -279,7 +281,8 @@ class ExplorerParams(Params):
     # auto: log past LONG_TEXT_TOKENS tokens; perhead: auto's scale, each head on its own range
     scale: str = p("auto", _choice(EXPLORER_SCALES))
     vw: bool = p(False, _bool)  # value-weighted attention
-    tok: int = p(0, _int())  # the token of the token views
+    tok: int = p(-1, _int(-1))  # the token of the token views; -1: the last token
+    tview: str = p("lines", _choice(TOKEN_VIEWS))  # which token view is drawn
     tdir: str = p("from", _choice(DIRECTIONS))
     pool: str = p("max", _choice(POOLS))  # how a long text's blocks are pooled: max or mean
     zoom: bool = p(False, _bool)  # a long text's head view: one region at full resolution
@@ -354,13 +357,3 @@ class AtlasParams(Params):
 
     stat: str = p("previous_token", _choice(ATLAS_STATISTICS))
     ntexts: int = p(50, _int(1, 1000))
-
-
-PAGE_PARAMS: tuple[type[Params], ...] = (
-    ExplorerParams,
-    OverviewParams,
-    ScratchParams,
-    CompareParams,
-    GenerationParams,
-    AtlasParams,
-)

@@ -215,12 +215,10 @@ def load_model(
         if spec.startswith("file:"):
             raise NotAllowed("file:// URLs are not supported; give a plain folder path")
         where = Path(spec).expanduser()
-        if not where.is_dir():
-            raise ModelNotFound(f"local folder {spec!r} does not exist (or is not a folder)")
-        if not (where / "config.json").is_file():
-            raise ModelNotFound(
-                f"{spec!r} is not a model folder: it has no config.json (a model folder holds "
-                "config.json, .safetensors weights and tokenizer files)"
+        if not (where / "config.json").is_file():  # one message whether or not the folder exists:
+            raise ModelNotFound(  # an error must not tell which folders a server has
+                f"{spec!r} is not a model folder (a model folder holds config.json, .safetensors "
+                "weights and tokenizer files)"
             )
     else:
         where = spec
