@@ -1,0 +1,439 @@
+"""One forward pass that keeps what the explanations need: the residual stream around every block.
+
+`trace(lm, text)` runs the model once with attnviz's capture on (each layer's Q, K, V and mask,
+`attnviz.capture`) and forward hooks on the decoder blocks and their direct children (the
+attention module, the MLP and the norms) keeping, per layer and for every token:
+
+- ``stream[l]``: the residual stream entering block l (``stream[n_layers]``: the final one);
+- ``attn_added[l]`` / ``mlp_added[l]``: what the attention and the MLP add to it (after a norm
+  between them and the residual, Gemma 2/3 and OLMo 2, whose per-token scale is kept frozen);
+
+so peak memory is O(N · d_model) per layer. The hooks read the block's structure from the tensors
+themselves: where the MLP reads from (the stream after the attention: sequential; the block's
+input: parallel residual, GPT-J / NeoX / Falcon) and which norm reads the attention's or the MLP's
+output. Every block is then checked to be exactly ``input + attention + MLP`` (within the dtype's
+rounding) and the attention output to be ``Σ_h W_O^h Σ_j α_tj v_j + b_O`` at the last token; a
+model that does anything else (residual multipliers, gated attention, recurrent blocks) is
+refused with the reason, never explained wrongly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+
+from ..capture import CapturedAttention, editing, recording
+from ..errors import AttnvizError
+from ..extract import tokenize
+from ..loading import LoadedModel
+from ..result import probs_from_capture
+from ..tokens import Tokens
+from ..value_weighted import output_bias, output_weight
+from .norms import FrozenNorm, close, identify
+
+log = logging.getLogger(__name__)
+
+Residual = Literal["sequential", "parallel"]
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm")
+DEFAULT_TRACE_TOKENS = 8192
+
+
+class Unsupported(AttnvizError):
+    """This model's blocks are not ones the explanations can decompose exactly (says why)."""
+
+
+def _first_tensor(x: Any) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, tuple | list) and x and isinstance(x[0], torch.Tensor):
+        return x[0]
+    return None
+
+
+def _input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    return _first_tensor(args[0]) if args else _first_tensor(kwargs.get("hidden_states"))
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """The very same tensor data (both are held, so equal addresses cannot be a reused block)."""
+    return a is not None and b is not None and a.data_ptr() == b.data_ptr() and a.shape == b.shape
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The residual stream of one forward pass, block by block, and each layer's attention.
+
+    Rows are token positions (one sequence); ``stream`` has n_layers + 1 entries, the others
+    n_layers. Tensors are in the model's dtype on its device; `whole`-style sums recompute the
+    model's own additions in that dtype.
+    """
+
+    model_name: str
+    tokens: Tokens
+    residual: Residual
+    stream: tuple[torch.Tensor, ...]  # (N, d_model) entering each block, + the final stream
+    attn_added: tuple[torch.Tensor, ...]  # (N, d_model) what the attention adds to the stream
+    mlp_added: tuple[torch.Tensor, ...]  # (N, d_model) what the MLP adds
+    attn_norm: tuple[FrozenNorm | None, ...]  # the norm between heads and residual, frozen
+    captured: tuple[CapturedAttention, ...]  # Q, K, V, mask of each layer's attention call
+    attn_modules: tuple[str, ...]  # module name of each layer's attention
+    out_bias: tuple[torch.Tensor | None, ...]  # (d_model,) b_O of each layer, float32
+    logits: torch.Tensor  # (vocab,) float32: the model's own logits at the last position
+    heads_problem: str  # "" when every layer's output is Σ_h W_O^h z^h + b_O (checked), else why not
+    unembed_problem: str  # "" when the logits are unembed(final norm(stream)) (checked), else why not
+    head_means: tuple[torch.Tensor, ...] | None  # (heads, d_head) per layer: mean output per head
+    rotary: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]  # (cos, sin) given to each layer
+    notes: tuple[str, ...] = ()
+    _w_o: dict[int, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.attn_added)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.captured[0].query.shape[1])
+
+    def position(self, token: int) -> int:
+        """A token index (negative counts from the end) as a position, or an error."""
+        n = self.n_tokens
+        if not -n <= int(token) < n:
+            raise AttnvizError(f"token {token} is out of range: this text has tokens 0..{n - 1}")
+        return int(token) % n
+
+    def mid(self, layer: int, rows: Any = slice(None)) -> torch.Tensor:
+        """The stream after layer ``layer``'s attention (sequential blocks), the model's own sum."""
+        return self.stream[layer][rows] + self.attn_added[layer][rows]
+
+    def w_o(self, lm: LoadedModel, layer: int) -> torch.Tensor:
+        """W_O split by head, float32 (heads, d_model, d_head) (cached on the trace)."""
+        if layer not in self._w_o:
+            cap = self.captured[layer]
+            self._w_o[layer] = output_weight(
+                lm.model, self.attn_modules[layer], int(cap.query.shape[1]), int(cap.query.shape[-1])
+            )
+        return self._w_o[layer]
+
+    def probs(self, layer: int, row: int) -> torch.Tensor:
+        """α of query ``row`` at ``layer``: float32 (heads, key_pos), exact (as eager)."""
+        return probs_from_capture(self.captured[layer], None, slice(row, row + 1))[:, 0]
+
+    def values(self, layer: int) -> torch.Tensor:
+        """V per query head: float32 (heads, key_pos, d_head) (GQA's KV heads repeated)."""
+        cap = self.captured[layer]
+        assert cap.value is not None
+        v = cap.value[0].float()
+        return v.repeat_interleave(cap.query.shape[1] // v.shape[0], dim=0)
+
+
+@dataclass
+class _Block:
+    """What the hooks saw inside one block. Tensors are held until the block ends, so an equal
+    address means the very same tensor (the memory of a freed one cannot be reused meanwhile)."""
+
+    pre: torch.Tensor | None = None
+    attn_in: torch.Tensor | None = None
+    attn_out: torch.Tensor | None = None  # the module's own output tensor (its pointer matters)
+    attn_added: torch.Tensor | None = None
+    attn_norm: FrozenNorm | None = None
+    mlp_out: torch.Tensor | None = None
+    mlp_added: torch.Tensor | None = None
+    residual: Residual | None = None
+    children: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (input, output)
+    problem: str = ""
+
+
+class _Hooks:
+    """Forward hooks on every decoder block and its direct children for one forward pass."""
+
+    def __init__(self, lm: LoadedModel, layers: list[Any], attn: list[Any], dtype: torch.dtype) -> None:
+        self.lm, self.dtype, self.attn = lm, dtype, attn
+        self.stream: list[torch.Tensor] = []
+        self.blocks: list[_Block] = []
+        self.rotary: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        self.handles: list[Any] = []
+        for i, layer in enumerate(layers):
+            self.handles += [
+                layer.register_forward_pre_hook(self._enter(i), with_kwargs=True),
+                layer.register_forward_hook(self._leave(i)),
+            ]
+            for name, child in layer.named_children():
+                if isinstance(child, torch.nn.Dropout):
+                    continue
+                if child is attn[i]:
+                    self.handles += [
+                        child.register_forward_pre_hook(self._attn_in, with_kwargs=True),
+                        child.register_forward_hook(self._attn_out),
+                    ]
+                elif name in MLP_NAMES:
+                    self.handles += [
+                        child.register_forward_pre_hook(self._mlp_in, with_kwargs=True),
+                        child.register_forward_hook(self._mlp_out),
+                    ]
+                else:
+                    self.handles.append(child.register_forward_hook(self._child(name), with_kwargs=True))
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    @property
+    def block(self) -> _Block:
+        return self.blocks[-1]
+
+    def _enter(self, i: int):
+        def hook(_module, args, kwargs):
+            x = _input(args, kwargs)
+            if x is None or x.dim() != 3 or x.shape[0] != 1:
+                raise Unsupported(f"block {i} gets no (1, tokens, d_model) hidden states")
+            if i == 0:
+                self.stream.append(x.detach().clone())
+            elif not close(x, self.stream[-1], self.dtype):
+                self.blocks[-1].problem = f"something between block {i - 1} and block {i} changes the stream"
+            self.blocks.append(_Block(pre=x))
+            pe = kwargs.get("position_embeddings")
+            self.rotary.append(tuple(t.detach() for t in pe) if isinstance(pe, tuple) else None)  # type: ignore[misc]
+
+        return hook
+
+    def _leave(self, i: int):
+        def hook(_module, _args, output):
+            b, post = self.block, _first_tensor(output)
+            assert post is not None and b.pre is not None
+            if b.attn_added is None or b.mlp_added is None or b.residual is None:
+                b.problem = b.problem or (
+                    f"block {i}: could not find its attention output, its MLP ({'/'.join(MLP_NAMES)}) "
+                    "or where the MLP reads from"
+                )
+            elif not close(b.pre + b.attn_added + b.mlp_added, post, self.dtype):
+                b.problem = (
+                    f"block {i}'s output is not its input + attention + MLP (a residual multiplier or "
+                    "another term); the parts would not add up to it"
+                )
+            self.stream.append(post.detach().clone())
+            b.pre, b.attn_in, b.children, b.attn_out, b.mlp_out = None, None, [], None, None
+
+        return hook
+
+    def _attn_in(self, _module, args, kwargs):
+        self.block.attn_in = _input(args, kwargs)
+
+    def _attn_out(self, _module, _args, output):
+        out = _first_tensor(output)
+        assert out is not None
+        self.block.attn_out = out
+        self.block.attn_added = out.detach().clone()  # until a norm reads it
+
+    def _mlp_in(self, _module, args, kwargs):
+        b, x = self.block, _input(args, kwargs)
+        assert x is not None and b.pre is not None
+        if _same(x, b.attn_in):
+            b.residual = "parallel"  # the MLP reads what the attention reads (GPT-J, Falcon)
+            return
+        source = next((c[0] for c in b.children if _same(c[1], x)), x)  # a norm in front of the MLP
+        if _same(source, b.pre):
+            b.residual = "parallel"  # the MLP's norm reads the block's input (NeoX)
+        elif b.attn_added is not None and close(b.pre + b.attn_added, source, self.dtype):
+            b.residual = "sequential"
+        else:
+            b.problem = f"block {len(self.blocks) - 1}: the MLP reads neither the block's input nor input + attention"
+
+    def _mlp_out(self, _module, _args, output):
+        out = _first_tensor(output)
+        assert out is not None
+        self.block.mlp_out = out
+        self.block.mlp_added = out.detach().clone()  # Falcon adds into it in place later
+
+    def _child(self, name: str):
+        def hook(module, args, kwargs, output):
+            b, x, y = self.block, _input(args, kwargs), _first_tensor(output)
+            if x is None or y is None:
+                return
+            b.children.append((x, y))
+            if b.attn_out is not None and b.mlp_out is None and _same(x, b.attn_out):
+                b.attn_added, b.attn_norm = y.detach().clone(), identify(module, x[0], y[0], name)
+                if b.attn_norm is None:
+                    b.problem = f"{type(module).__name__} between the heads and the residual is not a known norm"
+            elif _same(x, b.mlp_out):
+                b.mlp_added = y.detach().clone()
+
+        return hook
+
+
+def _decoder_layers(lm: LoadedModel) -> tuple[list[Any], list[Any], list[str]]:
+    """(blocks, attention modules, attention module names), or the reason it cannot."""
+    lay = lm.layout
+    if lay.kind != "decoder":
+        raise Unsupported(
+            f"{lm.spec!r} is an {lay.kind} model; routes, the logit lens and attributions follow a "
+            "decoder's next-token prediction through its residual stream (encoders normalise the "
+            "stream after each block and predict no next token)"
+        )
+    if lay.attention_layers:
+        raise Unsupported(
+            f"{lm.spec!r} is a hybrid: blocks {', '.join(map(str, lay.blocks_without_attention))} are "
+            "recurrent / state-space, whose mixing of tokens is not a sum of per-token parts"
+        )
+    if not lm.fast_exact or lm.probe is None:
+        raise Unsupported(
+            f"{lm.spec!r} runs attention attnviz does not capture exactly; the explanations need each "
+            "layer's captured values (the fast path)"
+        )
+    names = [s.module_name for s in lm.probe.sites["self"]]
+    attn = [lm.model.get_submodule(n) for n in names]
+    blocks = [lm.model.get_submodule(n.rsplit(".", 1)[0]) for n in names]
+    return blocks, attn, names
+
+
+def final_norm(lm: LoadedModel) -> tuple[str, Any]:
+    """The norm between the last block and the unembedding (name, module)."""
+    base = getattr(lm.model, "base_model", lm.model)
+    for name in FINAL_NORM_NAMES:
+        mod = getattr(base, name, None)
+        if isinstance(mod, torch.nn.Module):
+            return name, mod
+    raise Unsupported(f"cannot find the final norm of {lm.spec!r} (looked for {', '.join(FINAL_NORM_NAMES)})")
+
+
+def unembed(lm: LoadedModel, x: torch.Tensor) -> torch.Tensor:
+    """Logits of hidden states x (rows, d_model) as the model's head makes them: final norm,
+    output embedding, soft-capping where the config has it. float32 (rows, vocab)."""
+    head = lm.model.get_output_embeddings()
+    if head is None:
+        raise Unsupported(f"{lm.spec!r} has no output embedding (LM head) to read the stream with")
+    logits = head(final_norm(lm)[1](x[None]))[0].float()
+    cap = getattr(lm.model.config.get_text_config(), "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+@contextlib.contextmanager
+def _observe_heads(lm: LoadedModel, means: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Keep each attention call's mean output per head over the positions (for mean ablation)."""
+
+    def edit(module: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
+        means[lm.module_names.get(id(module), "")] = out[0].float().mean(dim=0)  # (heads, d_head)
+        return out
+
+    with editing(edit):
+        yield
+
+
+def trace(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tokens: int = DEFAULT_TRACE_TOKENS) -> Trace:
+    """Run ``lm`` once on ``text`` (or token ids) keeping the residual stream around every block."""
+    blocks, attn, names = _decoder_layers(lm)
+    ids, template = tokenize(lm, text, chat=chat) if isinstance(text, str) else (list(text), None)
+    if len(ids) > max_tokens:
+        raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
+    dtype = next(lm.model.parameters()).dtype
+    hooks = _Hooks(lm, blocks, attn, dtype)
+    means: dict[str, torch.Tensor] = {}
+    watch = _observe_heads(lm, means) if lm.supports_capture else contextlib.nullcontext()
+    try:
+        with lm.lock, torch.inference_mode(), recording(lm.module_names) as rec, watch:
+            out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **_forward_kwargs(lm))
+    finally:
+        hooks.close()
+    problem = next((b.problem for b in hooks.blocks if b.problem), "")
+    if problem or len(hooks.blocks) != len(blocks) or len(rec.calls) != len(blocks) or rec.unsupported:
+        raise Unsupported(
+            f"{lm.spec!r}: {problem or 'the forward did not run each attention layer once'}; "
+            "the explanations cannot decompose this model exactly"
+        )
+    kinds = {b.residual for b in hooks.blocks}
+    if len(kinds) != 1:
+        raise Unsupported(f"{lm.spec!r} mixes sequential and parallel blocks; not supported")
+    logits = out.logits[0, -1].float()
+    tr = Trace(
+        model_name=lm.spec,
+        tokens=Tokens.build(lm.tokenizer, ids, template=template),
+        residual=hooks.blocks[0].residual or "sequential",
+        stream=tuple(s[0] for s in hooks.stream),
+        attn_added=tuple(b.attn_added[0] for b in hooks.blocks if b.attn_added is not None),
+        mlp_added=tuple(b.mlp_added[0] for b in hooks.blocks if b.mlp_added is not None),
+        attn_norm=tuple(b.attn_norm for b in hooks.blocks),
+        captured=tuple(rec.calls),
+        attn_modules=tuple(names),
+        out_bias=tuple(_out_bias(lm, n) for n in names),
+        logits=logits,
+        heads_problem="",
+        unembed_problem="",
+        head_means=tuple(means[n] for n in names) if len(means) == len(names) else None,
+        rotary=tuple(hooks.rotary),
+        notes=_notes(hooks.blocks),
+    )
+    with torch.inference_mode():
+        return replace(tr, heads_problem=_check_heads(lm, tr, dtype), unembed_problem=_check_head(lm, tr))
+
+
+def _forward_kwargs(lm: LoadedModel) -> dict:
+    """No cache; logits at the last position only (N x vocab floats would dwarf the trace)."""
+    params = inspect.signature(lm.model.forward).parameters
+    kwargs: dict = {"use_cache": False} if "use_cache" in params else {}
+    if "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = torch.tensor([-1])
+    return kwargs
+
+
+def _out_bias(lm: LoadedModel, module_name: str) -> torch.Tensor | None:
+    bias = output_bias(lm.model, module_name)
+    return None if bias is None else bias.detach().float()
+
+
+def _notes(blocks: list[_Block]) -> tuple[str, ...]:
+    normed = [b.attn_norm for b in blocks if b.attn_norm is not None]
+    if not normed:
+        return ()
+    return (
+        f"A norm ({normed[0].name or normed[0].kind}) sits between the heads and the residual stream: "
+        "its per-token scale is frozen at its actual value, so the heads' parts still add up to "
+        "what the attention adds, exactly.",
+    )
+
+
+def _check_heads(lm: LoadedModel, tr: Trace, dtype: torch.dtype) -> str:
+    """At the last token of every layer: Σ_h W_O^h Σ_j α v_j + b_O is the attention's output."""
+    last = tr.n_tokens - 1
+    for layer in range(tr.n_layers):
+        z = torch.einsum("hk,hkd->hd", tr.probs(layer, last), tr.values(layer))  # (heads, d_head)
+        out = torch.einsum("hmd,hd->m", tr.w_o(lm, layer).to(z.device), z)
+        if tr.out_bias[layer] is not None:
+            out = out + tr.out_bias[layer].to(out.device)  # type: ignore[union-attr]
+        norm = tr.attn_norm[layer]
+        if norm is not None:
+            out = norm.apply(out[None], slice(last, last + 1))[0]
+            if norm.constant is not None:
+                out = out + norm.constant.to(out.device)
+        if not close(out, tr.attn_added[layer][last], dtype):
+            return (
+                f"{lm.spec!r}: layer {layer}'s attention output is not Σ heads W_O α V + bias (a gate or "
+                "another term on the heads); its parts cannot be separated exactly"
+            )
+    return ""
+
+
+def _check_head(lm: LoadedModel, tr: Trace) -> str:
+    """The model's logits at the last position are unembed(final norm(final stream))."""
+    try:
+        with torch.inference_mode():
+            mine = unembed(lm, tr.stream[-1][-1:])[0]
+    except Unsupported as err:
+        return str(err)
+    if not close(mine, tr.logits, next(lm.model.parameters()).dtype):
+        return (
+            f"{lm.spec!r}'s logits are not its output embedding of its final norm (a logit scale or "
+            "another head); the logit lens and attributions would not match its prediction"
+        )
+    return ""
