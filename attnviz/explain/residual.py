@@ -343,7 +343,7 @@ def trace(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tok
     watch = _observe_heads(lm, means) if lm.supports_capture else contextlib.nullcontext()
     try:
         with lm.lock, torch.inference_mode(), recording(lm.module_names) as rec, watch:
-            out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **_forward_kwargs(lm))
+            out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
     finally:
         hooks.close()
     problem = next((b.problem for b in hooks.blocks if b.problem), "")
@@ -355,7 +355,7 @@ def trace(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tok
     kinds = {b.residual for b in hooks.blocks}
     if len(kinds) != 1:
         raise Unsupported(f"{lm.spec!r} mixes sequential and parallel blocks; not supported")
-    logits = out.logits[0, -1].float()
+    logits = out.logits[0, -1].float()  # the one kept, or the last of all
     tr = Trace(
         model_name=lm.spec,
         tokens=Tokens.build(lm.tokenizer, ids, template=template),
@@ -378,12 +378,13 @@ def trace(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tok
         return replace(tr, heads_problem=_check_heads(lm, tr, dtype), unembed_problem=_check_head(lm, tr))
 
 
-def _forward_kwargs(lm: LoadedModel) -> dict:
-    """No cache; logits at the last position only (N x vocab floats would dwarf the trace)."""
+def forward_kwargs(lm: LoadedModel, position: int = -1) -> dict:
+    """No cache; logits at one position only (N x vocab floats would dwarf the trace). Without
+    ``logits_to_keep`` the model returns all positions: take ``logits[0, position]``."""
     params = inspect.signature(lm.model.forward).parameters
     kwargs: dict = {"use_cache": False} if "use_cache" in params else {}
     if "logits_to_keep" in params:
-        kwargs["logits_to_keep"] = torch.tensor([-1])
+        kwargs["logits_to_keep"] = torch.tensor([position])
     return kwargs
 
 
