@@ -75,7 +75,9 @@ def test_attribution_parts_sum_to_the_logit_and_match_the_heads_own_outputs(name
     # each head: the model's own concatenated heads (input of W_O) at row t
     seen: dict[int, torch.Tensor] = {}
     hooks = [
-        out_proj(lm, layer).register_forward_pre_hook(lambda _m, a, layer=layer: seen.__setitem__(layer, a[0][0, t]))
+        out_proj(lm, layer).register_forward_pre_hook(
+            lambda _m, a, layer=layer: seen.__setitem__(layer, a[0][0, t])
+        )
         for layer in range(tr.n_layers)
     ]
     try:
@@ -149,7 +151,7 @@ def test_ablation_equals_a_run_with_the_head_replaced_by_hand(name, mode):
 
 def test_ablation_is_refused_where_the_model_runs_its_own_attention():
     lm = TE.loaded("gptj")
-    with pytest.raises(AttnvizError, match="own eager code|adapter"):
+    with pytest.raises(AttnvizError, match=r"own eager code|adapter"):
         ablate_heads(lm, TE.TEXT, [(0, 0)])
     with pytest.raises(AttnvizError, match="out of range"):
         ablate_heads(TE.loaded("llama-gqa"), TE.TEXT, [(9, 0)])

@@ -25,7 +25,8 @@ def rotate(x: torch.Tensor, spec: RotarySpec, positions: torch.Tensor) -> torch.
 
 
 @pytest.mark.parametrize(
-    ("name", "pairing", "rotated"), [("llama-gqa", "half", 8), ("gpt_neox-parallel", "half", None), ("gptj", "interleaved", 4)]
+    ("name", "pairing", "rotated"),
+    [("llama-gqa", "half", 8), ("gpt_neox-parallel", "half", None), ("gptj", "interleaved", 4)],
 )
 def test_the_pairs_are_the_models_own_rotation(name, pairing, rotated):
     """Turning random vectors by the spec's pairs and θ equals the model's own rotary function."""
@@ -41,7 +42,9 @@ def test_the_pairs_are_the_models_own_rotation(name, pairing, rotated):
         sincos = M.create_sinusoidal_positions(tr.n_tokens, spec.head_dim - len(spec.rest))
         sin, cos = torch.split(sincos[None], sincos.shape[-1] // 2, dim=-1)
         rot = len(spec.pairs) * 2
-        theirs = torch.cat([M.apply_rotary_pos_emb(x[None, :, None, :rot], sin, cos)[0, :, 0], x[:, rot:]], -1)
+        theirs = torch.cat(
+            [M.apply_rotary_pos_emb(x[None, :, None, :rot], sin, cos)[0, :, 0], x[:, rot:]], -1
+        )
     else:
         module = __import__(type(lm.model).__module__, fromlist=["apply_rotary_pos_emb"])
         cos, sin = tr.rotary[0]

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import pytest
 import tiny_explain as TE
-import torch
 
-from attnviz.explain import information_flow, trace
-from attnviz.explain import routes
+from attnviz.explain import information_flow, routes, trace
 from attnviz.explain.routes import Node
 
 
 def as_dict(graph) -> dict:
     return {
-        (e.layer, e.kind, (e.source.layer, e.source.token, e.source.stage), (e.target.layer, e.target.token, e.target.stage)): (
+        (
+            e.layer,
+            e.kind,
+            (e.source.layer, e.source.token, e.source.stage),
+            (e.target.layer, e.target.token, e.target.stage),
+        ): (
             e.weight,
             e.heads,
         )

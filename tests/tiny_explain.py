@@ -44,7 +44,9 @@ def randomise(model: torch.nn.Module, seed: int = 0) -> None:
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
             if p.dim() >= 2:
-                scale = (3.0 if re.search(r"(q_proj|k_proj|query|key|qkv|c_attn)", name) else 1.0) / p.shape[-1] ** 0.5
+                scale = (3.0 if re.search(r"(q_proj|k_proj|query|key|qkv|c_attn)", name) else 1.0) / p.shape[
+                    -1
+                ] ** 0.5
                 p.copy_(noise * scale)
             else:
                 p.add_(noise * 0.2)
@@ -124,7 +126,8 @@ def dense_graph(lm, tr, token: int, threshold: float) -> dict[tuple, tuple[float
             for j in range(n):
                 if w[j] > threshold:
                     edges[(layer, "attention", (layer, j, "in"), (tl, t, tgt))] = (
-                        float(w[j]), tuple(float(x) for x in c_a[t, :, j])
+                        float(w[j]),
+                        tuple(float(x) for x in c_a[t, :, j]),
                     )
             kinds = ("residual",) if tgt == "mid" else ("residual", "ffn")
             for kind, c in zip(kinds, c_s[t], strict=True):

@@ -79,7 +79,9 @@ def _check_heads(tr: Trace, heads: Iterable[tuple[int, int]]) -> tuple[tuple[int
     return tuple(sorted(set(out)))
 
 
-def _replacements(tr: Trace, heads: tuple[tuple[int, int], ...], mode: Mode) -> dict[int, tuple[list[int], torch.Tensor | None]]:
+def _replacements(
+    tr: Trace, heads: tuple[tuple[int, int], ...], mode: Mode
+) -> dict[int, tuple[list[int], torch.Tensor | None]]:
     """Per layer: the heads to replace and what replaces them ((heads, d_head) means, or None = 0)."""
     per: dict[int, list[int]] = {}
     for layer, head in heads:
@@ -181,7 +183,9 @@ def _direct(
         out: dict[tuple[int, int], float] = {}
         for layer in sorted({h[0] for h in heads}):
             z = head_outputs(tr, layer, t)  # (heads, d_head)
-            repl = torch.zeros_like(z) if mode == "zero" or tr.head_means is None else tr.head_means[layer].to(z)
+            repl = (
+                torch.zeros_like(z) if mode == "zero" or tr.head_means is None else tr.head_means[layer].to(z)
+            )
             change = head_writes(lm, tr, layer, t, repl - z)  # (heads, d_model)
             for _, h in (x for x in heads if x[0] == layer):
                 out[(layer, h)] = float(change[h].double() @ r.double().to(change.device))

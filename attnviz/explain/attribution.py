@@ -77,7 +77,9 @@ def token_id(lm: LoadedModel, token: int | str | None, default: int | None) -> i
     if isinstance(token, str):
         ids = lm.tokenizer(token, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:
-            raise AttnvizError(f"{token!r} is {len(ids)} tokens for this tokenizer; give one token (or its id)")
+            raise AttnvizError(
+                f"{token!r} is {len(ids)} tokens for this tokenizer; give one token (or its id)"
+            )
         return int(ids[0])
     vocab = lm.model.get_output_embeddings().weight.shape[0]
     if not 0 <= int(token) < vocab:
@@ -91,7 +93,9 @@ def final_frozen(lm: LoadedModel, x: torch.Tensor) -> FrozenNorm:
     name, module = final_norm(lm)
     frozen = identify(module, x, module(x[None])[0], name)
     if frozen is None:
-        raise AttnvizError(f"{lm.spec!r}'s final norm ({type(module).__name__}) is not one attnviz can freeze")
+        raise AttnvizError(
+            f"{lm.spec!r}'s final norm ({type(module).__name__}) is not one attnviz can freeze"
+        )
     return frozen
 
 
@@ -109,7 +113,9 @@ def head_writes(lm: LoadedModel, tr: Trace, layer: int, row: int, z: torch.Tenso
 
 
 @torch.inference_mode()
-def readout(lm: LoadedModel, tr: Trace, row: int, target: int, contrast: int | None) -> tuple[torch.Tensor, float]:
+def readout(
+    lm: LoadedModel, tr: Trace, row: int, target: int, contrast: int | None
+) -> tuple[torch.Tensor, float]:
     """(r, constant): logit(target) − logit(contrast) = r · x + constant for the final stream x
     at ``row``, the final norm frozen there."""
     head = lm.model.get_output_embeddings()
@@ -159,7 +165,7 @@ def logit_attribution(
             writes = head_writes(lm, tr, layer, t, head_outputs(tr, layer, t))  # (heads, d_model)
             heads[layer] = (writes.to(f64) @ r.to(f64)).cpu().numpy()
             mlps[layer] = float(tr.mlp_added[layer][t].to(f64) @ r.to(f64))
-            rest += _layer_constant(tr, layer, t) @ r.double().cpu()
+            rest += float(_layer_constant(tr, layer, t) @ r.double().cpu())
         logit = float(logits[tgt] - (logits[con] if con is not None else 0.0))
     total = embedding + heads.sum() + mlps.sum() + rest
     shown = Tokens.build(lm.tokenizer, [tgt] + ([con] if con is not None else [])).display

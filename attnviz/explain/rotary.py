@@ -67,7 +67,9 @@ def spec_from_tables(cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> Rot
         pairs = tuple((2 * m, 2 * m + 1) for m in range(half))
         pairing = "interleaved"
     else:
-        raise AttnvizError("the rotary tables pair dimensions in a way attnviz does not know (neither halves nor neighbours)")
+        raise AttnvizError(
+            "the rotary tables pair dimensions in a way attnviz does not know (neither halves nor neighbours)"
+        )
     theta = tuple(float(angle[a]) for a, _ in pairs)
     return RotarySpec(pairing, pairs, theta, tuple(range(rot, head_dim)), head_dim)
 
@@ -109,8 +111,11 @@ class RotaryBands:
 
     @property
     def carries(self) -> list[str]:
-        """"position" or "content" per band: which counterfactual moves its term more across keys."""
-        return ["position" if p > c else "content" for p, c in zip(self.position_spread, self.content_spread, strict=True)]
+        """ "position" or "content" per band: which counterfactual moves its term more across keys."""
+        return [
+            "position" if p > c else "content"
+            for p, c in zip(self.position_spread, self.content_spread, strict=True)
+        ]
 
 
 def _unrotate(x: torch.Tensor, spec: RotarySpec, angles: torch.Tensor) -> torch.Tensor:
@@ -141,7 +146,9 @@ def bands(
     b = [p[1] for p in spec.pairs]
     rest = list(spec.rest)
     terms = scaling * (q[i, a][None] * k[: i + 1, a] + q[i, b][None] * k[: i + 1, b])  # (keys, pairs)
-    rest_terms = scaling * (q[i, rest][None] * k[: i + 1, rest]).sum(-1) if rest else torch.zeros(i + 1, dtype=q.dtype)
+    rest_terms = (
+        scaling * (q[i, rest][None] * k[: i + 1, rest]).sum(-1) if rest else torch.zeros(i + 1, dtype=q.dtype)
+    )
     theta = torch.tensor(spec.theta, dtype=torch.float64)
     pos = torch.arange(q.shape[0], dtype=torch.float64)
     q_t = _unrotate(q[i : i + 1], spec, pos[i : i + 1, None] * theta)[0]

@@ -41,6 +41,8 @@ EdgeKind = Literal["attention", "ffn", "residual"]
 EDGE_KINDS: tuple[str, ...] = get_args(EdgeKind)
 Stage = Literal["in", "mid"]
 DEFAULT_THRESHOLD = 0.04
+ROW_ELEMENTS = 2**22  # (targets, heads, keys) floats per step of a block's expansion
+MAX_ROWS = 32  # targets per step: α rows (rows, heads, N) stay within O(heads · N · d_model)
 FLIP_DIMS = 64  # components of a target row searched for sign flips per part (see below)
 Progress = Callable[[int, int], None]  # (blocks done, blocks in all); raising cancels
 
@@ -176,9 +178,9 @@ def attention_importances(whole: torch.Tensor, alpha: torch.Tensor, u: torch.Ten
         imp[t].sub_(su.sum(dim=0), alpha=2.0)
     big = torch.nonzero(flips > k)  # (n, 3) parts that may flip beyond the k smallest
     for a in range(0, big.shape[0], 4096):
-        t, h, j = big[a : a + 4096].unbind(1)
-        parts = alpha[t, h, j][:, None] * u[h, j]  # (n, d)
-        imp[t, h, j] = wn_minus(whole[t], parts)
+        bt, bh, bj = big[a : a + 4096].unbind(1)
+        parts = alpha[bt, bh, bj][:, None] * u[bh, bj]  # (n, d)
+        imp[bt, bh, bj] = wn_minus(whole[bt], parts)
     return imp.clamp_(min=0)
 
 
@@ -230,16 +232,42 @@ class _Builder:
     def _f(self, x: torch.Tensor) -> torch.Tensor:
         return x.float()
 
-    def attention_block(
-        self, layer: int, targets: list[int], whole: torch.Tensor, singles: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        keys = max(targets) + 1  # causal: a target sees keys 0 .. t
-        alpha = _alpha(self.tr, layer, targets, keys)
-        u = head_vectors(self.lm, self.tr, layer)[:, :keys]
-        self.expanded += len(targets)
-        return block_contributions(whole, singles, alpha, u, self.threshold)
+    def attention(self, layer: int, targets: list[int], stage: Stage) -> set[int]:
+        """Expand the attention block of ``targets`` a few rows at a time (memory O(heads · N · d)):
+        sequential: whole = mid, parts = the stream + the heads' parts (target stage "mid");
+        parallel: whole = the next stream, parts = the stream, the MLP + the heads' parts."""
+        tr, f = self.tr, self._f
+        u_all = head_vectors(self.lm, tr, layer)  # (heads, N, d_model)
+        step = max(1, min(MAX_ROWS, ROW_ELEMENTS // (u_all.shape[0] * tr.n_tokens)))
+        sources: set[int] = set()
+        for a in range(0, len(targets), step):
+            chunk = targets[a : a + step]
+            keys = max(chunk) + 1  # causal: a target sees keys 0 .. t
+            if stage == "mid":
+                whole, singles = f(tr.mid(layer, chunk)), f(tr.stream[layer][chunk])[:, None]
+            else:
+                whole = f(tr.stream[layer + 1][chunk])
+                singles = torch.stack([f(tr.stream[layer][chunk]), f(tr.mlp_added[layer][chunk])], dim=1)
+            alpha = _alpha(tr, layer, chunk, keys)
+            c_a, c_s = block_contributions(whole, singles, alpha, u_all[:, :keys], self.threshold)
+            self.expanded += len(chunk)
+            sources |= self.keep_attention(layer, chunk, c_a, stage)
+            for i, t in enumerate(chunk):
+                if stage == "mid":
+                    kept = self.keep_single(
+                        layer, "residual", Node(layer, t), Node(layer, t, "mid"), float(c_s[i, 0])
+                    )
+                else:
+                    src, dst = Node(layer, t), Node(layer + 1, t)
+                    kept = self.keep_single(layer, "residual", src, dst, float(c_s[i, 0]))
+                    kept |= self.keep_single(layer, "ffn", src, dst, float(c_s[i, 1]))
+                if kept:
+                    sources.add(t)
+        return sources
 
-    def keep_attention(self, layer: int, targets: list[int], c_a: torch.Tensor, target_stage: Stage) -> set[int]:
+    def keep_attention(
+        self, layer: int, targets: list[int], c_a: torch.Tensor, target_stage: Stage
+    ) -> set[int]:
         """Attention edges j → t above the threshold; their source tokens."""
         sources: set[int] = set()
         weights = c_a.sum(dim=1)  # (T, keys)
@@ -248,7 +276,14 @@ class _Builder:
             for j in torch.nonzero(weights[i] > self.threshold).flatten().tolist():
                 heads = tuple(float(x) for x in c_a[i, :, j])
                 self.edges.append(
-                    Edge(layer, "attention", Node(layer, j), Node(tgt_layer, t, target_stage), float(weights[i, j]), heads)
+                    Edge(
+                        layer,
+                        "attention",
+                        Node(layer, j),
+                        Node(tgt_layer, t, target_stage),
+                        float(weights[i, j]),
+                        heads,
+                    )
                 )
                 sources.add(j)
         return sources
@@ -266,7 +301,9 @@ class _Builder:
         if targets:  # FFN block: whole = next stream, parts = mid, mlp
             mid = f(tr.mid(layer, targets))
             singles = torch.stack([mid, f(tr.mlp_added[layer][targets])], dim=1)
-            _, c_s = block_contributions(f(tr.stream[layer + 1][targets]), singles, None, None, self.threshold)
+            _, c_s = block_contributions(
+                f(tr.stream[layer + 1][targets]), singles, None, None, self.threshold
+            )
             self.expanded += len(targets)
             for i, t in enumerate(targets):
                 src, dst = Node(layer, t, "mid"), Node(layer + 1, t)
@@ -274,32 +311,10 @@ class _Builder:
                 kept |= self.keep_single(layer, "ffn", src, dst, float(c_s[i, 1]))
                 if kept:
                     mids.add(t)
-        targets = sorted(mids)
-        if not targets:
-            return set()
-        whole = f(tr.mid(layer, targets))
-        c_a, c_s = self.attention_block(layer, targets, whole, f(tr.stream[layer][targets])[:, None])
-        sources = self.keep_attention(layer, targets, c_a, "mid")
-        for i, t in enumerate(targets):
-            if self.keep_single(layer, "residual", Node(layer, t), Node(layer, t, "mid"), float(c_s[i, 0])):
-                sources.add(t)
-        return sources
+        return self.attention(layer, sorted(mids), "mid") if mids else set()
 
     def parallel(self, layer: int, frontier: set[int]) -> set[int]:
-        tr, f = self.tr, self._f
-        targets = sorted(frontier)
-        if not targets:
-            return set()
-        singles = torch.stack([f(tr.stream[layer][targets]), f(tr.mlp_added[layer][targets])], dim=1)
-        c_a, c_s = self.attention_block(layer, targets, f(tr.stream[layer + 1][targets]), singles)
-        sources = self.keep_attention(layer, targets, c_a, "in")
-        for i, t in enumerate(targets):
-            src, dst = Node(layer, t), Node(layer + 1, t)
-            kept = self.keep_single(layer, "residual", src, dst, float(c_s[i, 0]))
-            kept |= self.keep_single(layer, "ffn", src, dst, float(c_s[i, 1]))
-            if kept:
-                sources.add(t)
-        return sources
+        return self.attention(layer, sorted(frontier), "in") if frontier else set()
 
 
 def information_flow(
