@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..capture import CapturedAttention, editing, recording
+from ..capture import CapturedAttention, attention_scores, editing, recording, softmax_fp32
 from ..errors import AttnvizError
 from ..extract import tokenize
 from ..loading import LoadedModel
@@ -105,7 +105,32 @@ class Trace:
 
     def probs(self, layer: int, row: int) -> torch.Tensor:
         """α of query ``row`` at ``layer``: float32 (heads, key_pos), exact (as eager)."""
-        return probs_from_capture(self.captured[layer], None, slice(row, row + 1))[:, 0]
+        return self.probs_rows(layer, [row])[0]
+
+    def probs_rows(self, layer: int, rows: list[int], n_keys: int | None = None) -> torch.Tensor:
+        """α of the query ``rows`` over the first ``n_keys`` keys: float32 (rows, heads, keys).
+
+        Eager's order of operations (q · k · scaling, soft-cap, the mask, softmax in float32) on
+        these rows only, each KV head's keys read in place by its group of query heads (no copy).
+        Sinks and position biases go through `probs_from_capture` row by row.
+        """
+        cap = self.captured[layer]
+        n_k = cap.key.shape[2] if n_keys is None else n_keys
+        if cap.sinks is not None or cap.position_bias is not None or cap.query.shape[2] != cap.key.shape[2]:
+            return torch.stack([probs_from_capture(cap, None, slice(r, r + 1))[:, 0, :n_k] for r in rows])
+        heads, kv, d = cap.query.shape[1], cap.key.shape[1], cap.query.shape[3]
+        g, n = heads // kv, len(rows)
+        idx = torch.tensor(rows, device=cap.query.device)
+        q = cap.query[0].index_select(1, idx).reshape(kv, g * n, d)  # (kv, group · rows, d_head)
+        mask = None
+        if cap.mask is not None:
+            m = cap.mask[0].index_select(1, idx)[..., :n_k]  # (1|heads, rows, keys)
+            mask = m.repeat(g, 1, 1).reshape(1, g * n, n_k) if m.shape[0] == 1 else m.reshape(kv, g * n, n_k)
+        elif cap.is_causal:
+            causal = torch.arange(n_k, device=idx.device)[None, :] <= idx[:, None]  # (rows, keys)
+            mask = causal.repeat(g, 1)  # (group · rows, keys)
+        scores = attention_scores(q, cap.key[0, :, :n_k], scaling=cap.scaling, softcap=cap.softcap, mask=mask)
+        return softmax_fp32(scores).reshape(heads, n, n_k).transpose(0, 1)
 
     def values(self, layer: int) -> torch.Tensor:
         """V per query head: float32 (heads, key_pos, d_head) (GQA's KV heads repeated)."""

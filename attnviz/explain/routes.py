@@ -26,7 +26,7 @@ edges stay apart (kinds "attention" and "residual").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -43,7 +43,7 @@ Stage = Literal["in", "mid"]
 DEFAULT_THRESHOLD = 0.04
 ROW_ELEMENTS = 2**22  # (targets, heads, keys) floats per step of a block's expansion
 MAX_ROWS = 32  # targets per step: α rows (rows, heads, N) stay within O(heads · N · d_model)
-FLIP_DIMS = 64  # components of a target row searched for sign flips per part (see below)
+FLIP_DIMS = 16  # components of a target row searched for sign flips per part (see below)
 Progress = Callable[[int, int], None]  # (blocks done, blocks in all); raising cancels
 
 
@@ -128,59 +128,103 @@ def threshold_renormalise(
     return c_attn / denom[:, None, None], c_single / denom[:, None]
 
 
+@dataclass(frozen=True)
+class HeadVectors:
+    """One layer's heads, enough to make any part u_hj = W'_h v^h_j on demand, where W'_h is W_O^h
+    through the frozen norm after the heads without its per-token scale (that scale multiplies α
+    per target; W' = W_O without such a norm). Never the (heads, N, d_model) parts themselves."""
+
+    w: torch.Tensor  # (heads, d_model, d_head) W'_h
+    v: torch.Tensor  # (heads, N, d_head) values per query head (GQA's KV heads repeated)
+    bound: torch.Tensor  # (heads, N) ≥ max_i |u_hj,i|: max row norm of W'_h times ‖v_j‖
+
+    def parts(self, h: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """u for parts (h[n], j[n]): (n, d_model), one head at a time."""
+        out = torch.empty(h.shape[0], self.w.shape[1], dtype=self.w.dtype, device=self.w.device)
+        for head in torch.unique(h).tolist():
+            sel = h == head
+            out[sel] = self.v[head, j[sel]] @ self.w[head].T
+        return out
+
+
+def head_vectors(lm: LoadedModel, tr: Trace, layer: int) -> HeadVectors:
+    v = tr.values(layer)  # (heads, N, d_head)
+    w = tr.w_o(lm, layer).to(v.device)  # (heads, d_model, d_head)
+    norm = tr.attn_norm[layer]
+    if norm is not None:  # the norm acts on d_model: apply it to each column of W_O^h
+        w = norm.unscaled(w.transpose(1, 2)).transpose(1, 2)
+    bound = w.norm(dim=-1).amax(dim=-1)[:, None] * v.norm(dim=-1)  # Cauchy-Schwarz per component
+    return HeadVectors(w.contiguous(), v, bound * (1 + 1e-5))
+
+
 def importances(
     whole: torch.Tensor,
     singles: torch.Tensor,
     alpha: torch.Tensor | None = None,
-    u: torch.Tensor | None = None,
+    hv: HeadVectors | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(imp of the attention parts (T, heads, keys), imp of the single parts (T, S)), float32.
 
-    whole (T, d); singles (T, S, d); attention part (t, h, j) = alpha[t, h, j] · u[h, j]
-    (alpha ≥ 0 (T, heads, keys), u (heads, keys, d)). Memory O(heads · keys · d).
+    whole (T, d); singles (T, S, d); attention part (t, h, j) = alpha[t, h, j] · u_hj with
+    u_hj = W'_h v_j (`HeadVectors`), alpha ≥ 0 (T, heads, keys). Memory O(heads · N · d_head).
     """
     wn = whole.abs().sum(-1)  # (T,)
     imp_s = (wn[:, None] - (whole[:, None] - singles).abs().sum(-1)).clamp_(min=0)
-    if alpha is None or u is None:
+    if alpha is None or hv is None:
         return whole.new_zeros(whole.shape[0], 0, 0), imp_s
-    return attention_importances(whole, alpha, u), imp_s
+    return attention_importances(whole, alpha, hv), imp_s
 
 
-def attention_importances(whole: torch.Tensor, alpha: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def attention_importances(whole: torch.Tensor, alpha: torch.Tensor, hv: HeadVectors) -> torch.Tensor:
     """max(‖w‖₁ − ‖w − a·u‖₁, 0) for every target row w (T, d) and part a·u, a = alpha[t, h, j] ≥ 0,
-    u = u[h, j]: (T, heads, keys), without making the (T, heads, keys, d) parts.
+    u = W'_h v_j: (T, heads, keys), without making the (T, heads, keys, d) parts.
 
     With s = sign(w) (+1 at 0), for each component |w_i − a u_i| = |w_i| − a s_i u_i, plus
     2 (a s_i u_i − |w_i|) where that is positive (the part flips the component's sign), so
 
         ‖w‖₁ − ‖w − a u‖₁ = a (s · u) − 2 Σ_i relu(a s_i u_i − |w_i|)
 
-    The first term is one matrix product for all parts. A component can flip only where
-    |w_i| < a |u_i| ≤ a · max|u|: for almost every part those are among the few smallest |w_i|,
-    so the sum runs over the `FLIP_DIMS` smallest components of w; the parts that could flip more
-    (large α) are computed in full. Same numbers as the literal definition (float32 rounding).
+    The first term needs no part: s · W'_h v_j = (W'_hᵀ s) · v_j, one small matrix product. A
+    component can flip only where |w_i| < a |u_i| ≤ a · bound_hj, i.e. among the components of w
+    below that: none for most parts (small α), a few for some (summed over the `FLIP_DIMS`
+    smallest |w_i|, u made for those components only), many for the rare large parts (made in
+    full). Same numbers as the literal definition, to float32 rounding.
     """
     n_t, n_h, n_k = alpha.shape
     d = whole.shape[-1]
+    v = hv.v[:, :n_k]  # (heads, keys, d_head)
     sign = torch.where(whole >= 0, 1.0, -1.0)  # (T, d)
-    imp = torch.einsum("hkd,td->thk", u, sign).mul_(alpha)  # a (s · u): (T, heads, keys)
+    pulled = torch.einsum("hmd,tm->thd", hv.w, sign)  # W'_hᵀ s: (T, heads, d_head)
+    imp = torch.einsum("hkd,thd->thk", v, pulled).mul_(alpha)  # a (s · u): (T, heads, keys)
     aw = whole.abs()
     order = aw.argsort(dim=-1)  # (T, d): components by |w_i|, smallest first
-    ranked = aw.gather(-1, order)
-    reach = alpha * u.abs().amax(dim=-1)[None]  # a · max|u|: components below it may flip
-    flips = torch.searchsorted(ranked.contiguous(), reach.reshape(n_t, -1)).reshape(n_t, n_h, n_k)
+    ranked = aw.gather(-1, order).contiguous()
+    reach = alpha * hv.bound[None, :, :n_k]  # components of w below it may flip
+    loose = torch.searchsorted(ranked, reach.reshape(n_t, -1)).reshape(n_t, n_h, n_k)
+    cand = torch.nonzero(loose > 0)  # (n, 3) parts that may flip a component
+    if cand.numel() == 0:
+        return imp.clamp_(min=0)
+    t, h, j = cand.unbind(1)
+    pairs, inv = torch.unique(h * n_k + j, return_inverse=True)  # their (head, key) pairs
+    u = hv.parts(pairs // n_k, pairs % n_k)  # (pairs, d): u made for these only
+    a = alpha[t, h, j]
+    reach_t = a * u.abs().amax(dim=-1)[inv]  # the exact max |u_i| now
+    flips = torch.empty_like(t)
+    for row in torch.unique(t).tolist():
+        sel = t == row
+        flips[sel] = torch.searchsorted(ranked[row], reach_t[sel])
     k = min(d, FLIP_DIMS)
-    ut = u.permute(2, 0, 1)  # (d, heads, keys): a component of every part is one slab
-    for t in range(n_t):
-        idx = order[t, :k]
-        su = ut[idx] * sign[t, idx][:, None, None]  # s_i u_i: (k, heads, keys)
-        su.mul_(alpha[t][None]).sub_(aw[t, idx][:, None, None]).clamp_(min=0)
-        imp[t].sub_(su.sum(dim=0), alpha=2.0)
-    big = torch.nonzero(flips > k)  # (n, 3) parts that may flip beyond the k smallest
-    for a in range(0, big.shape[0], 4096):
-        bt, bh, bj = big[a : a + 4096].unbind(1)
-        parts = alpha[bt, bh, bj][:, None] * u[bh, bj]  # (n, d)
-        imp[bt, bh, bj] = wn_minus(whole[bt], parts)
+    few = torch.nonzero((flips > 0) & (flips <= k)).flatten()  # a correction over k components
+    for c in range(0, few.shape[0], 1 << 15):
+        n = few[c : c + (1 << 15)]
+        comp = order[t[n], :k]  # (n, k): the k smallest |w_i| of each part's target
+        su = u[inv[n][:, None], comp] * sign[t[n][:, None], comp]  # s_i u_i
+        corr = (a[n][:, None] * su - aw[t[n][:, None], comp]).clamp_(min=0).sum(-1)
+        imp[t[n], h[n], j[n]] -= 2 * corr
+    many = torch.nonzero(flips > k).flatten()  # the full sum
+    for c in range(0, many.shape[0], 1024):
+        n = many[c : c + 1024]
+        imp[t[n], h[n], j[n]] = wn_minus(whole[t[n]], a[n][:, None] * u[inv[n]])
     return imp.clamp_(min=0)
 
 
@@ -193,33 +237,25 @@ def block_contributions(
     whole: torch.Tensor,
     singles: torch.Tensor,
     alpha: torch.Tensor | None,
-    u: torch.Tensor | None,
+    hv: HeadVectors | None,
     threshold: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalised (and, with a threshold, thresholded + renormalised) contributions of a block's
     parts: (attention (T, heads, keys), singles (T, S))."""
-    imp_a, imp_s = importances(whole, singles, alpha, u)
+    imp_a, imp_s = importances(whole, singles, alpha, hv)
     total = imp_a.sum(dim=(1, 2)) + imp_s.sum(dim=1)
     total = torch.where(total > 0, total, torch.ones_like(total))
     c_a, c_s = imp_a / total[:, None, None], imp_s / total[:, None]
     return (c_a, c_s) if threshold is None else threshold_renormalise(c_a, c_s, threshold)
 
 
-def head_vectors(lm: LoadedModel, tr: Trace, layer: int) -> torch.Tensor:
-    """W_O^h v^h_j for every head and key, through the frozen norm after the heads without its
-    per-token scale (that scale multiplies α per target): float32 (heads, keys, d_model)."""
-    v = tr.values(layer)  # (heads, keys, d_head)
-    u = torch.matmul(v, tr.w_o(lm, layer).to(v.device).transpose(1, 2))  # (heads, keys, d_model)
-    norm = tr.attn_norm[layer]
-    return u if norm is None else norm.unscaled(u)
-
-
-def _alpha(tr: Trace, layer: int, targets: Sequence[int], keys: int) -> torch.Tensor:
-    """α rows of ``targets`` over the first ``keys`` keys, times the frozen post-norm's scale."""
-    rows = torch.stack([tr.probs(layer, t)[:, :keys] for t in targets])  # (T, heads, keys)
+def _alpha(tr: Trace, layer: int, targets: list[int], n_keys: int) -> torch.Tensor:
+    """α rows of ``targets`` over the first ``n_keys`` keys (T, heads, keys), exact as eager's,
+    times the frozen post-norm's scale of each target."""
+    rows = tr.probs_rows(layer, targets, n_keys)
     norm = tr.attn_norm[layer]
     if norm is not None:
-        rows = rows * norm.scale[list(targets)].to(rows.device)[:, None, None]
+        rows = rows * norm.scale[targets].to(rows.device)[:, None, None]
     return rows
 
 
@@ -237,8 +273,8 @@ class _Builder:
         sequential: whole = mid, parts = the stream + the heads' parts (target stage "mid");
         parallel: whole = the next stream, parts = the stream, the MLP + the heads' parts."""
         tr, f = self.tr, self._f
-        u_all = head_vectors(self.lm, tr, layer)  # (heads, N, d_model)
-        step = max(1, min(MAX_ROWS, ROW_ELEMENTS // (u_all.shape[0] * tr.n_tokens)))
+        hv = head_vectors(self.lm, tr, layer)
+        step = max(1, min(MAX_ROWS, ROW_ELEMENTS // (hv.v.shape[0] * tr.n_tokens)))
         sources: set[int] = set()
         for a in range(0, len(targets), step):
             chunk = targets[a : a + step]
@@ -249,7 +285,7 @@ class _Builder:
                 whole = f(tr.stream[layer + 1][chunk])
                 singles = torch.stack([f(tr.stream[layer][chunk]), f(tr.mlp_added[layer][chunk])], dim=1)
             alpha = _alpha(tr, layer, chunk, keys)
-            c_a, c_s = block_contributions(whole, singles, alpha, u_all[:, :keys], self.threshold)
+            c_a, c_s = block_contributions(whole, singles, alpha, hv, self.threshold)
             self.expanded += len(chunk)
             sources |= self.keep_attention(layer, chunk, c_a, stage)
             for i, t in enumerate(chunk):
