@@ -24,6 +24,8 @@ from typing import Any, ClassVar, Literal, Self, get_args
 
 import attnviz
 from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
+from attnviz.explain import DEFAULT_THRESHOLD
+from attnviz.explain import MODES as ABLATION_MODES
 from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS, SCALES
 from attnviz.metrics import METRICS
 
@@ -40,6 +42,8 @@ ScratchMode = Literal["real layer", "toy"]
 SCRATCH_MODES: tuple[str, ...] = get_args(ScratchMode)
 Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
 CHANGES: tuple[str, ...] = get_args(Change)
+ExplainView = Literal["routes", "logit lens", "attribution", "ablation"]
+EXPLAIN_VIEWS: tuple[str, ...] = get_args(ExplainView)
 GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
@@ -115,6 +119,24 @@ def _spec(raw: str) -> str:
     if any(ord(c) < 32 for c in spec):
         raise ValueError("a model name has no control characters")
     return spec
+
+
+def _heads(raw: str) -> str:
+    """Heads as ``layer.head`` pairs, comma-separated ("15.3,20.1"); "" for none."""
+    pairs = [x.strip() for x in raw.split(",") if x.strip()]
+    if len(pairs) > 64:
+        raise ValueError("at most 64 heads")
+    for pair in pairs:
+        layer, _, head = pair.partition(".")
+        if not (layer.isdigit() and head.isdigit()):
+            raise ValueError("use layer.head pairs like 3.1,5.0")
+    return ",".join(pairs)
+
+
+def _short_text(raw: str) -> str:
+    if len(raw) > 64:
+        raise ValueError("at most 64 characters")
+    return raw
 
 
 def _spec_or_empty(raw: str) -> str:
@@ -357,6 +379,24 @@ class AtlasParams(Params):
     ntexts: int = p(50, _int(1, 1000))
 
 
+@dataclass(frozen=True)
+class ExplainParams(Params):
+    PAGE: ClassVar[str] = "Explain"
+
+    view: str = p("routes", _choice(EXPLAIN_VIEWS))
+    pos: int = p(-1, _int(-1))  # the position explained; -1: the last token (the prediction)
+    thr: float = p(DEFAULT_THRESHOLD, _float(0.0, 0.5))  # routes: keep edges above this
+    lpos: int = p(16, _int(1, 64))  # logit lens: the last this many positions
+    k: int = p(5, _int(1, 20))  # logit lens: top k
+    target: str = p("", _short_text)  # attribution: this token's logit ("" = the prediction)
+    contrast: str = p("", _short_text)  # attribution: minus this token's logit
+    abl: str = p("", _heads)  # ablation: the heads, "layer.head,..."
+    amode: str = p("zero", _choice(ABLATION_MODES))
+
+    def ablated(self) -> list[tuple[int, int]]:
+        return [(int(a), int(b)) for a, _, b in (x.partition(".") for x in self.abl.split(",") if x)]
+
+
 PAGE_PARAMS: tuple[type[Params], ...] = (
     ExplorerParams,
     OverviewParams,
@@ -364,4 +404,5 @@ PAGE_PARAMS: tuple[type[Params], ...] = (
     CompareParams,
     GenerationParams,
     AtlasParams,
+    ExplainParams,
 )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch
 from ..capture import CapturedAttention, attention_scores, editing, recording, softmax_fp32
 from ..errors import AttnvizError
 from ..extract import tokenize
+from ..limits import capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
 from ..result import probs_from_capture
 from ..tokens import Tokens
@@ -78,6 +79,19 @@ class Trace:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the trace holds (streams and the captured Q / K / V / masks)."""
+        seen: set[int] = set()
+        total = 0
+        tensors = [*self.stream, *self.attn_added, *self.mlp_added]
+        tensors += [t for c in self.captured for t in (c.query, c.key, c.value, c.mask) if t is not None]
+        for t in tensors:
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+        return total
 
     @property
     def n_heads(self) -> int:
@@ -201,19 +215,35 @@ def _observe_heads(lm: LoadedModel, means: dict[str, torch.Tensor]) -> Iterator[
 
 
 def trace(
-    lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tokens: int = DEFAULT_TRACE_TOKENS
+    lm: LoadedModel,
+    text: str | list[int],
+    *,
+    chat: bool = False,
+    max_tokens: int = DEFAULT_TRACE_TOKENS,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Trace:
-    """Run ``lm`` once on ``text`` (or token ids) keeping the residual stream around every block."""
+    """Run ``lm`` once on ``text`` (or token ids) keeping the residual stream around every block.
+    ``progress(done, total)`` hears each attention layer of the forward (an exception it raises
+    stops the forward)."""
     blocks, attn, names = _decoder_layers(lm)
     ids, template = tokenize(lm, text, chat=chat) if isinstance(text, str) else (list(text), None)
     if len(ids) > max_tokens:
         raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
     dtype = next(lm.model.parameters()).dtype
+    lay = lm.layout
+    streams = 3 * (lay.n_layers + 1) * len(ids) * lay.d_model * (torch.finfo(dtype).bits // 8)
+    require(
+        capture_bytes(lay, len(ids), dtype) + forward_bytes(lay, len(ids), dtype) + streams,
+        lm.device,
+        what=f"tracing {len(ids)} tokens (the residual stream around every block)",
+        hint="a shorter text",
+    )
     hooks = BlockHooks(blocks, attn, dtype)
     means: dict[str, torch.Tensor] = {}
     watch = _observe_heads(lm, means) if lm.supports_capture else contextlib.nullcontext()
     try:
-        with lm.lock, torch.inference_mode(), recording(lm.module_names) as rec, watch:
+        tell = None if progress is None else (lambda done: progress(min(done, len(blocks)), len(blocks)))
+        with lm.lock, torch.inference_mode(), recording(lm.module_names, on_call=tell) as rec, watch:
             out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
     finally:
         hooks.close()
