@@ -9,7 +9,7 @@ import attnviz
 from attnviz import figures as F
 from attnviz import token_views as TV
 from attnviz.reference import walkthrough as W
-from ui import attention, export, models, shell, sidebar, state, steps
+from ui import attention, export, models, rotary, shell, sidebar, state, steps
 from ui.params import CHANGES, SCRATCH_MODES, ScratchParams
 from ui.text import guarded, md
 
@@ -194,6 +194,7 @@ def real_layer() -> None:
     step_list = [(s.name, s.description, s.value) for s in wt.steps]
     step_browser(step_list, lay, labels, int(head))
     counterfactuals(lm.spec, lay, wt, labels, layer, head)
+    rotary.bands_view(lm.spec, wt, lay, int(head), labels)
 
 
 def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int) -> None:

@@ -35,7 +35,8 @@ import attnviz  # noqa: E402
 from attnviz.explain import ablate_heads, information_flow, logit_attribution, logit_lens, trace  # noqa: E402
 from attnviz.explain.residual import forward_kwargs  # noqa: E402
 
-WORDS = "the bank river money water loan fish stream account shore deposit interest flows north".split()
+WORDS = ["the", "bank", "river", "money", "water", "loan", "fish", "stream", "account", "shore", "deposit"]
+COLUMNS = ("trace", "routes", "routes total", "lens", "dla", "ablation")
 START, END = "<!-- explain:start -->", "<!-- explain:end -->"
 
 
@@ -69,74 +70,61 @@ def trace_bytes(tr) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def one_repeat(lm, ids: list[int]) -> tuple[dict[str, tuple[float, float]], dict]:
+    """Seconds (wall, CPU) of the floor and of each explanation, and the graph's size."""
+    out = {"floor": timed(lambda: floor(lm, ids))[:2]}
+    w, c, tr = timed(lambda: trace(lm, ids))
+    out["trace"] = (w, c)
+    w, c, graph = timed(lambda: information_flow(lm, tr))
+    out["routes"] = (w, c)
+    out["lens"] = timed(lambda: logit_lens(lm, tr))[:2]
+    out["dla"] = timed(lambda: logit_attribution(lm, tr))[:2]
+    out["ablation"] = timed(lambda: ablate_heads(lm, tr, [(15, 3)]))[:2]
+    out["routes total"] = (out["trace"][0] + out["routes"][0], out["trace"][1] + out["routes"][1])
+    info = {"nodes": len(graph.nodes), "edges": len(graph.edges), "expanded": graph.expanded}
+    info["trace_gib"] = tr.nbytes / 2**30
+    return out, info
+
+
 def bench(lm, n: int, repeats: int) -> dict:
     ids = ids_of_length(lm, n)
     floor(lm, ids)  # warm-up
-    runs: dict[str, list[tuple[float, float]]] = {}
+    ratios: dict[str, list[tuple[float, float]]] = {}
+    floors: list[float] = []
     info: dict = {}
     for _ in range(repeats):
-        base = timed(lambda: floor(lm, ids))
-        parts = {"trace": timed(lambda: trace(lm, ids))}
-        tr = parts["trace"][2]
-        parts["routes"] = timed(lambda: information_flow(lm, tr))
-        parts["lens"] = timed(lambda: logit_lens(lm, tr))
-        parts["dla"] = timed(lambda: logit_attribution(lm, tr))
-        parts["ablation"] = timed(lambda: ablate_heads(lm, tr, [(15, 3)]))
-        g = parts["routes"][2]
-        info = {
-            "nodes": len(g.nodes),  # type: ignore[attr-defined]
-            "edges": len(g.edges),  # type: ignore[attr-defined]
-            "expanded": g.expanded,  # type: ignore[attr-defined]
-            "trace_gib": trace_bytes(tr) / 2**30,
-            "floor_s": base[0],
-        }
-        runs.setdefault("floor", []).append((base[0], base[1]))
-        for name, (w, c, _) in parts.items():
-            runs.setdefault(name, []).append((w / base[0], c / max(base[1], 1e-9)))
-        runs.setdefault("routes total", []).append(
-            (
-                (parts["trace"][0] + parts["routes"][0]) / base[0],
-                (parts["trace"][1] + parts["routes"][1]) / base[1],
-            )
-        )
-        del tr, parts
-        print(
-            f"N={n}: floor {base[0]:.2f} s, "
-            + ", ".join(f"{k} {v[-1][0]:.2f}x" for k, v in runs.items() if k != "floor"),
-            flush=True,
-        )
-    out = {
-        k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in runs.items()
+        secs, info = one_repeat(lm, ids)
+        base = secs.pop("floor")
+        floors.append(base[0])
+        for name, (w, c) in secs.items():
+            ratios.setdefault(name, []).append((w / base[0], c / max(base[1], 1e-9)))
+        shown = ", ".join(f"{k} {v[-1][0]:.2f}x" for k, v in ratios.items())
+        print(f"N={n}: floor {base[0]:.2f} s, {shown}", flush=True)
+    med = {
+        k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in ratios.items()
     }
-    out["floor"] = (
-        statistics.median(r[0] for r in runs["floor"]),
-        statistics.median(r[1] for r in runs["floor"]),
-    )
-    return {"n": n, "ratios": out, **info}
+    return {"n": n, "ratios": med, "floor_s": statistics.median(floors), **info}
 
 
 def markdown(rows: list[dict], repeats: int, sizes: list[int]) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (
-        f"Measured {when} on CPU: {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; "
-        f"`python scripts/bench_explain.py --sizes {','.join(map(str, sizes))} --repeats {repeats}`, smollm2-135m. "
+        f"Measured {when} on CPU: {platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}; `python scripts/bench_explain.py --sizes {','.join(map(str, sizes))} "
+        f"--repeats {repeats}`, smollm2-135m. "
         "Each cell: wall-time ratio to one plain SDPA forward of the same ids measured in the same repeat "
         "(median of the repeats), CPU-time ratio in brackets.\n\n"
-        "| N | forward (floor) | trace | routes from a trace | routes total (target ≤ 2) | logit lens, 16 positions (≤ 0.2) "
-        "| DLA (≤ 0.2) | one ablation (≈ 1) | kept graph: nodes / edges / rows expanded | trace size |\n"
+        "| N | forward (floor) | trace | routes from a trace | routes total (target ≤ 2) "
+        "| logit lens, 16 positions (≤ 0.2) | DLA (≤ 0.2) | one ablation (≈ 1) "
+        "| kept graph: nodes / edges / rows expanded | trace size |\n"
         "|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
-        q = r["ratios"]
-
-        def cell(k: str) -> str:
-            return f"{q[k][0]:.2f}x ({q[k][1]:.2f}x)"
-
+        cells = [f"{r['ratios'][k][0]:.2f}x ({r['ratios'][k][1]:.2f}x)" for k in COLUMNS]
+        graph = f"{r['nodes']} / {r['edges']} / {r['expanded']}"
         lines.append(
-            f"| {r['n']} | {q['floor'][0]:.2f} s | {cell('trace')} | {cell('routes')} | {cell('routes total')} | "
-            f"{cell('lens')} | {cell('dla')} | {cell('ablation')} | {r['nodes']} / {r['edges']} / {r['expanded']} | "
-            f"{r['trace_gib']:.2f} GiB |"
+            f"| {r['n']} | {r['floor_s']:.2f} s | {' | '.join(cells)} | {graph} | {r['trace_gib']:.2f} GiB |"
         )
     return head + "\n".join(lines) + "\n"
 

@@ -66,3 +66,18 @@ def test_an_encoder_is_refused_with_the_reason(env):
     at = new_app(PAGE, model="tiny:bert", text=TEXT).run()
     assert not at.exception
     assert any("encoder" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_from_scratch_shows_the_rotary_bands_of_the_chosen_query_and_key(env):
+    at = new_app("pages/2_From_scratch.py", model=TINY, text=TEXT, layer=1, head=2, rq=4, rk=1).run()
+    ok(at)
+    rot = next(s for s in specs(at) if (s["layout"].get("title") or {}).get("text", "").startswith("Rotary bands"))
+    title = rot["layout"]["title"]["text"]
+    assert "layer 1 head 2 · query 4, key 1" in title
+    terms = [t for t in rot["data"] if t.get("name") == "term"][0]
+    score = float(title.split("score ")[1].split(" ")[0])
+    assert sum(terms["y"]) == pytest.approx(score, abs=2e-3)  # the bands add up to the score shown
+    assert at.query_params["rq"] == "4" and at.query_params["rk"] == "1"
+    at2 = new_app("pages/2_From_scratch.py", model="tiny:gpt2", text=TEXT).run()
+    ok(at2)
+    assert any("no rotary embedding" in i.value for i in at2.info)
