@@ -147,7 +147,8 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
     st.caption(
         f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "
         f"{graph.expanded} block rows computed for {tr.n_tokens} tokens. Grey: the residual stream; blue: "
-        "attention (width = importance); orange squares: the FFN's share. Click a blue dot to pick its head."
+        "attention (width = importance); orange squares: the FFN's share. Click a blue dot to pick its head; "
+        "lower the threshold for weaker routes."
         + (f" {graph.notes[0]}" if graph.notes else "")
     )
     if edge and len(edge) >= 4 and 0 <= int(edge[0]) < tr.n_layers:
@@ -251,7 +252,7 @@ def ablation(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: in
     if ab is None:
         return
     m = st.columns(4)
-    m[0].metric(f"p({ab.target_token})", f"{ab.prob_after:.3f}", f"{ab.prob_after - ab.prob_before:+.3f}")
+    m[0].metric(f"p(“{ab.target_token}”)", f"{ab.prob_after:.3f}", f"{ab.prob_after - ab.prob_before:+.3f}")
     m[1].metric("KL(before ‖ after)", f"{ab.kl:.4f}")
     m[2].metric("logit change (total effect)", f"{ab.total_effect:+.3f}")
     m[3].metric("direct effect", f"{ab.direct_effect:+.3f}" if ab.direct else "n/a")

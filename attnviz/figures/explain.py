@@ -158,7 +158,7 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             ticktext=labels,
             tickangle=-45,
             range=[-0.6, len(tokens) - 0.4],
-            title="token (only tokens on a route)",
+            title="token" if n_tok <= ALL_TOKENS_MAX else "token (only the tokens on a route)",
             zeroline=False,
         ),
         yaxis=dict(
@@ -247,7 +247,7 @@ def attribution_view(att: Attribution, *, top: int = 20, height: int | None = No
             zmax=lim,
             colorscale="RdBu_r",
             customdata=data,
-            colorbar=dict(thickness=10, x=0.5),
+            colorbar=dict(thickness=10, orientation="h", x=0.27, y=-0.08, len=0.5, yanchor="top"),
             hovertemplate="layer %{customdata[0]} head %{customdata[1]}: %{z:.3f}<br>click: open it"
             "<extra></extra>",
         ),
@@ -270,14 +270,14 @@ def attribution_view(att: Attribution, *, top: int = 20, height: int | None = No
         row=1,
         col=2,
     )
-    what = escape(att.target_token) + (f" − {escape(att.contrast_token)}" if att.contrast is not None else "")
+    what = f"“{escape(att.target_token)}”" + (f" − “{escape(att.contrast_token)}”" if att.contrast is not None else "")
     fig.update_layout(
         title=_subplot_title(
             f"Direct logit attribution · logit({what}) = {att.logit:.3f} at "
             f"({att.position}) {escape(_short(att.tokens.display[att.position], 14))} · rest {att.rest:.3f}"
         ),
         height=height or max(420, 16 * n_l + 160),
-        margin=dict(l=60, r=20, t=TITLE_MARGIN + 30, b=50),
+        margin=dict(l=60, r=20, t=TITLE_MARGIN + 30, b=90),
         showlegend=False,
         yaxis=dict(autorange="reversed"),
     )
