@@ -1,4 +1,4 @@
-"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app.
+"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app, atlas.
 
 Every argument is checked where it is parsed (the ``type=`` functions below): a bad one is one
 line on stderr and exit status 2; an engine error (AttnvizError) is one line and status 1.
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ._version import __version__
+from .atlas import command as atlas_command
 from .errors import AttnvizError
 from .extract import DEFAULT_MAX_TOKENS, PATHS
 
@@ -167,6 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     app.add_argument("--port", type=port_number, default=8501)
     app.add_argument("--address", default="localhost", help="0.0.0.0 to serve other machines")
     app.add_argument("--browser", action="store_true", help="open a browser tab")
+
+    atlas_command.add_parser(sub, model_args, positive_int, writable_file)  # see atlas/command.py
     return p
 
 
@@ -284,8 +287,11 @@ def _app(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     try:
+        if args.command == "atlas":
+            return atlas_command.main(args, parser.error)
         if args.command == "extract":
             return _extract(args)
         if args.command == "info":
