@@ -13,7 +13,7 @@ from attnviz import atlas as AT
 from attnviz import figures as F
 from ui import attention, export, models, shell, state
 from ui.params import AtlasParams, ExplorerParams
-from ui.text import guarded, md
+from ui.text import code, guarded, md
 
 frame = shell.begin(AtlasParams, text_label="Text (not used here: the atlas runs its corpus)")
 st.title("Head atlas")
@@ -60,7 +60,7 @@ def engine_choice() -> tuple[str, str | None]:
     )
     if where == "Ray cluster":
         st.caption(
-            f"Sent to the Ray cluster at `{md(address)}`: one model per worker, "
+            f"Sent to the Ray cluster at {code(address)}: one model per worker, "
             "each text saved as it finishes."
         )
         return "ray", address

@@ -12,7 +12,16 @@
 from .cache import AtlasCache, CacheWriteError, Entry
 from .corpus import MAX_TEXTS, TextItem, builtin_corpus, parse_texts, read_corpus, text_key
 from .ranking import STATISTICS, Atlas, Example, snippet
-from .run import ATLAS_MAX_TOKENS, ENGINES, Engine, Progress, cached_count, cluster_address, run_atlas
+from .run import (
+    ATLAS_MAX_TOKENS,
+    ENGINES,
+    AtlasInterrupted,
+    Engine,
+    Progress,
+    cached_count,
+    cluster_address,
+    run_atlas,
+)
 from .worker import ModelRef, fingerprint, strongest_links
 
 __all__ = [
@@ -22,6 +31,7 @@ __all__ = [
     "STATISTICS",
     "Atlas",
     "AtlasCache",
+    "AtlasInterrupted",
     "CacheWriteError",
     "Engine",
     "Entry",

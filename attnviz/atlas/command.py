@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import AttnvizError
-from ..loading import cache_dir
 from .corpus import check_corpus_path
 from .ranking import Atlas
-from .run import ATLAS_MAX_TOKENS, ENGINES, run_atlas
+from .run import ATLAS_MAX_TOKENS, ENGINES, AtlasInterrupted, run_atlas
 
 OUT_SUFFIXES = (".csv", ".parquet")
 
@@ -42,13 +41,16 @@ def add_parser(sub: Any, model_args: Callable, positive_int: Callable, writable_
     """Register ``atlas`` on the ``attnviz`` subcommands (the helpers are the CLI's own checks)."""
 
     def out_file(text: str) -> Path:
-        if Path(text).suffix.lower() not in OUT_SUFFIXES:
+        path = writable_file(text)  # a folder, or no write permission: said first
+        if path.suffix.lower() not in OUT_SUFFIXES:
             raise argparse.ArgumentTypeError(f"{text!r}: write a .csv or .parquet file")
+        if importlib.util.find_spec("pandas") is None:
+            raise argparse.ArgumentTypeError("writing the atlas tables needs pandas (pip install pandas)")
         if text.lower().endswith(".parquet") and importlib.util.find_spec("pyarrow") is None:
             raise argparse.ArgumentTypeError(
                 "writing .parquet needs pyarrow (pip install pyarrow); or use .csv"
             )
-        return writable_file(text)
+        return path
 
     at = sub.add_parser(
         "atlas", help="rank every head over a corpus (.txt/.jsonl/.parquet), locally or on Ray"
@@ -88,9 +90,9 @@ class TerminalProgress:
     """``[#####.....] 120/1000 texts · 3.2 texts/s · 4m35s left``: redrawn in place on a terminal,
     a line every ``every`` seconds elsewhere (logs, CI)."""
 
-    def __init__(self, stream: TextIO = sys.stderr, every: float = 10.0, width: int = 24):
-        self.stream, self.every, self.width = stream, every, width
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+    def __init__(self, stream: TextIO | None = None, every: float = 10.0, width: int = 24):
+        self.stream, self.every, self.width = stream or sys.stderr, every, width
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0: float | None = None
         self.start_done = 0
         self.last = -1e9
@@ -169,11 +171,15 @@ def main(args: argparse.Namespace, error: Callable[[str], Any]) -> int:
             device=args.device, dtype=args.dtype, revision=args.revision, progress=bar,
             max_tokens=args.max_tokens, fresh=args.fresh,
         )  # fmt: skip
-    except KeyboardInterrupt:
+    except AtlasInterrupted as stop:
+        where = f"saved in {stop.folder}" if stop.folder else "not saved (no disk cache)"
         sys.stderr.write(
-            f"\nattnviz: interrupted after {bar.done} of {bar.total} texts; the finished ones are in the "
-            f"atlas cache ({cache_dir() / 'atlas'}): run the same command again to resume\n"
+            f"\nattnviz: interrupted after {stop.done} of {stop.total} texts ({where}); "
+            "run the same command again to resume\n"
         )
+        return 130
+    except KeyboardInterrupt:  # before the run started (loading the model, starting Ray)
+        sys.stderr.write("\nattnviz: interrupted before any text ran\n")
         return 130
     if atlas.cache_error:
         sys.stderr.write(f"attnviz: warning: {atlas.cache_error}\n")

@@ -55,15 +55,14 @@ def _spec_identity(spec: str) -> dict[str, object]:
     return {"spec": str(folder), "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]}
 
 
-def identity(spec: str, revision: str | None, device: str, dtype: str, stack, max_tokens: int) -> dict:
-    """What decides the numbers of an atlas entry (the cache namespace is its hash)."""
+def identity(spec: str, revision: str | None, device: str, dtype: str) -> dict[str, object]:
+    """What of the model decides the numbers of an atlas entry (the cache namespace hashes this,
+    the stack and the token limit)."""
     return {
         **_spec_identity(spec),
         "revision": revision,
         "device": device.split(":")[0],
         "dtype": dtype,
-        "stack": stack or "default",
-        "max_tokens": max_tokens,
     }
 
 
@@ -92,8 +91,9 @@ def cached_count(
 ) -> tuple[int, int]:
     """(texts of ``texts`` already in the disk cache for ``lm``, distinct texts): a run computes
     only the difference."""
+    ident = identity(lm.spec, None, lm.device.type, dtype_name(lm.dtype))
     cache = AtlasCache.for_namespace(
-        namespace(identity(lm.spec, None, lm.device.type, dtype_name(lm.dtype), stack, max_tokens))
+        namespace({**ident, "stack": stack or "default", "max_tokens": max_tokens})
     )
     keys = {it.key for it in items(texts)}
     return sum(cache.entry_path(k).is_file() for k in keys), len(keys)
@@ -136,23 +136,32 @@ class _Run:
                 f"two workers loaded different weights for {self.model!r}; give every node the same model"
             )
         self.weights = self.weights or entry.fingerprint
-        self.entries[entry.key] = entry
-        self.computed += 1
-        self.done += 1
         if self.cache is not None and entry.final:
             try:
-                if self.computed == 1:
+                if not self.entries:
                     if not self.fresh:
                         self.cache.check_fingerprint(entry.fingerprint, self.model)
                     self.cache.write_manifest(
                         {"model": self.model, "fingerprint": entry.fingerprint, "stack": entry.stack}
                     )
-                self.cache.put(entry, remaining=self.total - self.done)
+                self.cache.put(entry, remaining=self.total - self.done - 1)
             except CacheWriteError as err:
                 self.cache_error = str(err)
                 log.warning("%s; this run goes on without saving", err)
                 self.cache = None  # the rest of the run stays in memory
+        self.entries[entry.key] = entry  # counted once saved (an interrupt during the write: not done)
+        self.computed += 1
+        self.done += 1
         return True
+
+
+class AtlasInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: ``done`` of ``total`` texts are finished (saved in ``folder`` when the
+    run had a disk cache); the same call again resumes."""
+
+    def __init__(self, done: int, total: int, folder: Path | None):
+        super().__init__(f"interrupted after {done} of {total} texts")
+        self.done, self.total, self.folder = done, total, folder
 
 
 def run_atlas(
@@ -193,40 +202,26 @@ def run_atlas(
         raise AttnvizError("no texts to run; give at least one")
     t0 = time.perf_counter()
     session: RaySession | None = None
-    lm: LoadedModel | None = None
     try:
-        if engine == "ray":
-            from .ray_engine import RaySession
-
-            if isinstance(model, LoadedModel):
-                ref = ref_of(model, revision)
-            else:
-                ref = model if isinstance(model, ModelRef) else ModelRef(str(model), device, dtype, revision)
-            session = RaySession(ray_address)
-            plan = session.plan(ref, workers)
-            ident = identity(ref.spec, ref.revision, plan.ref.device, plan.ref.dtype, stack, max_tokens)
-            name, n_workers = ref.spec, plan.workers
-        else:
-            if isinstance(model, LoadedModel):
-                lm = model
-            else:
-                lm = (
-                    model if isinstance(model, ModelRef) else ModelRef(str(model), device, dtype, revision)
-                ).load()
-            ident = identity(lm.spec, revision, lm.device.type, dtype_name(lm.dtype), stack, max_tokens)
-            name, n_workers = lm.spec, 1
+        lm, session, plan, ident = _prepare(model, engine, workers, ray_address, device, dtype, revision)
+        ident.update(stack=stack or "default", max_tokens=max_tokens)
+        name, n_workers = (lm.spec, 1) if lm is not None else (plan.ref.spec, plan.workers)
         cache = AtlasCache.for_namespace(namespace(ident)) if use_cache else None
         entries = _cached(cache, corpus) if cache is not None and not fresh else {}
         pending = _pending(corpus, entries)
         run = _Run(cache, len(entries) + len(pending), len(entries), progress, cancel, name, fresh)
-        if lm is not None:
-            weights = run.weights = fingerprint(lm)
-            if cache is not None and not fresh:
-                cache.check_fingerprint(weights, name)
-            stack_used: Stack = stack or lm.layout.stacks[0]
-            run_local(lm, pending, stack=stack_used, max_tokens=max_tokens, weights=weights, sink=run)
-        elif session is not None:
-            session.run(plan, pending, stack=stack, max_tokens=max_tokens, sink=run)
+        try:
+            if lm is not None:
+                weights = run.weights = fingerprint(lm)
+                if cache is not None and not fresh:
+                    cache.check_fingerprint(weights, name)
+                stack_used: Stack = stack or lm.layout.stacks[0]
+                run_local(lm, pending, stack=stack_used, max_tokens=max_tokens, weights=weights, sink=run)
+            elif session is not None:
+                session.run(plan, pending, stack=stack, max_tokens=max_tokens, sink=run)
+        except KeyboardInterrupt as err:
+            saved = cache.folder if cache is not None and not run.cache_error else None
+            raise AtlasInterrupted(run.done, run.total, saved) from err
     finally:
         if session is not None:
             session.close()
@@ -244,6 +239,31 @@ def run_atlas(
         run.stopped, atlas.seconds,
     )  # fmt: skip
     return atlas
+
+
+def _prepare(model, engine, workers, ray_address, device, dtype, revision) -> tuple:
+    """(the model loaded here, or the Ray session and plan; the cache identity of the model)."""
+    if engine == "local":
+        if isinstance(model, LoadedModel):
+            lm = model
+        else:
+            lm = (
+                model if isinstance(model, ModelRef) else ModelRef(str(model), device, dtype, revision)
+            ).load()
+        return lm, None, None, identity(lm.spec, revision, lm.device.type, dtype_name(lm.dtype))
+    from .ray_engine import RaySession
+
+    if isinstance(model, LoadedModel):
+        ref = ref_of(model, revision)
+    else:
+        ref = model if isinstance(model, ModelRef) else ModelRef(str(model), device, dtype, revision)
+    session = RaySession(ray_address)
+    try:
+        plan = session.plan(ref, workers)
+    except BaseException:
+        session.close()
+        raise
+    return None, session, plan, identity(ref.spec, ref.revision, plan.ref.device, plan.ref.dtype)
 
 
 def _cached(cache: AtlasCache, corpus: Sequence[TextItem]) -> dict[str, Entry]:
