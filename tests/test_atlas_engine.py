@@ -380,3 +380,47 @@ def test_ray_is_imported_only_when_its_engine_runs(folder, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_ray_plan_takes_one_gpu_per_actor_or_splits_the_cores():
+    """How a run uses a cluster, from its resources (a stand-in for `ray`: no cluster needed)."""
+    from types import SimpleNamespace
+
+    from attnviz.atlas.ray_engine import RaySession
+
+    def session(resources: dict) -> RaySession:
+        s = object.__new__(RaySession)
+        s.ray = SimpleNamespace(
+            cluster_resources=lambda: resources,
+            remote=lambda **kw: lambda fn: SimpleNamespace(remote=lambda: ("probe", kw)),
+            get=lambda ref, timeout=None: "bfloat16" if ref == ("probe", {"num_gpus": 1}) else "?",
+        )
+        return s
+
+    ref = AT.ModelRef("m")
+    gpus = session({"CPU": 64.0, "GPU": 4.0}).plan(ref, None)
+    assert (gpus.workers, gpus.num_gpus, gpus.num_cpus, gpus.threads) == (4, 1, 1, 0)
+    assert (gpus.ref.device, gpus.ref.dtype) == ("cuda", "bfloat16")  # "auto" as a GPU worker sees it
+    assert (
+        session({"CPU": 64.0, "GPU": 4.0}).plan(AT.ModelRef("m", dtype="float32"), 2).ref.dtype == "float32"
+    )
+    on_cpu = session({"CPU": 64.0, "GPU": 4.0}).plan(AT.ModelRef("m", device="cpu"), 8)
+    assert (on_cpu.ref.device, on_cpu.num_gpus, on_cpu.num_cpus, on_cpu.threads) == ("cpu", 0, 8, 8)
+    two = session({"CPU": 2.0})
+    assert (two.plan(ref, 2).num_cpus, two.plan(ref, 2).threads) == (1, 1)  # 2 workers x 1 thread
+    assert (two.plan(ref, None).workers, two.plan(ref, None).threads, two.plan(ref, None).ref.dtype) == (
+        1,
+        2,
+        "float32",
+    )
+    with pytest.raises(AttnvizError, match="the Ray cluster has 2 CPUs; give --workers 2 or fewer"):
+        two.plan(ref, 3)
+    with pytest.raises(AttnvizError, match="the Ray cluster has no GPU"):
+        two.plan(AT.ModelRef("m", device="cuda"), 1)
+    with pytest.raises(AttnvizError, match="the Ray cluster has 4 GPUs"):
+        session({"CPU": 64.0, "GPU": 4.0}).plan(ref, 5)
+
+
+def test_a_model_built_in_python_cannot_be_sent_to_ray():
+    with pytest.raises(AttnvizError, match="exists only in this process, so Ray workers cannot load it"):
+        AT.run_atlas(tiny.loaded("gpt2"), TEXTS, engine="ray")
