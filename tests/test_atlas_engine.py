@@ -327,7 +327,7 @@ def test_cli_writes_the_three_tables_and_resumes(capsys, folder, tmp_path):
     out = tmp_path / "out" / "atlas.parquet"
     code, stdout, err = run_main(capsys, "atlas", "--model", folder, "--corpus", corpus, "--out", out)
     assert code == 0, err
-    assert f"{len(TEXTS)} texts ({len(TEXTS)} computed, 0 from the cache), 1 skipped" in stdout
+    assert f"{len(TEXTS)} texts ran, 1 skipped; {len(TEXTS)} computed, 0 from the cache;" in stdout
     assert err[-1].startswith("[########################] 6/6 texts · ") and "texts/s" in err[-1]
     want = AT.run_atlas(str(folder), TEXTS)
     heads = pd.read_parquet(out)
@@ -344,7 +344,7 @@ def test_cli_writes_the_three_tables_and_resumes(capsys, folder, tmp_path):
     code, stdout, _ = run_main(
         capsys, "atlas", "--model", folder, "--corpus", corpus, "--out", tmp_path / "a.csv"
     )
-    assert code == 0 and f"(0 computed, {len(TEXTS)} from the cache)" in stdout
+    assert code == 0 and f"; 0 computed, {len(TEXTS)} from the cache;" in stdout
     assert pd.read_csv(tmp_path / "a.csv")["sink_mean"].tolist() == pytest.approx(heads["sink_mean"].tolist())
 
 

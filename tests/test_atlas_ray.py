@@ -155,7 +155,7 @@ def test_a_killed_or_interrupted_driver_resumes_where_it_stopped(folder, tmp_pat
     proc = run_cli(argv, env)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
-    assert f"150 texts ({150 - counts[-1]} computed, {counts[-1]} from the cache)" in out
+    assert f"150 texts ran, 0 skipped; {150 - counts[-1]} computed, {counts[-1]} from the cache;" in out
     assert entries(cache_in_tmp) == {AT.text_key(t) for t in texts}
     want = AT.run_atlas(str(folder), texts, use_cache=False)
     expected = pd.read_csv(io.StringIO(want.to_frame().to_csv(index=False)))

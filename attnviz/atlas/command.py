@@ -189,8 +189,8 @@ def main(args: argparse.Namespace, error: Callable[[str], Any]) -> int:
     heads, per_text, skipped = write_tables(atlas, args.out)
     n_l, n_h = atlas.shape
     sys.stdout.write(
-        f"wrote {heads} ({n_l * n_h} heads), {per_text.name}, {skipped.name}: {atlas.n_texts} texts "
-        f"({atlas.computed} computed, {atlas.reused} from the cache), {len(atlas.skipped)} skipped, "
+        f"wrote {heads} ({n_l * n_h} heads), {per_text.name}, {skipped.name}: {atlas.n_texts} texts ran, "
+        f"{len(atlas.skipped)} skipped; {atlas.computed} computed, {atlas.reused} from the cache; "
         f"{atlas.seconds:.1f} s, {atlas.engine} engine x{atlas.workers}\n"
     )
     return 0
