@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .capture import CapturedAttention, attention_scores, softmax_fp32
+from .capture.layerwise import LayerInput
+from .capture.records import CapturedAttention
 from .errors import BadIndex
-from .layerwise import LayerInput
+from .exact.probabilities import probs_from_capture
 from .layout import AttentionLayout, Stack
 from .tokens import Tokens
 
@@ -39,85 +40,6 @@ class Check:
             return f"eager's own probabilities (one layer at a time), {self.dtype}"
         where = f"{self.stack} layer {self.layer}"
         return f"checked against eager: max |Δ| {self.max_abs_diff:.0e}, {self.dtype} ({where})"
-
-
-def probs_from_capture(
-    cap: CapturedAttention,
-    heads: Sequence[int] | None = None,
-    rows: slice | None = None,
-) -> torch.Tensor:
-    """Softmax probabilities (len(heads), q_pos, key_pos) float32 from one captured call.
-
-    Same order of operations as transformers' eager attention; softmax in float32. Heads are
-    query heads; GQA maps query head h to KV head h // (heads / kv_heads). Computed on the
-    device the layer ran on.
-    """
-    n_heads, n_kv = cap.query.shape[1], cap.key.shape[1]
-    head_idx = list(range(n_heads)) if heads is None else [int(h) for h in heads]
-    n_q, n_k = cap.query.shape[2], cap.key.shape[2]
-    first, stop, step = (rows or slice(None)).indices(n_q)
-    if step != 1:
-        raise ValueError(f"rows must be a contiguous slice (step 1), got step {step}")
-    rows = slice(first, max(first, stop))
-    # Absolute position of the first asked row: the queries are the last n_q of n_k positions.
-    start = first + n_k - n_q
-    q = cap.query[0, head_idx, rows]  # (h, q_rows, d_head)
-    kv_idx = torch.tensor([h // (n_heads // n_kv) for h in head_idx], device=cap.key.device)
-    k = cap.key[0].index_select(0, kv_idx)  # (h, key_pos, d_head)
-    bias = None
-    if cap.position_bias is not None:
-        pb = cap.position_bias[0]
-        bias = pb[head_idx] if pb.shape[0] > 1 else pb
-        bias = bias[:, rows] if bias.shape[1] > 1 else bias  # ALiBi: one row (1, key_pos) per head
-    mask = None
-    if cap.mask is not None:
-        m = cap.mask[0]
-        mask = (m[head_idx] if m.shape[0] > 1 else m)[:, rows]
-    if mask is None and bias is None and cap.sinks is None and cap.is_causal and q.shape[1] > _CAUSAL_BLOCK:
-        return _causal_blocks(q, k, cap, start)
-    scores = attention_scores(
-        q,
-        k,
-        scaling=cap.scaling,
-        softcap=cap.softcap,
-        position_bias=bias,
-        mask=mask,
-        is_causal=cap.is_causal,
-        q_offset=start,
-    )
-    if cap.sinks is not None:
-        # The sink logit joins each row's softmax and is dropped: visible keys sum to < 1.
-        sink = (
-            cap.sinks.to(scores.device)[head_idx]
-            .to(scores.dtype)
-            .reshape(-1, 1, 1)
-            .expand(*scores.shape[:-1], 1)
-        )
-        return softmax_fp32(torch.cat([scores, sink], dim=-1))[..., :-1]
-    return softmax_fp32(scores)
-
-
-_CAUSAL_BLOCK = 512
-
-
-def _causal_blocks(q: torch.Tensor, k: torch.Tensor, cap: CapturedAttention, start: int) -> torch.Tensor:
-    """Causal probabilities block by block of query rows, each against only the keys it can see
-    (about half the work of the full square; the upper triangle stays exactly 0)."""
-    n_q, n_k = q.shape[1], k.shape[1]
-    out = torch.zeros(q.shape[0], n_q, n_k, dtype=torch.float32, device=q.device)
-    for a in range(0, n_q, _CAUSAL_BLOCK):
-        b = min(a + _CAUSAL_BLOCK, n_q)
-        seen = min(start + b, n_k)  # keys 0 .. last row's position
-        scores = attention_scores(
-            q[:, a:b],
-            k[:, :seen],
-            scaling=cap.scaling,
-            softcap=cap.softcap,
-            is_causal=True,
-            q_offset=start + a,
-        )
-        out[:, a:b, :seen] = softmax_fp32(scores)
-    return out
 
 
 @dataclass(eq=False)
@@ -266,7 +188,7 @@ class AttentionResult:
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         """A notebook cell shows a summary and the head view (attnviz/notebook.py)."""
-        from .notebook import mimebundle
+        from .figures.notebook import mimebundle
 
         return mimebundle(self)
 

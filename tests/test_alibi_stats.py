@@ -17,10 +17,10 @@ import torch
 from test_adapters import build, ids, wrap
 
 import attnviz
-from attnviz import lse
 from attnviz import metrics as M
-from attnviz import rollout as R
-from attnviz.pooling import pooled, region
+from attnviz.analysis import rollout as R
+from attnviz.analysis.pooling import pooled, region
+from attnviz.exact import lse
 
 ALIBI = ["bloom", "mpt", "falcon-alibi"]
 N = 120

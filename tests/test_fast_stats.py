@@ -16,9 +16,9 @@ import tiny
 import torch
 
 import attnviz
-from attnviz import lse
 from attnviz import metrics as M
-from attnviz.capture import CapturedAttention
+from attnviz.capture.records import CapturedAttention
+from attnviz.exact import lse
 
 # Long enough (> 40 tokens) that a sliding window of 4 and several 512-row blocks matter.
 TEXT = (
@@ -211,7 +211,7 @@ def test_fast_equals_dense_on_more_families(model_type):
     import archs
     import transformers as tf
 
-    from attnviz import rollout as R
+    from attnviz.analysis import rollout as R
 
     kind = archs.mapping_names().get(model_type, "causal")
     model, _ = archs.build(model_type, kind)

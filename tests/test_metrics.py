@@ -1,4 +1,4 @@
-"""attnviz.metrics and attnviz.rollout: hand-made patterns with known answers, then tiny models."""
+"""attnviz.metrics and attnviz.analysis.rollout: hand-made patterns with known answers, then tiny models."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 import attnviz
 from attnviz import metrics as M
-from attnviz import rollout as R
+from attnviz.analysis import rollout as R
 from attnviz.errors import AttnvizError
 
 TEXT = "the financial bank is located on river bank and a quick brown fox jumps"

@@ -1,4 +1,4 @@
-"""attnviz.specs: which model names a server accepts, with specific messages, and the plugin hook
+"""attnviz.server.specs: which model names a server accepts, with specific messages, and the plugin hook
 the test suite uses for its tiny models. Nothing here loads a real model."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pathlib
 import pytest
 
 import attnviz
-from attnviz import specs
-from attnviz.settings import Settings
+from attnviz.server import specs
+from attnviz.server.settings import Settings
 
 OPEN = Settings(demo=False, allowed_models=(), max_tokens=8192)
 DEMO = Settings(demo=True, allowed_models=tuple(attnviz.BUILTIN_MODELS), max_tokens=512)

@@ -16,6 +16,23 @@ Nothing here imports Streamlit; pages call ``st.plotly_chart(fig)``. Conventions
   ``MOSAIC_MAX_CELLS`` cells; one page view stays under 5 MB at any sequence length.
 """
 
+from attnviz.figures.bins import (
+    BYTES_PER_CELL,
+    GRID_MAX_CELLS,
+    GRID_MAX_SIDE,
+    MOSAIC_MAX_CELLS,
+    PAYLOAD_LIMIT,
+    POOLS,
+    SINGLE_MAX_CELLS,
+    SINGLE_MAX_KEYS,
+    Pool,
+    bin_edges,
+    downsample,
+    grid_side,
+    payload_bytes,
+    pool,
+    pooled_rows,
+)
 from attnviz.figures.charts import bar_chart, metric_heatmap, profile_chart
 from attnviz.figures.colour import (
     COLORSCALES,
@@ -50,23 +67,6 @@ from attnviz.figures.labels import (
     token_ticks,
 )
 from attnviz.figures.mosaic import model_mosaic, mosaic_side
-from attnviz.figures.pooling import (
-    BYTES_PER_CELL,
-    GRID_MAX_CELLS,
-    GRID_MAX_SIDE,
-    MOSAIC_MAX_CELLS,
-    PAYLOAD_LIMIT,
-    POOLS,
-    SINGLE_MAX_CELLS,
-    SINGLE_MAX_KEYS,
-    Pool,
-    bin_edges,
-    downsample,
-    grid_side,
-    payload_bytes,
-    pool,
-    pooled_rows,
-)
 from attnviz.figures.tokens import (
     DIRECTIONS,
     Direction,

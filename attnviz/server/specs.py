@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from . import limits
-from .errors import ModelNotFound, NotAllowed
-from .loading import BUILTIN_MODELS, LoadedModel, classify_spec, load_model, needs_conversion
+from .. import limits
+from ..errors import ModelNotFound, NotAllowed
+from ..loading import BUILTIN_MODELS, LoadedModel, classify_spec, load_model, needs_conversion
 from .settings import Settings, settings
 
 Source = Literal["builtin", "hub", "local", "plugin"]

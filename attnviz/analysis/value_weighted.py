@@ -23,10 +23,11 @@ from typing import Any, Literal, get_args
 import numpy as np
 import torch
 
-from .errors import AttnvizError
-from .layout import Stack
-from .loading import LoadedModel
-from .result import AttentionResult, probs_from_capture
+from ..errors import AttnvizError
+from ..exact.probabilities import probs_from_capture
+from ..layout import Stack
+from ..loading import LoadedModel
+from ..result import AttentionResult
 
 log = logging.getLogger(__name__)
 

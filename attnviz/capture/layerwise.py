@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .probe import AttentionSite
+from .sites import AttentionSite
 
 METHOD = "eager exact (one layer at a time)"
 _CACHES = ("past_key_values", "past_key_value", "layer_past", "cache")

@@ -3,7 +3,7 @@
 `pooled(result, layer, heads)` splits query_pos and key_pos into blocks of ``block`` tokens
 (about ``cells`` blocks per axis) and returns each block's mean and max probability, computed on
 the model's device tile by tile: p_ij = exp(s_ij - L_i) with L from the fused kernels
-(attnviz.lse), so a tile needs only its own scores; causal tiles above the diagonal are skipped.
+(attnviz.exact.lse), so a tile needs only its own scores; causal tiles above the diagonal are skipped.
 Layers whose scores are not standard (soft-capping, a position bias, ...) pool exact
 `layer_tensor` row chunks instead. `region` gives one rectangle at full resolution (zoom).
 """
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import AttnvizError
-from .layout import Stack
-from .limits import require
-from .lse import captured, key_bias, layer_lse, layer_spec, scores_tile
-from .result import AttentionResult
+from ..errors import AttnvizError
+from ..exact.lse import captured, key_bias, layer_lse, layer_spec, scores_tile
+from ..layout import Stack
+from ..limits import require
+from ..result import AttentionResult
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ last token (`token_rollout`, on a fresh plain result: its LSE pass included); on
 a layer (`pooled`, 256 cells, all heads, after the LSE is known). Medians of ``repeats`` runs.
 CPU: the built-in smollm2-135m; CUDA: also the Llama-3.2-3B-shaped random bf16 model from 1k to
 128k tokens (there the statistics keep the second pass: the forward's flash call is widened on
-the CPU only). ``python -m attnviz.bench_stats --sizes 256,1024,2048`` runs
+the CPU only). ``python -m attnviz.bench.stats --sizes 256,1024,2048`` runs
 only these rows; ``python -m attnviz bench`` runs them after its own table.
 """
 
@@ -27,13 +27,13 @@ from typing import cast
 
 import torch
 
-from .bench import _floor, _machine, ids_of_length, llama3b_shaped, replace_section
-from .extract import extract_ids
-from .loading import LoadedModel, load_model, resolve_device
-from .metrics import head_metrics
-from .pooling import pooled
-from .result import AttentionResult
-from .rollout import token_rollout
+from ..analysis.pooling import pooled
+from ..analysis.rollout import token_rollout
+from ..extract import extract_ids
+from ..loading import LoadedModel, load_model, resolve_device
+from ..metrics import head_metrics
+from ..result import AttentionResult
+from .common import floor, ids_of_length, llama3b_shaped, machine_line, replace_section
 
 log = logging.getLogger(__name__)
 CUDA_SIZES = [1024, 8192, 32768, 131072]
@@ -89,12 +89,12 @@ def stats_rows(lm: LoadedModel, sizes: list[int], repeats: int) -> list[StatsRow
     names = ("forward", "extract", "stats", "extract_fwd", "stats_fwd", "rollout", "pooled")
     for n in sizes:
         ids = ids_of_length(lm, n)
-        _floor(lm, ids[:32])()  # warm-up
+        floor(lm, ids[:32])()  # warm-up
         _CPU.clear()
         got: dict[str, list[float]] = {k: [] for k in names}
         paths = ["", ""]
         for _ in range(max(1, repeats)):
-            got["forward"].append(_time(_floor(lm, ids), dev, "forward")[0])
+            got["forward"].append(_time(floor(lm, ids), dev, "forward")[0])
             t, out = _time(partial(extract_ids, lm, ids, max_tokens=n), dev, "extract")
             res = cast(AttentionResult, out)
             got["extract"].append(t)
@@ -153,7 +153,7 @@ def write_stats_section(path: Path, rows: list[StatsRow], machine: str, sizes: l
     replace_section(
         path,
         "stats",
-        f"Measured {stamp} on {machine}; `python -m attnviz.bench_stats --sizes "
+        f"Measured {stamp} on {machine}; `python -m attnviz.bench.stats --sizes "
         f"{','.join(map(str, sizes))}`. Medians; every ratio is to the SDPA forward (a) of the same "
         f"row. {note}\n\n{HEADER}\n{table}",
     )
@@ -164,7 +164,7 @@ def run_stats_bench(
 ) -> int:
     device = resolve_device(device_name)
     lm = load_model("smollm2-135m", device=str(device))
-    machine = _machine(device)
+    machine = machine_line(device)
     sys.stdout.write(f"machine: {machine}\n{HEADER}\n")
     rows = stats_rows(lm, sizes, repeats)
     if device.type == "cuda":  # written for the GPU; not measured where no GPU was available
@@ -179,7 +179,7 @@ def run_stats_bench(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnviz.bench_stats", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m attnviz.bench.stats", description=__doc__)
     parser.add_argument("--sizes", default="256,1024,2048")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="auto")

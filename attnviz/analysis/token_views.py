@@ -3,7 +3,7 @@
 ``direction="from"``: what the tokens at some positions attend to (their rows).
 ``direction="to"``: how much every token attends to them (their columns), computed in row chunks
 so an 8k-token layer is never held at once. With ``lm`` given, weights are value-weighted
-(‖α_ij · W_O^h v_j^h‖, see `attnviz.value_weighted`) instead of raw.
+(‖α_ij · W_O^h v_j^h‖, see `attnviz.analysis.value_weighted`) instead of raw.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .errors import AttnvizError
-from .layout import Stack
-from .loading import LoadedModel
-from .result import AttentionResult
+from ..errors import AttnvizError
+from ..layout import Stack
+from ..loading import LoadedModel
+from ..result import AttentionResult
 from .value_weighted import key_norms
 
 CHUNK_ELEMENTS = 1 << 24  # elements of one (heads, rows, keys) chunk when reading columns
@@ -113,7 +113,7 @@ def token_weights(
 def first_tokens(lm: LoadedModel, text: str, n: int, *, chat: bool = False) -> str:
     """The longest prefix of ``text`` (cut at a token boundary) that tokenizes to at most ``n``
     tokens, chat template included: what a view limited to n tokens can show of a longer text."""
-    from .extract import tokenize
+    from ..extract import tokenize
 
     if len(tokenize(lm, text, chat=chat)[0]) <= n:
         return text

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import AttnvizError
+from ..errors import AttnvizError
 
 TRUE = frozenset({"1", "true", "yes", "on"})
 FALSE = frozenset({"0", "false", "no", "off"})

@@ -14,140 +14,21 @@ import gc
 import json
 import logging
 import os
-import platform
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 import torch
 
-from .extract import PathName, _forward_kwargs, extract_ids
-from .loading import LoadedModel, load_model, resolve_device, wrap_model
+from ..extract import PathName, extract_ids
+from ..loading import LoadedModel, load_model, resolve_device
+from .common import floor, ids_of_length, llama3b_shaped, machine_line, measure, replace_section
 
 log = logging.getLogger(__name__)
-WORDS = [
-    "the",
-    "bank",
-    "river",
-    "money",
-    "water",
-    "loan",
-    "fish",
-    "stream",
-    "account",
-    "shore",
-    "deposit",
-    "interest",
-    "flows",
-    "north",
-]
-
-
-_CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
-
-
-def _hwm() -> int | None:
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-class _PeakRSS:
-    """Peak resident memory above the starting point (CPU runs).
-
-    On Linux the kernel's high-water mark is reset (clear_refs 5) and read back (VmHWM); with
-    MALLOC_MMAP_THRESHOLD_ fixed (see `_cpu_peaks_in_child`) large tensors are returned to the OS when
-    freed, so each measurement starts clean. Elsewhere RSS is sampled every 2 ms.
-    """
-
-    def __init__(self) -> None:
-        self.proc = psutil.Process()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        try:
-            _CLEAR_REFS.write_text("5")
-            self.kernel = _hwm() is not None
-        except OSError:
-            self.kernel = False
-        self.base = self.peak = self.proc.memory_info().rss
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.002)
-
-    def __enter__(self) -> _PeakRSS:
-        if not self.kernel:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.kernel:
-            self.peak = max(self.peak, _hwm() or 0)
-        else:
-            self._stop.set()
-            self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    @property
-    def extra(self) -> int:
-        return self.peak - self.base
-
-
-def _measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, int]:
-    """(median seconds, peak extra bytes) of fn()."""
-    times, peaks = [], []
-    for _ in range(repeats):
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            t0 = time.perf_counter()
-            out = fn()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-            peaks.append(torch.cuda.max_memory_allocated() - base)
-        else:
-            with _PeakRSS() as mem:
-                t0 = time.perf_counter()
-                out = fn()
-                times.append(time.perf_counter() - t0)
-            peaks.append(mem.extra)
-        del out
-    return statistics.median(times), max(peaks)
-
-
-def ids_of_length(lm: LoadedModel, n: int) -> list[int]:
-    """Exactly n token ids of plain repeated words."""
-    words = (WORDS * (n // len(WORDS) + 2))[: n + 8]
-    ids = lm.tokenizer(" ".join(words))["input_ids"]
-    while len(ids) < n:
-        ids = ids + ids
-    return ids[:n]
-
-
-def _floor(lm: LoadedModel, ids: list[int]) -> Callable[[], object]:
-    def run() -> object:
-        with lm.lock, torch.inference_mode():
-            lm.model.set_attn_implementation("sdpa")
-            try:
-                return lm.model(input_ids=torch.tensor([ids], device=lm.device), **_forward_kwargs(lm))
-            finally:
-                lm.model.set_attn_implementation("attnviz")
-
-    return run
 
 
 def _first_layer(lm: LoadedModel, ids: list[int], path: PathName) -> Callable[[], object]:
@@ -193,15 +74,15 @@ def _eager_fits(lm: LoadedModel, n: int) -> tuple[bool, str]:
 def cpu_peaks(lm: LoadedModel, sizes: list[int]) -> dict[int, dict[str, int]]:
     """Peak extra memory of one run of each method (run under a fixed mmap threshold)."""
     peaks: dict[int, dict[str, int]] = {}
-    _floor(lm, ids_of_length(lm, 32))()  # one-time allocations are not part of any peak
+    floor(lm, ids_of_length(lm, 32))()  # one-time allocations are not part of any peak
     for n in sizes:
         ids = ids_of_length(lm, n)
         got = {
-            "floor": _measure(_floor(lm, ids), lm.device, 1)[1],
-            "fast": _measure(_first_layer(lm, ids, "fast"), lm.device, 1)[1],
+            "floor": measure(floor(lm, ids), lm.device, 1)[1],
+            "fast": measure(_first_layer(lm, ids, "fast"), lm.device, 1)[1],
         }
         if _eager_fits(lm, n)[0]:
-            got["eager"] = _measure(_first_layer(lm, ids, "eager"), lm.device, 1)[1]
+            got["eager"] = measure(_first_layer(lm, ids, "eager"), lm.device, 1)[1]
         peaks[n] = got
     return peaks
 
@@ -225,14 +106,14 @@ def bench_model(
     device = lm.device
     for n in sizes:
         ids = ids_of_length(lm, n)
-        _floor(lm, ids[:32])()  # warm-up
-        floor_s, floor_mem = _measure(_floor(lm, ids), device, repeats)
-        fast_s, fast_mem = _measure(_first_layer(lm, ids, "fast"), device, repeats)
+        floor(lm, ids[:32])()  # warm-up
+        floor_s, floor_mem = measure(floor(lm, ids), device, repeats)
+        fast_s, fast_mem = measure(_first_layer(lm, ids, "fast"), device, repeats)
         eager_s = eager_mem = None
         fits, note = _eager_fits(lm, n)
         if fits:
             try:
-                eager_s, eager_mem = _measure(_first_layer(lm, ids, "eager"), device, max(1, repeats - 1))
+                eager_s, eager_mem = measure(_first_layer(lm, ids, "eager"), device, max(1, repeats - 1))
             except Exception as err:  # noqa: BLE001 - report, keep benchmarking
                 note = f"failed: {type(err).__name__}"
         if peaks is not None:
@@ -266,34 +147,6 @@ HEADER = (
 )
 
 
-def _machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
-    return (
-        f"CPU: {platform.processor() or platform.machine()}, {psutil.cpu_count()} cores, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
-    )
-
-
-def llama3b_shaped(device: torch.device) -> LoadedModel:
-    """Llama-3.2-3B's attention shape with random weights (28 layers, 24 heads, 8 KV heads)."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from .loading import builtin_folder
-
-    cfg = LlamaConfig(
-        vocab_size=49152, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-        num_attention_heads=24, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-    )  # fmt: skip
-    with torch.device(device):
-        model: Any = LlamaForCausalLM(cfg)
-    model = model.to(torch.bfloat16)
-    tok = AutoTokenizer.from_pretrained(builtin_folder("smollm2-135m"))  # vocab 49152 like cfg
-    return wrap_model(model, tok, spec="llama-3.2-3b-shaped (random)")
-
-
 def run_bench(args) -> int:
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
     device = resolve_device(args.device)
@@ -306,7 +159,7 @@ def run_bench(args) -> int:
         sys.stdout.write("measuring peak memory in a child process...\n")
         sys.stdout.flush()
         peaks = _cpu_peaks_in_child(sizes)
-    sys.stdout.write(f"machine: {_machine(device)}\n{HEADER}\n")
+    sys.stdout.write(f"machine: {machine_line(device)}\n{HEADER}\n")
     rows = bench_model(lm, sizes, args.repeats, peaks)
     if device.type == "cuda":
         del lm
@@ -314,32 +167,18 @@ def run_bench(args) -> int:
         torch.cuda.empty_cache()
         rows += bench_model(llama3b_shaped(device), [8192], max(1, args.repeats))
     if not args.no_write:
-        write_markdown(args.out, rows, _machine(device), sizes)
+        write_markdown(args.out, rows, machine_line(device), sizes)
         readme = args.out.parent.parent / "README.md"
         if readme.exists() and "<!-- bench:start -->" in readme.read_text():
-            write_markdown(readme, rows, _machine(device), sizes)  # the README quotes the same table
+            write_markdown(readme, rows, machine_line(device), sizes)  # the README quotes the same table
         sys.stdout.write(f"wrote {args.out}\n")
-    from .bench_stats import run_stats_bench  # whole-model answers: statistics, rollout, pooled view
+    from .stats import run_stats_bench  # whole-model answers: statistics, rollout, pooled view
 
     del lm
     gc.collect()
     chosen = getattr(args, "stats_sizes", None)
     stats_sizes = [int(s) for s in str(chosen).split(",") if s.strip()] if chosen else sizes
     return run_stats_bench(args.device, stats_sizes, args.repeats, None if args.no_write else args.out)
-
-
-def replace_section(path: Path, name: str, body: str) -> None:
-    """Replace the text between <!-- name:start --> and <!-- name:end --> in a Markdown file
-    (appended if missing); everything outside the markers is kept."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    block = f"{start}\n{body}\n{end}"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    if start in old and end in old:
-        new = old[: old.index(start)] + block + old[old.index(end) + len(end) :]
-    else:
-        new = old.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
 
 
 def write_markdown(path: Path, rows: list[Row], machine: str, sizes: list[int]) -> None:

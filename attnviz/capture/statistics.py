@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend
 
-from .limits import USABLE, free_bytes
+from ..limits import USABLE, free_bytes
 
 
 @dataclass(frozen=True)

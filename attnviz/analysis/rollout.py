@@ -19,11 +19,11 @@ from typing import overload
 import numpy as np
 import torch
 
-from .capture import CapturedAttention
-from .errors import AttnvizError
-from .layout import Stack
-from .lse import NEG, MaskSpec, attend, captured, key_bias, layer_lse, layer_spec, lse_without_first
-from .result import AttentionResult
+from ..capture.records import CapturedAttention
+from ..errors import AttnvizError
+from ..exact.lse import NEG, MaskSpec, attend, captured, key_bias, layer_lse, layer_spec, lse_without_first
+from ..layout import Stack
+from ..result import AttentionResult
 
 log = logging.getLogger(__name__)
 

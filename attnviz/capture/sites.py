@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .errors import ModelHasNoAttention
+from ..errors import ModelHasNoAttention
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def probe(
     the capture attention afterwards; adapted eager-only models (attnviz/adapters) run eager
     whenever no recorder is active, so they are not switched.
     """
-    from . import capture
+    from . import hook as capture
 
     switch = capture_ok if switch is None else switch
     inputs = probe_inputs(model, encoder_decoder)
@@ -240,9 +240,9 @@ PROBE_TOLERANCE = 2e-2
 def _worst_diff(
     model: Any, found: Probe, calls: list, eager_probs: dict[str, list[torch.Tensor]], half: bool
 ) -> float:
-    from .errors import AttnvizError
-    from .result import probs_from_capture
-    from .verify import eager_probabilities
+    from ..errors import AttnvizError
+    from ..exact.eager import eager_probabilities
+    from ..exact.probabilities import probs_from_capture
 
     seen: Counter[str] = Counter()
     worst = 0.0

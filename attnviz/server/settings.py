@@ -1,7 +1,7 @@
 """Server-side settings from environment variables (never from user input).
 
 Boolean flags read 1/true/yes/on or 0/false/no/off (any case); anything else stops the server
-with a one-line message (`attnviz.env`).
+with a one-line message (`attnviz.server.env`).
 
 ATTNVIZ_DEMO=1                public demo: model allow-list, token cap, no local paths, no token field,
                               one inference at a time with a visible queue
@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..loading import BUILTIN_MODELS
 from .env import flag, integer
-from .loading import BUILTIN_MODELS
 
 DEMO_MAX_TOKENS = 512
 FULL_MAX_TOKENS = 8192

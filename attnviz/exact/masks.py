@@ -4,7 +4,7 @@
 `key_bias`: a per-head bias b_hj that depends only on the key (s_ij = scale · q_i·k_j + b_hj),
 recorded as ``position_bias`` of shape (1, heads, 1, key_pos) and/or carried by a per-head float
 mask whose allowed entries are the same b_hj on every row (Falcon-ALiBi: transformers adds ALiBi
-into the causal mask). `attnviz.lse.layer_spec` decides; these only answer.
+into the causal mask). `attnviz.exact.lse.layer_spec` decides; these only answer.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .capture import CapturedAttention
-from .layout import AttentionLayout, Stack
+from ..capture.records import CapturedAttention
+from ..layout import AttentionLayout, Stack
 
 BLOCK_ROWS = 1024  # query rows per block where a mask must be spelled out
 
@@ -57,7 +57,7 @@ def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec) -> torch.T
 _MASK_VERDICTS: dict[int, tuple[weakref.ref, MaskSpec, bool]] = {}
 
 
-def _mask_matches(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
+def mask_matches(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
     hit = _MASK_VERDICTS.get(id(mask))
     if hit is not None and hit[0]() is mask and hit[1] == spec:
         return hit[2]
@@ -90,7 +90,7 @@ def _check_mask(mask: torch.Tensor, spec: MaskSpec, n_q: int, n_k: int) -> bool:
     return True
 
 
-def _recorded_bias(cap: CapturedAttention) -> torch.Tensor | None:
+def recorded_bias(cap: CapturedAttention) -> torch.Tensor | None:
     """``position_bias`` as float32 (heads, key_pos) when it is key-only (1, heads or 1, 1, key_pos)."""
     pb = cap.position_bias
     h, n_k = cap.query.shape[1], cap.key.shape[2]
@@ -104,8 +104,8 @@ def _recorded_bias(cap: CapturedAttention) -> torch.Tensor | None:
 def key_bias(cap: CapturedAttention) -> torch.Tensor | None:
     """The per-head, key-only additive bias of a captured call (s_ij = scale · q_i·k_j + b_hj):
     float32 (heads, key_pos), the recorded ``position_bias`` plus what a per-head mask carries;
-    None when there is neither. Exact only for calls `attnviz.lse.layer_spec` accepts."""
-    parts = [b for b in (_recorded_bias(cap), mask_bias(cap.mask)) if b is not None]
+    None when there is neither. Exact only for calls `attnviz.exact.lse.layer_spec` accepts."""
+    parts = [b for b in (recorded_bias(cap), mask_bias(cap.mask)) if b is not None]
     if not parts:
         return None
     if len(parts) == 1:

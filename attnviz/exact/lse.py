@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .capture import CapturedAttention
-from .forward_stats import cross_terms
-from .layout import AttentionLayout, Stack
-from .limits import require
-from .masks import BLOCK_ROWS, MaskSpec, _mask_matches, _recorded_bias, allowed, key_bias, mask_bias, mask_of
+from ..capture.records import CapturedAttention
+from ..capture.statistics import cross_terms
+from ..layout import AttentionLayout, Stack
+from ..limits import require
+from .masks import BLOCK_ROWS, MaskSpec, allowed, key_bias, mask_bias, mask_matches, mask_of, recorded_bias
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def layer_spec(
     n_q, n_k = cap.query.shape[2], cap.key.shape[2]
     if cap.query.shape[1] % cap.key.shape[1]:
         return None, "head grouping"
-    if cap.position_bias is not None and (cap.forward is not None or _recorded_bias(cap) is None):
+    if cap.position_bias is not None and (cap.forward is not None or recorded_bias(cap) is None):
         return None, "position bias"
     if cap.mask is not None and cap.mask.dim() == 4 and cap.mask.shape[1] not in (1, cap.query.shape[1]):
         return None, "mask"
@@ -74,7 +74,7 @@ def layer_spec(
         return MaskSpec(causal=cap.is_causal and n_q > 1, window=None), "fused"
     causal, window = mask_of(layout, layer, stack)
     spec = MaskSpec(causal=causal, window=window)
-    if not _mask_matches(cap.mask, spec, n_q, n_k):
+    if not mask_matches(cap.mask, spec, n_q, n_k):
         return None, "mask"
     return spec, "fused"
 

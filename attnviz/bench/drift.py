@@ -10,7 +10,7 @@ Two numbers per layer (max |Δ| over heads, rows and keys):
   ``output_attentions``. The two forwards' hidden states drift apart (different kernels,
   different rounding, compounding with depth): this is the kernel's drift, not ours.
 
-``python -m attnviz.drift`` measures the built-in smollm2-135m on CPU in fp32 and bf16 and writes
+``python -m attnviz.bench.drift`` measures the built-in smollm2-135m on CPU in fp32 and bf16 and writes
 the table into docs/benchmarks.md between its markers.
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from .extract import extract_ids
-from .loading import LoadedModel
-from .verify import eager_probabilities
+from ..exact.eager import eager_probabilities
+from ..extract import extract_ids
+from ..loading import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,9 @@ def write_section(path: Path, body: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .loading import load_model
+    from ..loading import load_model
 
-    ap = argparse.ArgumentParser(prog="python -m attnviz.drift", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m attnviz.bench.drift", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--device", default="cpu")
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         lm.release()
     device = torch.device(args.device).type.upper()
     header = (
-        f"`python -m attnviz.drift`: {args.model}, {args.tokens} random tokens, {device}, max |Δ| of "
+        f"`python -m attnviz.bench.drift`: {args.model}, {args.tokens} random tokens, {device}, max |Δ| of "
         "the probabilities per layer. *same input*: attnviz vs transformers' eager attention function "
         "on the same captured query/key (ours is the fp32 softmax; eager casts it to the model dtype, "
         "so this column is that cast). *SDPA run vs eager run*: attnviz on an SDPA forward vs the "

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import BadIndex
+from ..errors import BadIndex
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from .layout import Stack
-    from .result import AttentionResult
+    from ..layout import Stack
+    from ..result import AttentionResult
 
 SLIDER_MAX_CELLS = 240_000  # every layer's heads in one slider figure (~1.7 MB of JSON)
 REPR_MAX_CELLS = 120_000  # the cell display: the slider figure at half that (bundle ~2 MB)
@@ -44,7 +44,7 @@ def _pooled_layer(
     res: AttentionResult, layer: int, heads: list[int], stack: Stack, side: int
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """(heads, <=side, <=side) max-pooled probabilities and the bin labels, fetched by row chunks."""
-    from . import figures as F
+    from .. import figures as F
 
     q_tok, k_tok = res.axes(stack)
     pooled, re, ce = F.pooled_rows(
@@ -93,7 +93,7 @@ def head_view(
     ``heads`` picks query heads (default: all). Token axes are ``"(i) token"``; pooled axes name
     each bin's span, and the title says how far it was pooled. ``heading`` is a first title line.
     """
-    from . import figures as F
+    from .. import figures as F
 
     stack = result._stack(stack)
     chosen = _heads(result, heads)
@@ -159,7 +159,7 @@ def model_view(
     result: AttentionResult, *, stack: Stack | None = None, colorscale: str = "Viridis", log: bool = False
 ) -> go.Figure:
     """Every layer x head at once, one small pooled tile each (the app's model overview mosaic)."""
-    from . import figures as F
+    from .. import figures as F
 
     stack = result._stack(stack)
     n_layers, n_heads = result.n_layers(stack), result.n_heads

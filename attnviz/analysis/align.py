@@ -21,10 +21,10 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from .errors import AttnvizError
-from .layout import Stack
-from .result import AttentionResult
-from .tokens import Tokens
+from ..errors import AttnvizError
+from ..layout import Stack
+from ..result import AttentionResult
+from ..tokens import Tokens
 
 AlignBy = Literal["ids", "text"]
 ALIGN_BY: tuple[str, ...] = get_args(AlignBy)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from .errors import AttnvizError
+from ..errors import AttnvizError
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # attnviz/
 
 
 def app_script() -> Path:

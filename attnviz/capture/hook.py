@@ -20,7 +20,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .forward_stats import ForwardStats, forward_with_stats, fusable
+from ..exact.probabilities import attention_scores
+from .records import CapturedAttention
+from .statistics import forward_with_stats, fusable
 
 IMPLEMENTATION = "attnviz"
 # Keyword arguments of an attention call that the capture models (or that do not change the
@@ -46,31 +48,6 @@ MODELLED_KWARGS = frozenset(
 
 
 @dataclass
-class CapturedAttention:
-    """What one attention call saw; enough to recompute its probabilities exactly."""
-
-    module_name: str
-    query: torch.Tensor  # (1, heads, q_pos, d_head), post-RoPE / post-norm, model dtype
-    key: torch.Tensor  # (1, kv_heads, key_pos, d_head), before GQA repetition
-    mask: torch.Tensor | None  # bool (True = attend) or additive float, (1, 1|heads, q_pos, key_pos)
-    is_causal: bool  # applies when mask is None
-    scaling: float
-    softcap: float | None = None
-    position_bias: torch.Tensor | None = None  # T5-style additive bias (1, heads, q_pos, key_pos)
-    value: torch.Tensor | None = None  # (1, kv_heads, key_pos, d_head), before GQA repetition
-    sinks: torch.Tensor | None = None  # (heads,) learned sink logits in the softmax (GPT-OSS `s_aux`)
-    forward: ForwardStats | None = None  # L and expectations from the forward (statistics=True)
-
-    @property
-    def nbytes(self) -> int:
-        return (0 if self.forward is None else self.forward.nbytes) + sum(
-            t.numel() * t.element_size()
-            for t in (self.query, self.key, self.mask, self.position_bias, self.value, self.sinks)
-            if t is not None
-        )
-
-
-@dataclass
 class Recorder:
     """Collects `CapturedAttention` in call order for one forward pass."""
 
@@ -81,7 +58,7 @@ class Recorder:
     unsupported: set[str] = field(default_factory=set)
     on_call: Callable[[int], None] | None = None  # told the number of calls so far (progress)
     # Take each layer's log-sum-exp and feature expectations from its forward where the CPU flash
-    # kernel runs it (attnviz.forward_stats): `head_metrics` then needs no second pass there.
+    # kernel runs it (attnviz.capture.statistics): `head_metrics` then needs no second pass there.
     statistics: bool = False
 
     def record(
@@ -129,50 +106,6 @@ def recording(
         yield recorder
     finally:
         _ACTIVE.reset(token)
-
-
-def attention_scores(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    *,
-    scaling: float,
-    softcap: float | None = None,
-    position_bias: torch.Tensor | None = None,
-    mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    q_offset: int = 0,
-) -> torch.Tensor:
-    """Masked pre-softmax scores in eager's order: QK^T * scale, soft-cap, + bias, + mask.
-
-    query (..., q_pos, d_head) and key (..., key_pos, d_head) with matching head dims (GQA already
-    resolved). ``mask``/``position_bias`` must be sliced to the same query rows; ``q_offset`` is
-    the absolute position of the first query row (for the implicit causal mask: query row i sees
-    keys 0 .. q_offset + i, whatever the number of rows - a single first row sees only key 0).
-    """
-    # Every step after the matmul works in place on its fresh output: one (heads, q, k) buffer.
-    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
-    if softcap is not None:
-        scores.div_(softcap).tanh_().mul_(softcap)
-    if position_bias is not None:
-        scores.add_(position_bias)
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
-        else:
-            scores.add_(mask)
-    elif is_causal:
-        q_pos = torch.arange(scores.shape[-2], device=scores.device) + q_offset
-        k_pos = torch.arange(scores.shape[-1], device=scores.device)
-        scores.masked_fill_(k_pos[None, :] > q_pos[:, None], torch.finfo(scores.dtype).min)
-    return scores
-
-
-def softmax_fp32(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim in float32, in place when ``scores`` is already float32
-    (same result as ``torch.softmax(scores, -1, dtype=torch.float32)``, without 3 more buffers)."""
-    s = scores if scores.dtype == torch.float32 else scores.float()
-    s.sub_(s.amax(dim=-1, keepdim=True)).exp_()
-    return s.div_(s.sum(dim=-1, keepdim=True))
 
 
 def _eager_output(module, query, key, value, mask, scaling, softcap, position_bias, is_causal, sinks=None):

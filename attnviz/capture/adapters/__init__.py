@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import capture
-from ..masks import additive
+from ...exact.masks import additive
+from .. import hook as capture
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`python -m attnviz.bench_families`: long inputs on every family with a fast adapter.
+"""`python -m attnviz.bench.families`: long inputs on every family with a fast adapter.
 
 For each family attnviz/adapters covers, a random model built from the family's own config class
 (hidden 256, 2 layers, 4 heads, fp32; not a trained model) at N tokens (default 4096) on the CPU:
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .bench import _machine, _measure
-from .extract import extract_ids
-from .loading import LoadedModel, wrap_model
+from ..extract import extract_ids
+from ..loading import LoadedModel, wrap_model
+from .common import machine_line, measure
 
 log = logging.getLogger(__name__)
 VOCAB = 1024
@@ -141,23 +141,23 @@ def bench_family(label: str, model_type: str, kwargs: dict, n: int, repeats: int
         return res.layer_tensor(0)
 
     plain(ids[:64])  # one-time allocations are not part of any peak
-    plain_s, plain_peak = _measure(plain, lm.device, repeats)
-    fast_s, fast_peak = _measure(fast, lm.device, repeats)
+    plain_s, plain_peak = measure(plain, lm.device, repeats)
+    fast_s, fast_peak = measure(fast, lm.device, repeats)
     return Row(label, method, plain_s, fast_s, plain_peak, fast_peak)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m attnviz.bench_families", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m attnviz.bench.families", description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated model types (e.g. bloom,mpt)")
     args = ap.parse_args(argv)
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and sys.platform.startswith("linux"):
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576"}
-        os.execve(sys.executable, [sys.executable, "-m", "attnviz.bench_families", *sys.argv[1:]], env)
+        os.execve(sys.executable, [sys.executable, "-m", "attnviz.bench.families", *sys.argv[1:]], env)
     logging.disable(logging.WARNING)
     only = {s for s in args.only.split(",") if s}
-    sys.stdout.write(f"{_machine(torch.device('cpu'))}; N = {args.tokens}, medians of {args.repeats}\n\n")
+    sys.stdout.write(f"{machine_line(torch.device('cpu'))}; N = {args.tokens}, medians of {args.repeats}\n\n")
     sys.stdout.write(HEADER + "\n")
     for label, (model_type, kwargs) in _configs(args.tokens).items():
         if only and model_type not in only:
