@@ -73,6 +73,9 @@ def add_parser(sub: Any, model_args: Callable, positive_int: Callable, writable_
         "--max-tokens", type=positive_int, default=ATLAS_MAX_TOKENS, help="longer texts are skipped"
     )
     at.add_argument("--fresh", action="store_true", help="recompute every text (ignore the disk cache)")
+    at.add_argument(
+        "--cache", type=Path, default=None, help="the atlas cache folder (default: ~/.cache/attnviz/atlas)"
+    )
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -169,7 +172,7 @@ def main(args: argparse.Namespace, error: Callable[[str], Any]) -> int:
         atlas = run_atlas(
             args.model, args.corpus, engine=args.engine, workers=args.workers, ray_address=args.ray_address,
             device=args.device, dtype=args.dtype, revision=args.revision, progress=bar,
-            max_tokens=args.max_tokens, fresh=args.fresh,
+            max_tokens=args.max_tokens, fresh=args.fresh, cache_root=args.cache,
         )  # fmt: skip
     except AtlasInterrupted as stop:
         where = f"saved in {stop.folder}" if stop.folder else "not saved (no disk cache)"

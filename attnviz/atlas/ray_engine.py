@@ -24,6 +24,7 @@ Ray is imported here only, and only when this engine runs (`import_ray`).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -194,8 +195,32 @@ class RaySession:
         return True
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*): (.+)$")  # "pkg.mod.SomeError: message"
+
+
 def _first_line(err: BaseException) -> str:
-    """The root cause's message (Ray wraps errors from workers in several layers)."""
-    cause = getattr(err, "cause", None) or err.__cause__ or err
-    text = str(cause).strip().splitlines()
-    return next((ln for ln in reversed(text) if ln.strip()), type(err).__name__)[:400]
+    """One line for a Ray failure: the root cause's own message (Ray wraps a worker's exception,
+    traceback included, in several layers), e.g. "a worker could not start: local folder ... does
+    not exist"."""
+    chain: list[BaseException] = []
+    link: BaseException | None = err
+    while link is not None and len(chain) < 8:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    for e in chain:
+        text = _ANSI.sub("", str(getattr(e, "error_msg", "") or e))
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip(" ^~")]
+        if not lines:
+            continue
+        raised = _RAISED.match(lines[-1])
+        if raised is None:
+            detail = lines[-1]
+        elif lines[-1].startswith("attnviz."):  # our own errors say what to do: the message alone
+            detail = raised.group(2)
+        else:
+            detail = f"{raised.group(1)}: {raised.group(2)}"
+        if getattr(e, "_actor_init_failed", False) or "creation task" in lines[0]:
+            detail = f"a worker could not start: {detail}"
+        return detail[:400]
+    return type(err).__name__

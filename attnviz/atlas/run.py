@@ -180,6 +180,7 @@ def run_atlas(
     use_cache: bool = True,
     fresh: bool = False,
     max_tokens: int = ATLAS_MAX_TOKENS,
+    cache_root: str | Path | None = None,
 ) -> Atlas:
     """Run every text of ``texts`` (strings, or a .txt/.jsonl/.parquet corpus file), keep each
     head's statistics per text, and rank heads across texts.
@@ -190,7 +191,8 @@ def run_atlas(
     spec and dtype. ``progress(done, total, note)`` is called before each text and at the end;
     returning False cancels, like setting ``cancel``: the result holds what finished
     (``cancelled=True``), and what finished stays in the cache. ``use_cache=False`` neither reads
-    nor writes the disk cache; ``fresh=True`` recomputes every text and overwrites its entry.
+    nor writes the disk cache; ``fresh=True`` recomputes every text and overwrites its entry;
+    ``cache_root`` puts the cache elsewhere than ``cache_dir()/atlas``.
     Texts that fail (over ``max_tokens`` tokens, unreadable) are listed in ``skipped``.
     """
     if engine not in ENGINES:
@@ -206,7 +208,8 @@ def run_atlas(
         lm, session, plan, ident = _prepare(model, engine, workers, ray_address, device, dtype, revision)
         ident.update(stack=stack or "default", max_tokens=max_tokens)
         name, n_workers = (lm.spec, 1) if lm is not None else (plan.ref.spec, plan.workers)
-        cache = AtlasCache.for_namespace(namespace(ident)) if use_cache else None
+        root = Path(cache_root).expanduser() if cache_root is not None else None
+        cache = AtlasCache.for_namespace(namespace(ident), root) if use_cache else None
         entries = _cached(cache, corpus) if cache is not None and not fresh else {}
         pending = _pending(corpus, entries)
         run = _Run(cache, len(entries) + len(pending), len(entries), progress, cancel, name, fresh)
