@@ -24,9 +24,9 @@ from .errors import (
     UnsafeWeights,
 )
 from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
+from .figures.notebook import head_view, model_view
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
-from .notebook import head_view, model_view
 from .result import AttentionResult
 from .tokens import Tokens
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from ._version import __version__
 from .errors import AttnvizError
-from .extract import DEFAULT_MAX_TOKENS, PATHS
+from .extract import DEFAULT_MAX_TOKENS
+from .result import PATHS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -267,7 +268,7 @@ def _app(args) -> int:
     """`streamlit run` on the app shipped in the package (attnviz/_app in a wheel, the checkout's
     app.py in an editable install), with the shipped .streamlit/config.toml as flags (Streamlit
     reads config files only from the working folder and the home folder)."""
-    from .app_files import app_script, streamlit_flags
+    from .server.app_files import app_script, streamlit_flags
 
     if importlib.util.find_spec("streamlit") is None:
         raise AttnvizError('the web app needs Streamlit: pip install "attnviz[app]"')
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             return _warmup(args)
         if args.command == "app":
             return _app(args)
-        from .bench import run_bench
+        from .bench.extraction import run_bench
 
         return run_bench(args)
     except AttnvizError as err:

@@ -3,30 +3,31 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
-from . import layerwise
-from .capture import IMPLEMENTATION, CapturedAttention, recording
+from .capture import layerwise
+from .capture.hook import IMPLEMENTATION, recording
+from .capture.layerwise import LayerInput
+from .capture.records import CapturedAttention
+from .capture.sites import decoder_start, eager_attentions
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
-from .layerwise import LayerInput
+from .exact.eager import CannotCheck
+from .exact.verify import VerifyArg, pick_layer, self_check
 from .loading import LoadedModel, is_out_of_memory
-from .probe import decoder_start, eager_attentions
-from .result import AttentionResult
+from .result import PATHS, AttentionResult, PathName
 from .tokens import Tokens
-from .verify import CannotCheck, VerifyArg, pick_layer, self_check
 
 log = logging.getLogger(__name__)
 
-PathName = Literal["fast", "eager"]
-PATHS: tuple[str, ...] = get_args(PathName)
 Progress = Callable[[int, int], None]  # (attention layers done, attention layers in all)
 DEFAULT_MAX_TOKENS = 8192
 _SENTINEL = "\u27e6attnviz\u27e7"
@@ -74,7 +75,7 @@ def tokenize(lm: LoadedModel, text: str, *, chat: bool = False) -> tuple[list[in
     return list(ids), [False] * len(ids)
 
 
-def _forward_kwargs(lm: LoadedModel) -> dict:
+def forward_kwargs(lm: LoadedModel) -> dict:
     params = inspect.signature(lm.model.forward).parameters
     kwargs: dict = {}
     if "use_cache" in params:
@@ -162,7 +163,7 @@ def extract(
     progress bar; an exception it raises stops the forward and frees its work).
     ``statistics=True`` is for a result that will go to `head_metrics` (or rollout): the fast
     forward keeps each layer's log-sum-exp and feature expectations where the CPU flash kernel
-    runs it in float32 (`attnviz.forward_stats`), so the statistics need no second attention
+    runs it in float32 (`attnviz.capture.statistics`), so the statistics need no second attention
     pass there; the output equals a plain run to float32 rounding.
     """
     ids, template = tokenize(lm, text, chat=chat)
@@ -240,7 +241,7 @@ def extract_ids(
                     input_ids = torch.tensor([ids], device=lm.device)
             if enc_dec and dec_ids is None:
                 dec_ids = [_decoder_start(lm), *ids[:-1]]
-            inputs: dict = {"input_ids": input_ids, **_forward_kwargs(lm)}
+            inputs: dict = {"input_ids": input_ids, **forward_kwargs(lm)}
             if enc_dec:
                 inputs["decoder_input_ids"] = torch.tensor([dec_ids], device=lm.device)
             captured: dict[str, list[CapturedAttention]] = {}
@@ -302,7 +303,7 @@ def extract_ids(
     layer = pick_layer(result, verify)
     if layer is not None:
         try:
-            result.check = self_check(lm.model, result, layer)
+            result = dataclasses.replace(result, check=self_check(lm.model, result, layer))
         except CannotCheck:
             if verify != "auto":
                 raise

@@ -7,7 +7,7 @@ import streamlit as st
 
 import attnviz
 from attnviz import figures as F
-from attnviz import token_views as TV
+from attnviz.analysis import token_views as TV
 from attnviz.reference import walkthrough as W
 from ui import attention, export, models, shell, sidebar, state, steps
 from ui.params import CHANGES, SCRATCH_MODES, ScratchParams

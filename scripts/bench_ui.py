@@ -21,7 +21,7 @@ The first run extracts (cached); then the head selector changes `--repeats` time
 timed: that is the server's work for a head change (the model never reruns). Payload = bytes of
 the Plotly figure JSON the view sends to the browser. "first view / forward" divides the first run
 of a text (extract + every view drawn; the model is loaded by a warm-up run first) by one plain SDPA
-forward of the same ids measured right after in the same process (`attnviz.bench` floor). Results
+forward of the same ids measured right after in the same process (`attnviz.bench.extraction` floor). Results
 go into docs/benchmarks.md between the ui markers.
 """
 
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import attnviz  # noqa: E402
-from attnviz.bench import _floor, ids_of_length, replace_section  # noqa: E402
+from attnviz.bench.common import floor, ids_of_length, replace_section  # noqa: E402
 
 
 def text_of(lm: attnviz.LoadedModel, n: int) -> str:
@@ -52,7 +52,7 @@ def payload(at: AppTest) -> int:
 
 def forward_seconds(lm: attnviz.LoadedModel, n: int) -> float:
     """One plain SDPA forward of the same n ids (no capture): the floor (best of 2 after a warm-up)."""
-    run = _floor(lm, ids_of_length(lm, n))
+    run = floor(lm, ids_of_length(lm, n))
     run()  # warm-up: the first call of a size pays one-off allocation costs
     times = []
     for _ in range(2):

@@ -21,7 +21,7 @@ import psutil  # noqa: E402
 from server import chromium, script_runs, streamlit_server, wait_idle  # noqa: E402
 
 import attnviz  # noqa: E402
-from attnviz.bench import _floor, ids_of_length, replace_section  # noqa: E402
+from attnviz.bench.common import floor, ids_of_length, replace_section  # noqa: E402
 from attnviz.extract import tokenize  # noqa: E402
 
 # Before the submit: remember every chart's current figure and its largest heatmap.
@@ -80,7 +80,7 @@ def texts(lm: attnviz.LoadedModel, n: int, repeats: int) -> list[tuple[str, int]
 def forward_once(lm: attnviz.LoadedModel, text: str) -> tuple[float, float]:
     """(wall, CPU) seconds of one plain SDPA forward of ``text`` as the app tokenizes it (no
     capture; CPU = this process, every thread)."""
-    run = _floor(lm, list(tokenize(lm, text)[0]))
+    run = floor(lm, list(tokenize(lm, text)[0]))
     t0, c0 = time.perf_counter(), time.process_time()
     run()
     return time.perf_counter() - t0, time.process_time() - c0

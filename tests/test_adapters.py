@@ -27,8 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import attnviz
-from attnviz import adapters
-from attnviz.adapters import families
+from attnviz.capture import adapters
+from attnviz.capture.adapters import families
 
 N = 300  # longer than the tiny configs' sizes (hidden 32, 256 positions by default)
 ROWS = 64  # query rows per SDPA block on the ALiBi path (production: 1024): 5 blocks here
@@ -311,9 +311,9 @@ def test_self_check_of_gptj_runs_its_own_attn():
     lm = wrap(model)
     res = attnviz.extract_ids(lm, ids(40), verify=1)
     assert res.check.max_abs_diff <= 1e-5
-    cap = res._captured["self"][1]
-    res._captured["self"][1] = dataclasses.replace(cap, scaling=cap.scaling * 1.05)
-    from attnviz.verify import self_check
+    cap = res.captured(1)
+    res = res.with_capture(1, dataclasses.replace(cap, scaling=cap.scaling * 1.05))
+    from attnviz.exact.verify import self_check
 
     with pytest.raises(attnviz.AttnvizError, match="self-check failed"):
         self_check(lm.model, res, 1)

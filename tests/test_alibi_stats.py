@@ -17,10 +17,10 @@ import torch
 from test_adapters import build, ids, wrap
 
 import attnviz
-from attnviz import lse
 from attnviz import metrics as M
-from attnviz import rollout as R
-from attnviz.pooling import pooled, region
+from attnviz.analysis import rollout as R
+from attnviz.analysis.pooling import pooled, region
+from attnviz.exact import lse
 
 ALIBI = ["bloom", "mpt", "falcon-alibi"]
 N = 120
@@ -93,8 +93,7 @@ def test_a_query_dependent_bias_stays_dense():
     t5_like = dataclasses.replace(cap, position_bias=full)
     assert lse.key_bias(t5_like) is None
     assert lse.layer_spec(t5_like, res.layout, 0, "self") == (None, "position bias")
-    res2 = dataclasses.replace(res)
-    res2._captured = {"self": [t5_like, *res._captured["self"][1:]]}
+    res2 = res.with_capture(0, t5_like)
     hm = M.head_metrics(res2)
     assert hm.paths[0] == "dense: position bias" and set(hm.paths[1:]) == {"fused"}
     assert R.token_rollout(res2).paths[0] == "dense: position bias"
@@ -110,12 +109,13 @@ def test_a_key_bias_under_grouped_query_attention_is_per_query_head():
     from test_fast_stats import TEXT, sharp
 
     res = attnviz.extract(sharp("llama-gqa"), TEXT)
-    caps = res._captured["self"]
+    caps = [res.captured(i) for i in range(res.n_layers())]
     h, n = caps[0].query.shape[1], caps[0].key.shape[2]
     assert h // caps[0].key.shape[1] > 1
     slopes = torch.tensor([2.0 ** -(i + 1) for i in range(h)])
     bias = (slopes[:, None] * torch.arange(n, dtype=torch.float32))[None, :, None, :]  # (1, h, 1, n)
-    res._captured["self"] = [dataclasses.replace(c, position_bias=bias) for c in caps]
+    for i, c in enumerate(caps):
+        res = res.with_capture(i, dataclasses.replace(c, position_bias=bias))
     fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
     assert fast.paths == ("fused",) * len(caps) and "gqa_coherence" in fast.metrics
     for m in fast.metrics:
@@ -144,8 +144,7 @@ def test_falcon_alibi_per_head_mask_is_mask_plus_key_bias():
     hole = cap.mask.clone()
     hole[0, 1, 50, 7] = torch.finfo(torch.float32).min  # a masked key inside the causal band
     assert lse.layer_spec(dataclasses.replace(cap, mask=hole), res.layout, 0, "self") == (None, "mask")
-    res2 = dataclasses.replace(res)
-    res2._captured = {"self": [bad, *res._captured["self"][1:]]}
+    res2 = res.with_capture(0, bad)
     fast, dense = M.head_metrics(res2), M.head_metrics(res2, computation="dense")
     assert fast.paths[0] == "dense: mask" and set(fast.paths[1:]) == {"fused"}
     for m in fast.metrics:

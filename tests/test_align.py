@@ -5,7 +5,7 @@ import pytest
 import tiny
 
 import attnviz
-from attnviz import align as A
+from attnviz.analysis import align as A
 from attnviz.errors import AttnvizError
 from attnviz.tokens import Tokens
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_app_explorer import TEXT, TINY, engine, heatmaps, new_app, ok, prepare, specs, titled, z_of
 
-from attnviz import align
+from attnviz.analysis import align
 
 PAGE = "pages/3_Compare.py"
 OTHER_TEXT = "the old bank of a river"  # shares "the", "bank", "of", "river" with TEXT

@@ -9,8 +9,8 @@ import tiny
 from test_app_explorer import TEXT, TINY, new_app, ok, prepare, titled, z_of
 
 import attnviz
+from attnviz.analysis.rollout import token_rollout
 from attnviz.figures.flow import binned_sums, flow_map
-from attnviz.rollout import token_rollout
 
 PAGE = "pages/1_Model_overview.py"
 

@@ -1,7 +1,7 @@
 """Views at any length and limits as messages (issue 12, items 3 and 4), through the app.
 
 A text of ~1800 tokens on the tiny model is larger than the payload budget: the explorer's grid
-and head view and the overview's mosaic draw `attnviz.pooling.pooled` (device, from Q/K), which
+and head view and the overview's mosaic draw `attnviz.analysis.pooling.pooled` (device, from Q/K), which
 equals dense pooling of the layer within 1e-5 (float32); a zoomed region is `res.head` exactly;
 an over-budget text gets "needs X GiB, Y GiB free — try …" and the app keeps serving.
 """
@@ -13,10 +13,11 @@ import pytest
 from test_app_explorer import TINY, engine, heatmaps, labels, new_app, ok, prepare, specs, titled, z_of
 
 from attnviz import figures as F
-from attnviz import limits, pooling
-from attnviz import specs as engine_specs
+from attnviz import limits
+from attnviz.analysis import pooling
 from attnviz.errors import OutOfMemory
-from attnviz.settings import Settings
+from attnviz.server import specs as engine_specs
+from attnviz.server.settings import Settings
 
 LONG = " ".join(["the bank of the river", "a quick brown fox jumps over the lazy dog"] * 110)
 LAYER, HEAD = 1, 2

@@ -10,7 +10,7 @@ import pytest
 from test_app_explorer import TEXT, TINY, heatmaps, new_app, ok, prepare, specs, z_of
 
 import attnviz
-from attnviz import value_weighted as VW
+from attnviz.analysis import value_weighted as VW
 
 ATLAS = "pages/5_Head_atlas.py"
 

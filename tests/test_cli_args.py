@@ -153,7 +153,7 @@ def test_console_entry_point_runs_the_same_checks():
 
 
 def test_app_runs_streamlit_on_the_shipped_script_with_its_config(monkeypatch, capsys):
-    from attnviz import app_files
+    from attnviz.server import app_files
 
     seen: dict = {}
 

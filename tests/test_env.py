@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from attnviz import env, loading
-from attnviz.settings import settings
+from attnviz import loading
+from attnviz.server import env
+from attnviz.server.settings import settings
 
 BOOLEAN_FLAGS = tuple(env.BOOLEAN_FLAGS)
 
@@ -52,7 +53,7 @@ def test_every_boolean_flag_is_read_through_the_one_parser(monkeypatch):
 
 
 def test_no_flag_is_read_by_hand():
-    """Every ATTNVIZ_* yes/no or number goes through attnviz.env: no other module of the package
+    """Every ATTNVIZ_* yes/no or number goes through attnviz.server.env: no other module of the package
     compares an ATTNVIZ_ variable with "1" or a set of spellings."""
     import re
     from pathlib import Path

@@ -69,7 +69,8 @@ def test_any_rows_and_heads_equal_the_full_layers_rows(pair):
         n_q = len(fast.axes(stack)[0])
         cases = [slice(0, 1), slice(1, 2), slice(n_q - 1, n_q), slice(-1, None), slice(0, 0), slice(None)]
         cases += [
-            slice(int(a), int(a) + int(w)) for a, w in zip(rng.integers(0, n_q, 6), rng.integers(1, 5, 6))
+            slice(int(a), int(a) + int(w))
+            for a, w in zip(rng.integers(0, n_q, 6), rng.integers(1, 5, 6), strict=True)
         ]
         for i in range(fast.n_layers(stack)):
             full = fast.layer(i, stack=stack)

@@ -16,9 +16,9 @@ import tiny
 import torch
 
 import attnviz
-from attnviz import lse
 from attnviz import metrics as M
-from attnviz.capture import CapturedAttention
+from attnviz.capture.records import CapturedAttention
+from attnviz.exact import lse
 
 # Long enough (> 40 tokens) that a sliding window of 4 and several 512-row blocks matter.
 TEXT = (
@@ -121,22 +121,21 @@ class _WithExtra(CapturedAttention):
 
 def test_any_unknown_captured_extra_falls_back_to_dense():
     res = attnviz.extract(sharp("llama-gqa"), TEXT)
-    caps = res._captured["self"]
+    caps = [res.captured(i) for i in range(res.n_layers())]
     spec, why = lse.layer_spec(caps[1], res.layout, 1, "self")
     assert spec == lse.MaskSpec(True) and why == "fused"
     fields = {f.name: getattr(caps[1], f.name) for f in dataclasses.fields(CapturedAttention)}
-    res._captured["self"] = [caps[0], _WithExtra(**fields, future_bias=torch.zeros(4)), caps[2]]
-    hm = M.head_metrics(res)
+    hm = M.head_metrics(res.with_capture(1, _WithExtra(**fields, future_bias=torch.zeros(4))))
     assert hm.paths == ("fused", "dense: captured future_bias", "fused")
-    res._captured["self"] = [caps[0], dataclasses.replace(caps[1], sinks=torch.zeros(4)), caps[2]]
-    assert M.head_metrics(res).paths[1].startswith("dense")  # learned sinks: exact dense path
-    res._captured["self"] = [caps[0], _WithExtra(**fields, future_bias=None), caps[2]]
-    assert M.head_metrics(res).paths == ("fused",) * 3  # an extra that is not set changes nothing
+    sinks = res.with_capture(1, dataclasses.replace(caps[1], sinks=torch.zeros(4)))
+    assert M.head_metrics(sinks).paths[1].startswith("dense")  # learned sinks: exact dense path
+    unset = res.with_capture(1, _WithExtra(**fields, future_bias=None))
+    assert M.head_metrics(unset).paths == ("fused",) * 3  # an extra that is not set changes nothing
 
 
 def test_an_odd_mask_falls_back_and_a_matching_one_does_not():
     res = attnviz.extract(sharp("llama-gqa"), TEXT)
-    cap = res._captured["self"][0]
+    cap = res.captured(0)
     n = res.n_tokens
     causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
     assert lse.layer_spec(dataclasses.replace(cap, mask=causal), res.layout, 0, "self")[0] == lse.MaskSpec(
@@ -150,7 +149,7 @@ def test_an_odd_mask_falls_back_and_a_matching_one_does_not():
     hole = causal.clone()
     hole[..., 7, 3] = False
     assert lse.layer_spec(dataclasses.replace(cap, mask=hole), res.layout, 0, "self") == (None, "mask")
-    res._captured["self"][0] = dataclasses.replace(cap, mask=hole)
+    res = res.with_capture(0, dataclasses.replace(cap, mask=hole))
     fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
     assert fast.paths[0] == "dense: mask"
     _assert_same(fast, dense, 1e-4)
@@ -184,7 +183,7 @@ def test_bf16_inputs_differences_are_measured():
     model = copy.deepcopy(lm0.model).to(torch.bfloat16)
     lm = attnviz.wrap_model(model, lm0.tokenizer, spec="tiny-llama-bf16")
     res = attnviz.extract(lm, TEXT)
-    assert res._captured["self"][0].query.dtype == torch.bfloat16
+    assert res.captured(0).query.dtype == torch.bfloat16
     fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
     assert fast.paths == ("fused",) * 3
     errs = _assert_same(fast, dense, 4e-3)
@@ -211,7 +210,7 @@ def test_fast_equals_dense_on_more_families(model_type):
     import archs
     import transformers as tf
 
-    from attnviz import rollout as R
+    from attnviz.analysis import rollout as R
 
     kind = archs.mapping_names().get(model_type, "causal")
     model, _ = archs.build(model_type, kind)

@@ -58,11 +58,11 @@ def test_pure_state_space_models_are_refused_with_a_reason(model_type):
 def test_vision_language_models_load_their_language_model():
     cfg = archs.tiny_config("llava")
     assert attnviz.loading.model_kind(cfg) == "decoder"
-    assert attnviz.loading._auto_class("decoder", cfg) is tf.AutoModelForImageTextToText
+    assert attnviz.loading.auto_class("decoder", cfg) is tf.AutoModelForImageTextToText
     for encoder in ("nomic_bert", "convbert", "mobilebert"):
         cfg = archs.tiny_config(encoder)
         assert attnviz.loading.model_kind(cfg) == "encoder", encoder
-        assert attnviz.loading._auto_class("encoder", cfg) is tf.AutoModel
+        assert attnviz.loading.auto_class("encoder", cfg) is tf.AutoModel
 
 
 def test_the_app_says_which_blocks_have_no_attention_map():

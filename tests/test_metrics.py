@@ -1,4 +1,4 @@
-"""attnviz.metrics and attnviz.rollout: hand-made patterns with known answers, then tiny models."""
+"""attnviz.metrics and attnviz.analysis.rollout: hand-made patterns with known answers, then tiny models."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 import attnviz
 from attnviz import metrics as M
-from attnviz import rollout as R
+from attnviz.analysis import rollout as R
 from attnviz.errors import AttnvizError
 
 TEXT = "the financial bank is located on river bank and a quick brown fox jumps"
@@ -237,14 +237,14 @@ def test_head_metrics_equal_the_per_tensor_functions(gqa_result, computation):
 def test_layer_batches_and_row_chunks_agree_and_stay_small(gqa_result, monkeypatch):
     whole = M.head_metrics(gqa_result, batch_layers=3)
     calls: list[tuple[int, int]] = []
-    original = gqa_result.layer_tensor
+    original = type(gqa_result).layer_tensor
 
-    def spy(layer, **kw):
-        t = original(layer, **kw)
+    def spy(self, layer, **kw):
+        t = original(self, layer, **kw)
         calls.append((layer, t.shape[1]))
         return t
 
-    monkeypatch.setattr(gqa_result, "layer_tensor", spy)
+    monkeypatch.setattr(type(gqa_result), "layer_tensor", spy)  # the result itself is frozen
     chunked = M.head_metrics(
         gqa_result, batch_layers=1, chunk_elements=4 * 5 * gqa_result.n_tokens, computation="dense"
     )

@@ -13,7 +13,7 @@ import tiny
 
 import attnviz
 from attnviz import figures as F
-from attnviz import notebook
+from attnviz.figures import notebook
 
 SEED = "the financial bank is located on river bank"
 

@@ -10,7 +10,7 @@ import tiny
 from test_fast_stats import TEXT, sharp
 
 import attnviz
-from attnviz import pooling as P
+from attnviz.analysis import pooling as P
 from attnviz.errors import AttnvizError, OutOfMemory
 
 

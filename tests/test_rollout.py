@@ -8,7 +8,7 @@ import torch
 from test_fast_stats import TEXT, sharp
 
 import attnviz
-from attnviz import rollout as R
+from attnviz.analysis import rollout as R
 from attnviz.errors import AttnvizError
 
 

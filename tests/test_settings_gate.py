@@ -4,9 +4,9 @@ import time
 import pytest
 
 import attnviz
-from attnviz.gate import InferenceGate
-from attnviz.settings import DEMO_MAX_TOKENS, settings
-from attnviz.specs import resolve
+from attnviz.server.gate import InferenceGate
+from attnviz.server.settings import DEMO_MAX_TOKENS, settings
+from attnviz.server.specs import resolve
 
 
 def test_default_settings_allow_everything(monkeypatch):
@@ -37,7 +37,7 @@ def test_demo_allow_list_and_cap_from_env(monkeypatch):
     monkeypatch.setenv("ATTNVIZ_ALLOWED_MODELS", "smollm2-135m, gpt2")
     monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "nonsense")
     with pytest.raises(attnviz.AttnvizError, match="ATTNVIZ_MAX_TOKENS='nonsense' is not a whole number"):
-        settings()  # a bad setting stops the server with its name (attnviz.env)
+        settings()  # a bad setting stops the server with its name (attnviz.server.env)
     monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "")
     s = settings()
     assert s.allowed_models == ("smollm2-135m", "gpt2")

@@ -1,4 +1,4 @@
-"""attnviz.specs: which model names a server accepts, with specific messages, and the plugin hook
+"""attnviz.server.specs: which model names a server accepts, with specific messages, and the plugin hook
 the test suite uses for its tiny models. Nothing here loads a real model."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import pathlib
 import pytest
 
 import attnviz
-from attnviz import specs
-from attnviz.settings import Settings
+from attnviz.loading import names
+from attnviz.server import specs
+from attnviz.server.settings import Settings
 
 OPEN = Settings(demo=False, allowed_models=(), max_tokens=8192)
 DEMO = Settings(demo=True, allowed_models=tuple(attnviz.BUILTIN_MODELS), max_tokens=512)
@@ -19,7 +20,7 @@ def test_a_long_id_says_how_long_and_the_limit():
     with pytest.raises(attnviz.ModelNotFound) as err:
         specs.resolve("a" * 300, OPEN)
     msg = str(err.value)
-    assert "300 characters long" in msg and f"at most {specs.MAX_HUB_ID}" in msg
+    assert "300 characters long" in msg and f"at most {names.MAX_HUB_ID}" in msg
     assert msg.count("a" * 50) == 0  # the id is not repeated back
 
 

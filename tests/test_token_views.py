@@ -11,8 +11,8 @@ import tiny
 
 import attnviz
 from attnviz import figures as F
-from attnviz import token_views as TV
-from attnviz import value_weighted as VW
+from attnviz.analysis import token_views as TV
+from attnviz.analysis import value_weighted as VW
 from attnviz.figures import tokens as FT
 
 TEXT = "the financial bank is located on river bank"

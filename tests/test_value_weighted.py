@@ -7,7 +7,7 @@ import tiny
 import torch
 
 import attnviz
-from attnviz import value_weighted as VW
+from attnviz.analysis import value_weighted as VW
 from attnviz.errors import AttnvizError
 from attnviz.reference import layer_walkthrough
 from attnviz.reference.walkthrough import layer_weights

@@ -56,7 +56,7 @@ def test_verify_records_max_diff_and_dtype():
 def test_verify_raises_naming_the_layer_when_our_numbers_are_wrong(monkeypatch):
     """A planted bug (the causal mask dropped from our recomputation) must fail the self-check;
     a model prepared with the bug in place never takes the fast path (the load-time probe)."""
-    import attnviz.result as result
+    import attnviz.exact.probabilities as result
 
     lm = tiny.loaded("llama-gqa")
     real = result.attention_scores
@@ -186,7 +186,7 @@ def test_bf16_real_model_keeps_the_fast_path_and_passes_the_self_check():
 def test_auto_check_skips_models_without_an_eager_function(monkeypatch):
     """Custom code may have no eager function to compare with: "auto" (the app) then shows no
     check, an explicit verify says why it cannot."""
-    from attnviz import verify
+    from attnviz.exact import eager as verify
 
     lm = tiny.loaded("llama-gqa")
     monkeypatch.setattr(verify, "eager_function", lambda module: None)

@@ -13,8 +13,8 @@ import torch
 
 from attnviz import AttentionResult
 from attnviz import figures as F
+from attnviz.analysis.rollout import drop_and_renormalize
 from attnviz.layout import Stack
-from attnviz.rollout import drop_and_renormalize
 from ui import models, state
 
 

@@ -9,14 +9,14 @@ import numpy as np
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from attnviz.align import align_tokens
+from attnviz.analysis.align import align_tokens
 from attnviz.layout import Stack
 from ui import models
 
 
 @dataclass(frozen=True, eq=False)
 class Pairing:
-    """What is compared: aligned positions (`attnviz.align`), query ``qa[k]`` of A with ``qb[k]``
+    """What is compared: aligned positions (`attnviz.analysis.align`), query ``qa[k]`` of A with ``qb[k]``
     of B and key ``ka[k]`` with ``kb[k]``; tokens only one side has are left out."""
 
     qa: np.ndarray
@@ -135,7 +135,7 @@ def matched(lm_a, res_a: AttentionResult, ref_a, lm_b, res_b: AttentionResult, r
     head of A matched with its most similar head of B on the aligned tokens of the same text."""
     import streamlit as st
 
-    from attnviz import align
+    from attnviz.analysis import align
     from ui import attention, export
 
     stack_a, stack_b = res_a.stacks[0], res_b.stacks[0]

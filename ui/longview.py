@@ -1,5 +1,5 @@
 """Views at any length: a layer or head larger than the payload budget is drawn block-pooled
-from `attnviz.pooling.pooled` (computed on the model's device from Q/K and the log-sum-exp,
+from `attnviz.analysis.pooling.pooled` (computed on the model's device from Q/K and the log-sum-exp,
 never a dense N×N on the host), and a zoomed region at full resolution from `pooling.region`.
 
 Pooling applies to the plain result when every token is shown and no key is dropped (the
@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from attnviz import AttentionResult, pooling
+from attnviz import AttentionResult
 from attnviz import figures as F
+from attnviz.analysis import pooling
 from ui import attention, models, state
 
 HEAD_SIDE = math.isqrt(F.SINGLE_MAX_CELLS)  # bins per axis of one pooled head (632: ~2.7 MB)

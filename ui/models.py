@@ -11,7 +11,7 @@
   they hold lives outside the cache's bound. `result` / `result_now` fetch it at call time and
   run the model again after an eviction.
 - Which models this server serves and how a name becomes a model are the engine's rules
-  (`attnviz.specs`): this module asks, caches and draws.
+  (`attnviz.server.specs`): this module asks, caches and draws.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from typing import Any, TypeVar
 import streamlit as st
 
 import attnviz
-from attnviz import AttentionResult, LoadedModel, env, specs
+from attnviz import AttentionResult, LoadedModel
 from attnviz.extract import Sampling, tokenize
-from attnviz.gate import InferenceGate
 from attnviz.layout import AttentionLayout
-from attnviz.settings import Settings, settings
+from attnviz.server import env, specs
+from attnviz.server.gate import InferenceGate
+from attnviz.server.settings import Settings, settings
 from ui import progress
 from ui.text import guarded, literal, md
 

@@ -24,7 +24,9 @@ from typing import Any, ClassVar, Literal, Self, get_args
 
 import attnviz
 from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
+from attnviz.errors import AttnvizError
 from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS, SCALES
+from attnviz.loading.names import check_id
 from attnviz.metrics import METRICS
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
@@ -32,7 +34,6 @@ DEFAULT_TEXT_B = "the river bank is located near the financial bank"
 MAX_TEXT_CHARS = 60_000
 PLAIN_TEXT_CHARS = 2_000  # texts up to this length stay readable in a link; longer ones are compressed
 LINK_BUDGET = 60_000  # characters of query string a link may have (browsers and the server take more)
-MAX_SPEC_CHARS = 1_024
 
 CompareMode = Literal["two texts", "two models"]
 COMPARE_MODES: tuple[str, ...] = get_args(CompareMode)
@@ -108,12 +109,10 @@ def _text(raw: str) -> str:
 
 def _spec(raw: str) -> str:
     spec = raw.strip()
-    if not spec:
-        raise ValueError("use a built-in model name, a Hub id or a local folder")
-    if len(spec) > MAX_SPEC_CHARS:
-        raise ValueError(f"{len(spec)} characters; a model name has at most {MAX_SPEC_CHARS}")
-    if any(ord(c) < 32 for c in spec):
-        raise ValueError("a model name has no control characters")
+    try:  # the engine's one rule for model names (whether paths are served is decided on load)
+        check_id(spec, allow_local=True)
+    except AttnvizError as err:
+        raise ValueError(str(err)) from None
     return spec
 
 

@@ -13,7 +13,8 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
-from attnviz import LoadedModel, specs
+from attnviz import LoadedModel
+from attnviz.server import specs
 from ui import models, state
 from ui.params import MAX_TEXT_CHARS
 from ui.text import literal
@@ -111,7 +112,7 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
 
 def token_cap(lm: LoadedModel, slot: DeltaGenerator) -> None:
     """Rewrite the cap caption (``slot``) once the model is known: the engine's cap for this
-    model on its device (`attnviz.specs.token_cap`: the configured cap or the free memory)."""
+    model on its device (`attnviz.server.specs.token_cap`: the configured cap or the free memory)."""
     cfg = models.config()
     cap = specs.token_cap(lm, cfg)
     why = f" (the free memory on {lm.device})" if cap < cfg.max_tokens else ""

@@ -1,6 +1,6 @@
 """The explorer's extra views: colour-scale choice, clicks on figures, value-weighted attention and
 the token views (lines between tokens, coloured text). Pages call these; figures come from
-`attnviz.figures`, data from `attnviz.token_views` / `attnviz.value_weighted`."""
+`attnviz.figures`, data from `attnviz.analysis.token_views` / `attnviz.analysis.value_weighted`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import streamlit as st
 
 from attnviz import AttentionResult, AttnvizError
 from attnviz import figures as F
-from attnviz import token_views as TV
+from attnviz.analysis import token_views as TV
+from attnviz.analysis.value_weighted import ValueWeighted
 from attnviz.layout import Stack
-from attnviz.value_weighted import ValueWeighted
 from ui import export, models, state
 from ui.params import EXPLORER_SCALES
 from ui.text import literal

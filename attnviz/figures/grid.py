@@ -9,18 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attnviz.figures.bins import GRID_MAX_CELLS, downsample, grid_side
 from attnviz.figures.colour import DIVERGING, _coloraxis, _colour, _max, _weight_hover, resolve_scale
-from attnviz.figures.labels import (
-    bin_labels,
-    escape,
-    head_title,
-    token_ticks,
-)
-from attnviz.figures.pooling import (
-    GRID_MAX_CELLS,
-    downsample,
-    grid_side,
-)
+from attnviz.figures.labels import bin_labels, escape, head_title, token_ticks
 
 
 def head_grid(

