@@ -41,7 +41,8 @@ def prose(n_chars: int, seed: int = 0) -> str:
 
 
 CHOICES = [o for opts in (P.STACKS, P.COLORSCALES, P.METRICS, P.SCRATCH_MODES, P.CHANGES,
-    P.COMPARE_MODES, P.GEN_ROWS, P.TOKEN_VIEWS, P.EXPLAIN_VIEWS, P.ABLATION_MODES, *(v for k, v in vars(P).items() if k.endswith("_CHOICES")),
+    P.COMPARE_MODES, P.GEN_ROWS, P.TOKEN_VIEWS, P.EXPLAIN_VIEWS, P.ABLATION_MODES,
+    *(v for k, v in vars(P).items() if k.endswith("_CHOICES")),
     *(v for k, v in vars(P.attnviz.figures).items() if k.isupper() and isinstance(v, tuple))) for o in opts
     if isinstance(o, str)]  # fmt: skip
 
