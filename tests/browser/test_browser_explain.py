@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from server import OUTPUT, alerts, chromium, reran, streamlit_server, wait_idle
+from browser_page import alerts, chromium, reran, wait_idle
+from server import OUTPUT, streamlit_server
 
 from ui.params import DEFAULT_TEXT, ExplainParams
 

@@ -27,8 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server import OUTPUT, alerts, charts, chromium, free_port, run_session, wait_idle
+from browser_page import alerts, charts, chromium, wait_idle
+from server import OUTPUT, free_port
 from test_docker import readme_commands
+from ws_client import run_session
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.browser]
 
