@@ -6,7 +6,7 @@ the table the navigation is built from. `streamlit run app.py` starts the app.
 
 import streamlit as st
 
-from attnviz import env
+from attnviz.server import env
 from ui import shell
 
 st.set_page_config(page_title="attnviz", page_icon=":material/search:", layout="wide")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
+
+import torch
 
 ModelKind = Literal["encoder", "decoder", "encoder-decoder"]
 Stack = Literal["self", "encoder", "decoder", "cross"]
@@ -58,9 +61,22 @@ class AttentionLayout:
 
     def kv_head_of(self, head: int) -> int:
         """The KV head a query head reads (transformers' repeat_kv order)."""
-        return head // self.group_size
+        return kv_heads_of([head], self.n_heads, self.n_kv_heads)[0]
 
     def layers_in(self, stack: Stack) -> int:
         if stack in ("decoder", "cross"):
             return self.n_decoder_layers
         return self.n_layers
+
+
+# The one rule for grouped-query attention (GQA), in transformers' `repeat_kv` order: KV head g
+# serves query heads g * group .. (g + 1) * group - 1, so query head h reads KV head h // group.
+def kv_heads_of(heads: Sequence[int], n_heads: int, n_kv_heads: int) -> list[int]:
+    """The KV head each of ``heads`` (query heads) reads."""
+    group = n_heads // max(n_kv_heads, 1)
+    return [int(h) // group for h in heads]
+
+
+def repeat_kv(t: torch.Tensor, group: int, dim: int = 1) -> torch.Tensor:
+    """KV heads repeated for their query heads along ``dim``: (.., kv_heads, ..) -> (.., heads, ..)."""
+    return t.repeat_interleave(group, dim=dim) if group > 1 else t

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 
-from .capture import CapturedAttention, attention_scores, softmax_fp32
+from .capture.layerwise import LayerInput
+from .capture.records import CapturedAttention
 from .errors import BadIndex
-from .layerwise import LayerInput
+from .exact.probabilities import probs_from_capture
 from .layout import AttentionLayout, Stack
 from .tokens import Tokens
 
-Path = str  # "fast" | "eager"
+# How a result was asked for: "fast" (captured Q/K/V, probabilities on demand) or "eager"
+# (output_attentions=True). The one list of path names (the CLI's --path choices too).
+PathName = Literal["fast", "eager"]
+PATHS: tuple[str, ...] = get_args(PathName)
 # Model types whose attention has learned sinks in the softmax (rows of visible keys sum to < 1).
 SINK_MODELS = frozenset(
     {"gpt_oss", "flint", "granite_swa", "granitemoe_swa", "hy_v4", "mimo_v2_flash", "deepseek_v4"}
@@ -41,86 +47,20 @@ class Check:
         return f"checked against eager: max |Δ| {self.max_abs_diff:.0e}, {self.dtype} ({where})"
 
 
-def probs_from_capture(
-    cap: CapturedAttention,
-    heads: Sequence[int] | None = None,
-    rows: slice | None = None,
-) -> torch.Tensor:
-    """Softmax probabilities (len(heads), q_pos, key_pos) float32 from one captured call.
-
-    Same order of operations as transformers' eager attention; softmax in float32. Heads are
-    query heads; GQA maps query head h to KV head h // (heads / kv_heads). Computed on the
-    device the layer ran on.
-    """
-    n_heads, n_kv = cap.query.shape[1], cap.key.shape[1]
-    head_idx = list(range(n_heads)) if heads is None else [int(h) for h in heads]
-    n_q, n_k = cap.query.shape[2], cap.key.shape[2]
-    first, stop, step = (rows or slice(None)).indices(n_q)
-    if step != 1:
-        raise ValueError(f"rows must be a contiguous slice (step 1), got step {step}")
-    rows = slice(first, max(first, stop))
-    # Absolute position of the first asked row: the queries are the last n_q of n_k positions.
-    start = first + n_k - n_q
-    q = cap.query[0, head_idx, rows]  # (h, q_rows, d_head)
-    kv_idx = torch.tensor([h // (n_heads // n_kv) for h in head_idx], device=cap.key.device)
-    k = cap.key[0].index_select(0, kv_idx)  # (h, key_pos, d_head)
-    bias = None
-    if cap.position_bias is not None:
-        pb = cap.position_bias[0]
-        bias = pb[head_idx] if pb.shape[0] > 1 else pb
-        bias = bias[:, rows] if bias.shape[1] > 1 else bias  # ALiBi: one row (1, key_pos) per head
-    mask = None
-    if cap.mask is not None:
-        m = cap.mask[0]
-        mask = (m[head_idx] if m.shape[0] > 1 else m)[:, rows]
-    if mask is None and bias is None and cap.sinks is None and cap.is_causal and q.shape[1] > _CAUSAL_BLOCK:
-        return _causal_blocks(q, k, cap, start)
-    scores = attention_scores(
-        q,
-        k,
-        scaling=cap.scaling,
-        softcap=cap.softcap,
-        position_bias=bias,
-        mask=mask,
-        is_causal=cap.is_causal,
-        q_offset=start,
-    )
-    if cap.sinks is not None:
-        # The sink logit joins each row's softmax and is dropped: visible keys sum to < 1.
-        sink = (
-            cap.sinks.to(scores.device)[head_idx]
-            .to(scores.dtype)
-            .reshape(-1, 1, 1)
-            .expand(*scores.shape[:-1], 1)
-        )
-        return softmax_fp32(torch.cat([scores, sink], dim=-1))[..., :-1]
-    return softmax_fp32(scores)
+def checks_caption(checks: Sequence[Check]) -> str:
+    """One line for the self-check of every stack: one stack reads as `Check.caption`; several as
+    "checked against eager, float32: max |Δ| 2e-08 (encoder layer 1), 3e-08 (decoder layer 1),
+    2e-08 (cross layer 1)"; "" when none ran."""
+    if not checks:
+        return ""
+    if len(checks) == 1 or all(c.against == "eager itself" for c in checks):
+        return checks[0].caption()
+    dtypes = ", ".join(dict.fromkeys(c.dtype for c in checks))
+    figures = ", ".join(f"{c.max_abs_diff:.0e} ({c.stack} layer {c.layer})" for c in checks)
+    return f"checked against eager, {dtypes}: max |Δ| {figures}"
 
 
-_CAUSAL_BLOCK = 512
-
-
-def _causal_blocks(q: torch.Tensor, k: torch.Tensor, cap: CapturedAttention, start: int) -> torch.Tensor:
-    """Causal probabilities block by block of query rows, each against only the keys it can see
-    (about half the work of the full square; the upper triangle stays exactly 0)."""
-    n_q, n_k = q.shape[1], k.shape[1]
-    out = torch.zeros(q.shape[0], n_q, n_k, dtype=torch.float32, device=q.device)
-    for a in range(0, n_q, _CAUSAL_BLOCK):
-        b = min(a + _CAUSAL_BLOCK, n_q)
-        seen = min(start + b, n_k)  # keys 0 .. last row's position
-        scores = attention_scores(
-            q[:, a:b],
-            k[:, :seen],
-            scaling=cap.scaling,
-            softcap=cap.softcap,
-            is_causal=True,
-            q_offset=start + a,
-        )
-        out[:, a:b, :seen] = softmax_fp32(scores)
-    return out
-
-
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class AttentionResult:
     """Attention of one model on one text.
 
@@ -134,7 +74,7 @@ class AttentionResult:
     model_name: str
     layout: AttentionLayout
     tokens: Tokens  # encoder / input tokens
-    path: Path
+    path: PathName
     decoder_tokens: Tokens | None = None
     _captured: dict[str, list[CapturedAttention]] = field(default_factory=dict, repr=False)
     _eager: dict[str, list[torch.Tensor]] = field(default_factory=dict, repr=False)
@@ -145,7 +85,17 @@ class AttentionResult:
     method: str = ""
     _layers: dict[str, list[LayerInput]] = field(default_factory=dict, repr=False)
     _recompute: Callable[[], AbstractContextManager] | None = field(default=None, repr=False)
-    check: Check | None = None  # the self-check against eager, when `extract(verify=...)` ran it
+    # The self-check against eager, one layer of every stack, when `extract(verify=...)` ran it.
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def check(self) -> Check | None:
+        """The self-check's worst stack (largest max |Δ|), or None when it did not run."""
+        return max(self.checks, key=lambda c: c.max_abs_diff) if self.checks else None
+
+    def check_caption(self) -> str:
+        """The self-check of every stack in one line ("" when it did not run)."""
+        return checks_caption(self.checks)
 
     @property
     def stacks(self) -> tuple[Stack, ...]:
@@ -156,7 +106,7 @@ class AttentionResult:
         return len(self.tokens)
 
     def n_layers(self, stack: Stack | None = None) -> int:
-        return self.layout.layers_in(self._stack(stack))
+        return self.layout.layers_in(self.resolve_stack(stack))
 
     @property
     def n_heads(self) -> int:
@@ -164,7 +114,7 @@ class AttentionResult:
 
     def axes(self, stack: Stack | None = None) -> tuple[Tokens, Tokens]:
         """(query tokens, key tokens) for a stack."""
-        stack = self._stack(stack)
+        stack = self.resolve_stack(stack)
         dec = self.decoder_tokens or self.tokens
         if stack == "decoder":
             return dec, dec
@@ -172,20 +122,41 @@ class AttentionResult:
             return dec, self.tokens
         return self.tokens, self.tokens
 
-    def _stack(self, stack: Stack | None) -> Stack:
+    def resolve_stack(self, stack: Stack | None) -> Stack:
+        """The stack asked for (None: the first one), checked against this model's stacks."""
         if stack is None:
             return self.stacks[0]
         if stack not in self.stacks:
             raise BadIndex(f"stack {stack!r} not in this model; choose one of {self.stacks}")
         return stack
 
-    def _check(self, layer: int, heads: Sequence[int] | None, stack: Stack) -> None:
+    def check_index(self, layer: int, heads: Sequence[int] | None, stack: Stack) -> None:
+        """Raise `BadIndex` (saying the valid range) for a layer or head this model lacks."""
         n = self.layout.layers_in(stack)
         if not 0 <= int(layer) < n:
             raise BadIndex(f"layer {layer} is out of range: this model has layers 0..{n - 1}")
         for h in heads or ():
             if not 0 <= int(h) < self.layout.n_heads:
                 raise BadIndex(f"head {h} is out of range: this model has heads 0..{self.layout.n_heads - 1}")
+
+    def captured(self, layer: int, stack: Stack | None = None) -> CapturedAttention | None:
+        """What the forward recorded for one layer (query, key, value, mask, scaling, ...) on the
+        fast path; None for a result from the eager or the layer-at-a-time path."""
+        stack = self.resolve_stack(stack)
+        self.check_index(layer, None, stack)
+        calls = self._captured.get(stack)
+        return calls[layer] if calls else None
+
+    def with_capture(self, layer: int, cap: CapturedAttention, stack: Stack | None = None) -> AttentionResult:
+        """A copy of this fast-path result with one layer's record replaced (to ask "what if this
+        layer had seen ...": a planted bias, mask or scale in a test, a counterfactual)."""
+        stack = self.resolve_stack(stack)
+        self.check_index(layer, None, stack)
+        if not self._captured.get(stack):
+            raise BadIndex("only a fast-path result has captured records to replace")
+        calls = list(self._captured[stack])
+        calls[layer] = cap
+        return dataclasses.replace(self, _captured={**self._captured, stack: calls})
 
     def layer_tensor(
         self,
@@ -196,8 +167,8 @@ class AttentionResult:
         stack: Stack | None = None,
     ) -> torch.Tensor:
         """Probabilities as a float32 tensor on the model's device: (heads, query_pos, key_pos)."""
-        stack = self._stack(stack)
-        self._check(layer, heads, stack)
+        stack = self.resolve_stack(stack)
+        self.check_index(layer, heads, stack)
         if self._eager:
             t = self._eager[stack][layer]
         elif self._layers:
@@ -237,7 +208,7 @@ class AttentionResult:
 
     def iter_layers(self, stack: Stack | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """(layer, probabilities tensor) one layer at a time, never the whole stack at once."""
-        stack = self._stack(stack)
+        stack = self.resolve_stack(stack)
         for i in range(self.layout.layers_in(stack)):
             yield i, self.layer_tensor(i, stack=stack)
 
@@ -249,7 +220,7 @@ class AttentionResult:
 
         layers = self.iter_layers(stack)
         _, first = next(layers)
-        n = self.layout.layers_in(self._stack(stack))
+        n = self.layout.layers_in(self.resolve_stack(stack))
         need = n * first.numel() * 4
         require(
             need,
@@ -266,7 +237,7 @@ class AttentionResult:
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         """A notebook cell shows a summary and the head view (attnviz/notebook.py)."""
-        from .notebook import mimebundle
+        from .figures.notebook import mimebundle
 
         return mimebundle(self)
 

@@ -170,7 +170,7 @@ def loaded(arch: str):
 
 
 def register() -> None:
-    """Serve ``tiny:<arch>`` through `attnviz.specs` (the app tests pick them like any model)."""
-    from attnviz import specs
+    """Serve ``tiny:<arch>`` through `attnviz.server.specs` (the app tests pick them like any model)."""
+    from attnviz.server import specs
 
     specs.register("tiny", loaded, "tiny test model")

@@ -9,14 +9,17 @@ import numpy as np
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from attnviz.align import align_tokens
+from attnviz.analysis.align import align_tokens
 from attnviz.layout import Stack
 from ui import models
+
+MIN_ALIGNED = 4  # aligned tokens below which the head ranking comes with a caution
+ALIGNED_SHARE = 0.25  # ... or below this share of the longer text (most of it is not compared)
 
 
 @dataclass(frozen=True, eq=False)
 class Pairing:
-    """What is compared: aligned positions (`attnviz.align`), query ``qa[k]`` of A with ``qb[k]``
+    """What is compared: aligned positions (`attnviz.analysis.align`), query ``qa[k]`` of A with ``qb[k]``
     of B and key ``ka[k]`` with ``kb[k]``; tokens only one side has are left out."""
 
     qa: np.ndarray
@@ -34,6 +37,19 @@ class Pairing:
     @property
     def m(self) -> int:
         return len(self.qa)
+
+    @property
+    def caution(self) -> str:
+        """A warning when few tokens are aligned ("" otherwise): every score below rests on the
+        aligned rows, and a handful of rows ranks heads by chance (1,500 vs 9 tokens: 2 aligned,
+        scores ~0.5)."""
+        if self.m >= MIN_ALIGNED and self.m >= ALIGNED_SHARE * max(self.n_a, self.n_b):
+            return ""
+        return (
+            f"Only {self.m} of {self.n_a} / {self.n_b} tokens are aligned: every change score below is a "
+            f"mean over {self.m} query row(s), so the ranking of heads says little. Compare texts that "
+            "share more of their tokens (one edited word, a swapped name)."
+        )
 
     @property
     def note(self) -> str:
@@ -135,7 +151,7 @@ def matched(lm_a, res_a: AttentionResult, ref_a, lm_b, res_b: AttentionResult, r
     head of A matched with its most similar head of B on the aligned tokens of the same text."""
     import streamlit as st
 
-    from attnviz import align
+    from attnviz.analysis import align
     from ui import attention, export
 
     stack_a, stack_b = res_a.stacks[0], res_b.stacks[0]

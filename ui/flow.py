@@ -13,17 +13,17 @@ from __future__ import annotations
 import streamlit as st
 
 from attnviz import figures as F
+from attnviz.analysis.rollout import TokenRollout, token_rollout
 from attnviz.figures.flow import flow_map, token_strip
 from attnviz.layout import Stack
 from attnviz.result import AttentionResult
-from attnviz.rollout import TokenRollout, token_rollout
 from ui import export, models
 
 ROLLOUT_SCALES = {"log": "log₁₀", "linear": "linear"}
 
 
 def rollout_of(res: AttentionResult, key: tuple, stack: Stack, token: int, sink_aware: bool) -> TokenRollout:
-    """`attnviz.rollout.token_rollout`, cached per result, token and variant."""
+    """`attnviz.analysis.rollout.token_rollout`, cached per result, token and variant."""
     return models.cached(
         "rollout",
         (key, stack, token, sink_aware),

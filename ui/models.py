@@ -11,7 +11,7 @@
   they hold lives outside the cache's bound. `result` / `result_now` fetch it at call time and
   run the model again after an eviction.
 - Which models this server serves and how a name becomes a model are the engine's rules
-  (`attnviz.specs`): this module asks, caches and draws.
+  (`attnviz.server.specs`): this module asks, caches and draws.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from typing import Any, TypeVar
 import streamlit as st
 
 import attnviz
-from attnviz import AttentionResult, LoadedModel, env, specs
+from attnviz import AttentionResult, LoadedModel
 from attnviz.extract import Sampling, tokenize
-from attnviz.gate import InferenceGate
 from attnviz.layout import AttentionLayout
-from attnviz.settings import Settings, settings
+from attnviz.server import env, specs
+from attnviz.server.gate import InferenceGate
+from attnviz.server.settings import Settings, settings
 from ui import progress
 from ui.text import guarded, literal, md
 
@@ -154,6 +155,8 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
                 raise
         box.empty()
         st.toast(f"Loaded {shown} in {time.perf_counter() - t0:.1f} s", icon=":material/check_circle:")
+        for note in lm.notices:  # the engine's one-line notices: a cache rebuilt, or not written
+            st.warning(md(note), icon=":material/build:")
         _ready().add(key)
         return lm
     return None
@@ -241,9 +244,13 @@ def extract(
     chat: bool = False,
     generate: int = 0,
     sampling: Sampling | None = None,
+    statistics: bool = False,
 ) -> tuple[AttentionResult, ResultRef] | tuple[None, None]:
     """(result, ref) from the cache or a fresh run with a spinner; (None, None) after an error.
-    ``spec`` is what `load` was given for ``lm`` (default ``lm.spec``), for a re-run."""
+    ``spec`` is what `load` was given for ``lm`` (default ``lm.spec``), for a re-run.
+    ``statistics=True`` (a page that shows every head's statistics) has a fresh run keep them
+    from the forward (`attnviz.extract`); it is not part of the key: any page reuses a cached
+    result of the same text, with or without them (the statistics then take a second pass)."""
     key = result_key(lm, token, text, chat=chat, generate=generate, sampling=sampling)
     ref = ResultRef(key, (spec or lm.spec).strip(), lm.spec, text, bool(chat), int(generate), token, sampling)
     cache = results_cache()
@@ -267,6 +274,7 @@ def extract(
                 verify="auto",
                 sampling=sampling,
                 progress=report,
+                statistics=statistics,
             )
         cache.put(key, res, res.nbytes)
         return res, ref

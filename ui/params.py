@@ -24,9 +24,11 @@ from typing import Any, ClassVar, Literal, Self, get_args
 
 import attnviz
 from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
+from attnviz.errors import AttnvizError
 from attnviz.explain import DEFAULT_THRESHOLD
 from attnviz.explain import MODES as ABLATION_MODES
 from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS, SCALES
+from attnviz.loading.names import check_id
 from attnviz.metrics import METRICS
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
@@ -34,7 +36,6 @@ DEFAULT_TEXT_B = "the river bank is located near the financial bank"
 MAX_TEXT_CHARS = 60_000
 PLAIN_TEXT_CHARS = 2_000  # texts up to this length stay readable in a link; longer ones are compressed
 LINK_BUDGET = 60_000  # characters of query string a link may have (browsers and the server take more)
-MAX_SPEC_CHARS = 1_024
 
 CompareMode = Literal["two texts", "two models"]
 COMPARE_MODES: tuple[str, ...] = get_args(CompareMode)
@@ -42,6 +43,8 @@ ScratchMode = Literal["real layer", "toy"]
 SCRATCH_MODES: tuple[str, ...] = get_args(ScratchMode)
 Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
 CHANGES: tuple[str, ...] = get_args(Change)
+TokenView = Literal["lines", "text"]  # the explorer's token view: lines between tokens or coloured text
+TOKEN_VIEWS: tuple[str, ...] = get_args(TokenView)
 ExplainView = Literal["routes", "logit lens", "attribution", "ablation"]
 EXPLAIN_VIEWS: tuple[str, ...] = get_args(ExplainView)
 GenRow = Literal["new token", "predicting position"]
@@ -112,12 +115,10 @@ def _text(raw: str) -> str:
 
 def _spec(raw: str) -> str:
     spec = raw.strip()
-    if not spec:
-        raise ValueError("use a built-in model name, a Hub id or a local folder")
-    if len(spec) > MAX_SPEC_CHARS:
-        raise ValueError(f"{len(spec)} characters; a model name has at most {MAX_SPEC_CHARS}")
-    if any(ord(c) < 32 for c in spec):
-        raise ValueError("a model name has no control characters")
+    try:  # the engine's one rule for model names (whether paths are served is decided on load)
+        check_id(spec, allow_local=True)
+    except AttnvizError as err:
+        raise ValueError(str(err)) from None
     return spec
 
 
@@ -302,7 +303,8 @@ class ExplorerParams(Params):
     # auto: log past LONG_TEXT_TOKENS tokens; perhead: auto's scale, each head on its own range
     scale: str = p("auto", _choice(EXPLORER_SCALES))
     vw: bool = p(False, _bool)  # value-weighted attention
-    tok: int = p(0, _int())  # the token of the token views
+    tok: int = p(-1, _int(-1))  # the token of the token views; -1: the last token
+    tview: str = p("lines", _choice(TOKEN_VIEWS))  # which token view is drawn
     tdir: str = p("from", _choice(DIRECTIONS))
     pool: str = p("max", _choice(POOLS))  # how a long text's blocks are pooled: max or mean
     zoom: bool = p(False, _bool)  # a long text's head view: one region at full resolution
@@ -397,14 +399,3 @@ class ExplainParams(Params):
 
     def ablated(self) -> list[tuple[int, int]]:
         return [(int(a), int(b)) for a, _, b in (x.partition(".") for x in self.abl.split(",") if x)]
-
-
-PAGE_PARAMS: tuple[type[Params], ...] = (
-    ExplorerParams,
-    OverviewParams,
-    ScratchParams,
-    CompareParams,
-    GenerationParams,
-    AtlasParams,
-    ExplainParams,
-)

@@ -13,7 +13,8 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
-from attnviz import LoadedModel, specs
+from attnviz import LoadedModel
+from attnviz.server import specs
 from ui import models, state
 from ui.params import MAX_TEXT_CHARS
 from ui.text import literal
@@ -100,7 +101,9 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
             )
             token = (st.session_state.get("hf_token") or "").strip() or None
             st.session_state[_TOKEN] = token or ""
-        st.text_area(text_label, key="text", height=110, max_chars=MAX_TEXT_CHARS)
+        # no max_chars: the browser would drop a longer paste silently and keep the old text;
+        # the page says what is wrong instead (`ui.shell.begin`)
+        st.text_area(text_label, key="text", height=110, help=f"Up to {MAX_TEXT_CHARS:,} characters.")
         chat_slot = st.empty()
         cap_slot = st.empty()
         cap_slot.caption(
@@ -111,7 +114,7 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
 
 def token_cap(lm: LoadedModel, slot: DeltaGenerator) -> None:
     """Rewrite the cap caption (``slot``) once the model is known: the engine's cap for this
-    model on its device (`attnviz.specs.token_cap`: the configured cap or the free memory)."""
+    model on its device (`attnviz.server.specs.token_cap`: the configured cap or the free memory)."""
     cfg = models.config()
     cap = specs.token_cap(lm, cfg)
     why = f" (the free memory on {lm.device})" if cap < cfg.max_tokens else ""

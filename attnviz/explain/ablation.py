@@ -22,7 +22,7 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
-from ..capture import editing
+from ..capture.hook import editing
 from ..errors import AttnvizError
 from ..loading import LoadedModel
 from ..tokens import Tokens

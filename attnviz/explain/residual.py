@@ -28,8 +28,10 @@ from typing import Any
 
 import torch
 
-from ..capture import CapturedAttention, attention_scores, editing, recording, softmax_fp32
+from ..capture.hook import editing, recording
+from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
+from ..exact.probabilities import attention_scores, softmax_fp32
 from ..extract import tokenize
 from ..limits import capture_bytes, forward_bytes, require
 from ..loading import LoadedModel

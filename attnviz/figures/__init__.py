@@ -16,41 +16,7 @@ Nothing here imports Streamlit; pages call ``st.plotly_chart(fig)``. Conventions
   ``MOSAIC_MAX_CELLS`` cells; one page view stays under 5 MB at any sequence length.
 """
 
-from attnviz.figures.charts import bar_chart, metric_heatmap, profile_chart
-from attnviz.figures.colour import (
-    COLORSCALES,
-    DIVERGING,
-    LOG_FLOOR_EXP,
-    LONG_TEXT_TOKENS,
-    SCALES,
-    ColorScale,
-    Scale,
-    _coloraxis,
-    _colour,
-    _max,
-    _weight_hover,
-    default_scale,
-    rank_values,
-    resolve_scale,
-    scale_note,
-)
-from attnviz.figures.grid import _grid_cols, head_grid
-from attnviz.figures.heatmaps import _token_heatmap, head_heatmap, matrix_heatmap, rows_heatmap
-from attnviz.figures.labels import (
-    ALL_TICKS_MAX,
-    TITLE_MARGIN,
-    _label_parts,
-    _title,
-    bin_labels,
-    escape,
-    figure_name,
-    head_title,
-    index_ticks,
-    token_labels,
-    token_ticks,
-)
-from attnviz.figures.mosaic import model_mosaic, mosaic_side
-from attnviz.figures.pooling import (
+from attnviz.figures.bins import (
     BYTES_PER_CELL,
     GRID_MAX_CELLS,
     GRID_MAX_SIDE,
@@ -67,6 +33,34 @@ from attnviz.figures.pooling import (
     pool,
     pooled_rows,
 )
+from attnviz.figures.charts import bar_chart, metric_heatmap, profile_chart
+from attnviz.figures.colour import (
+    COLORSCALES,
+    DIVERGING,
+    LOG_FLOOR_EXP,
+    LONG_TEXT_TOKENS,
+    SCALES,
+    ColorScale,
+    Scale,
+    default_scale,
+    rank_values,
+    resolve_scale,
+    scale_note,
+)
+from attnviz.figures.grid import head_grid
+from attnviz.figures.heatmaps import head_heatmap, matrix_heatmap, rows_heatmap
+from attnviz.figures.labels import (
+    ALL_TICKS_MAX,
+    TITLE_MARGIN,
+    bin_labels,
+    escape,
+    figure_name,
+    head_title,
+    index_ticks,
+    token_labels,
+    token_ticks,
+)
+from attnviz.figures.mosaic import model_mosaic, mosaic_side
 from attnviz.figures.tokens import (
     DIRECTIONS,
     Direction,
@@ -98,14 +92,6 @@ __all__ = [
     "Direction",
     "Pool",
     "Scale",
-    "_coloraxis",
-    "_colour",
-    "_grid_cols",
-    "_label_parts",
-    "_max",
-    "_title",
-    "_token_heatmap",
-    "_weight_hover",
     "bar_chart",
     "bin_edges",
     "bin_labels",

@@ -7,12 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from attnviz.figures.labels import (
-    _title,
-    escape,
-    head_title,
-    index_ticks,
-)
+from attnviz.figures.labels import _title, escape, head_title, index_ticks
 
 
 def metric_heatmap(

@@ -270,8 +270,9 @@ def attribution_view(att: Attribution, *, top: int = 20, height: int | None = No
         row=1,
         col=2,
     )
-    versus = f" − “{escape(att.contrast_token)}”" if att.contrast is not None else ""
-    what = f"“{escape(att.target_token)}”" + versus
+    what = f"“{escape(att.target_token)}”" + (
+        f" − “{escape(att.contrast_token)}”" if att.contrast is not None else ""
+    )
     fig.update_layout(
         title=_subplot_title(
             f"Direct logit attribution · logit({what}) = {att.logit:.3f} at "

@@ -1,6 +1,6 @@
 """Where one token's information comes from: a token strip and a layer × token flow map.
 
-Both take `attnviz.rollout.TokenRollout.sources` (layers × tokens, each row sums to 1). Long
+Both take `attnviz.analysis.rollout.TokenRollout.sources` (layers × tokens, each row sums to 1). Long
 texts are binned: a bin shows the summed share of its tokens (so the strip still sums to 1)
 and is labelled ``"(i–j) token…"``; the payload stays bounded at any length. With ``log`` the
 colour is log₁₀ of the share (binned first, so a bin's colour is its summed share) from the
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from attnviz.figures.bins import bin_edges
 from attnviz.figures.labels import _title, bin_labels, escape, index_ticks, token_ticks
-from attnviz.figures.pooling import bin_edges
 
 FLOW_MAX_TOKENS = 1024  # token columns before binning (flow map: layers x 1024 cells, < 1 MB)
 MIN_FLOOR_EXP = -12  # the log colour never reaches below 1e-12 (float noise, not flow)
@@ -109,6 +109,13 @@ def flow_map(
         height=min(900, max(240, 14 * n_layers + 140)),
         margin=dict(l=10, r=10, t=56, b=10),
         xaxis=dict(type="category", **token_ticks(x)),
-        yaxis=dict(type="category", autorange="reversed", tickmode="array", tickvals=vals, ticktext=text),
+        yaxis=dict(
+            type="category",
+            autorange="reversed",
+            tickmode="array",
+            tickvals=vals,
+            ticktext=text,
+            title=dict(text="layer (input of)"),
+        ),
     )
     return fig

@@ -8,19 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from attnviz.figures.bins import SINGLE_MAX_CELLS, SINGLE_MAX_KEYS, downsample
 from attnviz.figures.colour import DIVERGING, _coloraxis, _colour, _max, _weight_hover, resolve_scale
-from attnviz.figures.labels import (
-    TITLE_MARGIN,
-    _title,
-    bin_labels,
-    escape,
-    token_ticks,
-)
-from attnviz.figures.pooling import (
-    SINGLE_MAX_CELLS,
-    SINGLE_MAX_KEYS,
-    downsample,
-)
+from attnviz.figures.labels import TITLE_MARGIN, _title, bin_labels, escape, token_ticks
 
 
 def _token_heatmap(

@@ -8,14 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from attnviz.figures.bins import MOSAIC_MAX_CELLS
 from attnviz.figures.colour import _coloraxis, _colour, _max, _weight_hover, resolve_scale
-from attnviz.figures.labels import (
-    escape,
-    head_title,
-)
-from attnviz.figures.pooling import (
-    MOSAIC_MAX_CELLS,
-)
+from attnviz.figures.labels import escape, head_title
 
 _CLEAR = "rgba(0,0,0,0)"
 

@@ -3,22 +3,21 @@
 - `load`: resolve a name (built-in, Hub id, local folder) and load it, with errors that say what to do;
 - `config`: read the attention layout from a config and pick the Auto class;
 - `model`: `LoadedModel` and preparing a built model (attention implementation, attention layers);
-- `device`: device and dtype choice.
+- `device`: device and dtype choice;
+- `names`: what a model name may be (built-ins, Hub ids, folders);
+- `builtins`: fetching the built-in models' packages;
+- `convert`: the built-in SmolLM2 converted from its GGUF into a verified cache entry;
+- `files`: safe writes for everything attnviz writes (atomic files, manifests, locks, disk-full
+  and read-only messages).
 
 Every public name stays importable from ``attnviz.loading``.
 """
 
-from .config import _auto_class, _first, _text_config, attention_layout, model_kind
+from .config import attention_layout, auto_class, model_kind
 from .device import is_out_of_memory, resolve_device, resolve_dtype
 from .load import (
-    _MINILM_PACKAGE,
-    _SMOLLM_GGUF,
-    _SMOLLM_PACKAGE,
-    BUILTIN_MODELS,
-    DEFAULT_MODEL,
-    _hub_error,
-    _package_folder,
     builtin_folder,
+    builtin_source,
     cache_dir,
     classify_spec,
     hub_reachable,
@@ -26,25 +25,19 @@ from .load import (
     needs_conversion,
     trust_remote_code,
 )
-from .model import LoadedModel, _input_device, _use_capture, wrap_model
+from .model import LoadedModel, wrap_model
+from .names import BUILTIN_MODELS, DEFAULT_MODEL, check_id
 
 __all__ = [
     "BUILTIN_MODELS",
     "DEFAULT_MODEL",
-    "_MINILM_PACKAGE",
-    "_SMOLLM_GGUF",
-    "_SMOLLM_PACKAGE",
     "LoadedModel",
-    "_auto_class",
-    "_first",
-    "_hub_error",
-    "_input_device",
-    "_package_folder",
-    "_text_config",
-    "_use_capture",
     "attention_layout",
+    "auto_class",
     "builtin_folder",
+    "builtin_source",
     "cache_dir",
+    "check_id",
     "classify_spec",
     "hub_reachable",
     "is_out_of_memory",

@@ -194,7 +194,7 @@ def _sliding_window(layers: list[PretrainedConfig]) -> int | None:
     return windows.pop() if len(windows) == 1 else None
 
 
-def _auto_class(kind: ModelKind, config: PretrainedConfig):
+def auto_class(kind: ModelKind, config: PretrainedConfig):
     """The Auto class that loads this config: the LM head where there is one; a vision-language
     model loads whole (its language model then runs on text alone); otherwise the bare model."""
     if kind == "encoder-decoder":

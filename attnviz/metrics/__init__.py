@@ -6,7 +6,7 @@
 - `probe`: the induction probe (random tokens repeated twice).
 """
 
-from ..lse import mask_of
+from ..exact.lse import mask_of
 from .definitions import (
     METRICS,
     ROW_METRICS,

@@ -1,8 +1,8 @@
 """The per-head statistics from the fused kernels' log-sum-exp: no N×N tensor.
 
-For one layer, `layer_pass` (attnviz.lse) gives every query head's L_i, the cross terms
+For one layer, `layer_pass` (attnviz.exact.lse) gives every query head's L_i, the cross terms
 scale · q_b·E_{p_a}[k] (heads a, b of one KV group) and E_p[key_pos]_i: from the model's own
-forward (``extract(statistics=True)``, attnviz.forward_stats) or from one second fused attention
+forward (``extract(statistics=True)``, attnviz.capture.statistics) or from one second fused attention
 call. Then, per query row i (s_ij = scale · q_i·k_j):
 
 - entropy            H_i = L_i - scale · q_i·E_p[k] [- E_p[b]]  (a head's own cross term)
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from ..capture import CapturedAttention
-from ..lse import LayerPass, MaskSpec, key_bias, layer_lse, layer_pass
+from ..capture.records import CapturedAttention
+from ..exact.lse import LayerPass, MaskSpec, key_bias, layer_lse, layer_pass
 from .definitions import key_counts
 
 Sums = dict[str, tuple[torch.Tensor, torch.Tensor]]

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from ..errors import AttnvizError
+from ..exact.lse import captured, layer_spec
 from ..extract import extract_ids
 from ..layout import Stack
 from ..loading import LoadedModel
-from ..lse import captured, layer_spec
 from ..result import AttentionResult
 from .definitions import _induction_sums
 from .fast import induction_sums

@@ -1,0 +1,202 @@
+"""Views at any length: block-pooled probabilities and full-resolution regions, never a host N×N.
+
+`pooled(result, layer, heads)` splits query_pos and key_pos into blocks of ``block`` tokens
+(about ``cells`` blocks per axis) and returns each block's mean and max probability, computed on
+the model's device tile by tile: p_ij = exp(s_ij - L_i) with L from the fused kernels
+(attnviz.exact.lse), so a tile needs only its own scores; causal tiles above the diagonal are skipped.
+Layers whose scores are not standard (soft-capping, a position bias, ...) pool exact
+`layer_tensor` row chunks instead. `region` gives one rectangle at full resolution (zoom).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import AttnvizError
+from ..exact.lse import captured, key_bias, layer_lse, layer_lse_path, layer_spec, scores_tile
+from ..layout import Stack
+from ..limits import require
+from ..result import AttentionResult
+
+log = logging.getLogger(__name__)
+
+TILE_ELEMENTS = 1 << 24  # float32 elements of one (heads, rows, cols) tile
+
+
+@dataclass(frozen=True, eq=False)
+class PooledView:
+    """Block-pooled probabilities of some heads of one layer: float32 (heads, q_bins, k_bins).
+
+    Bin a of the query axis covers query_pos [row_edges[a], row_edges[a + 1]) (the last one runs
+    to n_queries); likewise for keys. ``mean`` averages over the cells a block covers. With the
+    default equal blocks, ``block`` is their size (the last ones may be shorter)."""
+
+    layer: int
+    heads: tuple[int, ...]
+    block: int
+    n_queries: int
+    n_keys: int
+    row_edges: np.ndarray
+    col_edges: np.ndarray
+    mean: np.ndarray
+    max: np.ndarray
+    path: str  # "fused", "blocked: <why>" (L from the exact blocked softmax) or "dense: <why>"
+
+
+def _heads(result: AttentionResult, heads: Sequence[int] | None) -> list[int]:
+    hs = list(range(result.n_heads)) if heads is None else [int(h) for h in heads]
+    for h in hs:
+        if not 0 <= h < result.n_heads:
+            raise AttnvizError(f"head {h} is out of range: this model has heads 0..{result.n_heads - 1}")
+    return hs
+
+
+def _qk(cap, hs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    group = cap.query.shape[1] // cap.key.shape[1]
+    q = cap.query[0, hs]  # (h, q, d)
+    k = cap.key[0, [h // group for h in hs]]  # (h, k, d)
+    return q, k
+
+
+def _edges(edges: Sequence[int] | np.ndarray | None, n: int, block: int, axis: str) -> np.ndarray:
+    """Bin start positions: given (checked: start at 0, strictly increasing, below n) or every block."""
+    if edges is None:
+        return np.arange(0, n, block, dtype=np.int64)
+    e = np.asarray(edges, dtype=np.int64).reshape(-1)
+    if e.size == 0 or e[0] != 0 or (np.diff(e) <= 0).any() or e[-1] >= n:
+        raise AttnvizError(f"{axis} bin edges must start at 0, increase, and stay below {n}")
+    return e
+
+
+class _Grid:
+    """Running sum and max of probabilities per (head, query bin, key bin), on the device."""
+
+    def __init__(self, h: int, row_edges: np.ndarray, col_edges: np.ndarray, n_q: int, n_k: int, device):
+        self.row_bin = torch.as_tensor(
+            np.searchsorted(row_edges, np.arange(n_q), side="right") - 1, device=device
+        )
+        self.col_bin = torch.as_tensor(
+            np.searchsorted(col_edges, np.arange(n_k), side="right") - 1, device=device
+        )
+        self.sums = torch.zeros(h, len(row_edges), len(col_edges), device=device)
+        self.maxes = torch.zeros_like(self.sums)
+
+    def add(self, p: torch.Tensor, a: int, c: int) -> None:
+        """Tile p (h, rows, cols) at query_pos a, key_pos c: reduce keys, then rows, into bins."""
+        h, rows, cols = p.shape
+        n_kb = self.sums.shape[2]
+        cid = self.col_bin[c : c + cols].expand(h, rows, cols)
+        col_sum = p.new_zeros(h, rows, n_kb).scatter_add_(-1, cid, p)
+        col_max = p.new_zeros(h, rows, n_kb).scatter_reduce_(-1, cid, p, "amax")
+        rid = self.row_bin[a : a + rows]
+        self.sums.index_add_(1, rid, col_sum)
+        self.maxes.scatter_reduce_(1, rid[None, :, None].expand(h, rows, n_kb), col_max, "amax")
+
+
+def pooled(
+    result: AttentionResult,
+    layer: int,
+    heads: Sequence[int] | None = None,
+    *,
+    cells: int = 256,
+    stack: Stack | None = None,
+    row_edges: Sequence[int] | np.ndarray | None = None,
+    col_edges: Sequence[int] | np.ndarray | None = None,
+    computation: str = "auto",
+) -> PooledView:
+    """Mean and max probability of each block of the chosen heads (default: all).
+
+    Blocks are ``block = ceil(max(n_queries, n_keys) / cells)`` tokens on a side, or the bins
+    given by ``row_edges`` / ``col_edges`` (start positions, e.g. `attnviz.figures.bin_edges`).
+    With ``cells >= N`` this is the full matrix. Memory: the two (heads, bins, bins) grids plus
+    one tile on the device.
+    """
+    stack = stack if stack is not None else result.stacks[0]
+    if cells < 1:
+        raise AttnvizError("cells must be at least 1")
+    hs = _heads(result, heads)
+    n_q, n_k = (len(t) for t in result.axes(stack))
+    block = max(1, math.ceil(max(n_q, n_k) / cells))
+    re, ce = _edges(row_edges, n_q, block, "query"), _edges(col_edges, n_k, block, "key")
+    cap = captured(result, stack, layer)
+    spec, why = layer_spec(cap, result.layout, layer, stack)
+    device = cap.query.device if cap is not None else result.layer_tensor(layer, rows=slice(0, 1)).device
+    need = 2 * len(hs) * len(re) * len(ce) * 4 + TILE_ELEMENTS * 8
+    require(need, device, what="a pooled view", hint="fewer cells")
+    grid = _Grid(len(hs), re, ce, n_q, n_k, device)
+    if computation != "dense" and spec is not None and cap is not None:
+        q, k = _qk(cap, hs)
+        lse, path = layer_lse_path(cap, spec)
+        lse = lse[hs]  # (h, q)
+        kb = key_bias(cap)
+        kb = None if kb is None else kb[hs]
+        side = max(1, int(math.sqrt(TILE_ELEMENTS / len(hs))))
+        for a in range(0, n_q, side):
+            for c in range(0, n_k, side):
+                if spec.causal and c > a + side - 1:
+                    break  # above the diagonal: all zero
+                s = scores_tile(q[:, a : a + side], k[:, c : c + side], float(cap.scaling), spec, a, c, kb)
+                grid.add(torch.exp(s - lse[:, a : a + side, None]), a, c)  # p = exp(s - L)
+        path = "fused" if path == "forward" else path  # "blocked: <why>" when L came from there
+    else:
+        rows = max(1, TILE_ELEMENTS // max(1, len(hs) * n_k))
+        every = hs == list(range(result.n_heads))  # same kernel calls as `layer` itself
+        for a in range(0, n_q, rows):
+            chunk = slice(a, min(a + rows, n_q))
+            p = result.layer_tensor(layer, heads=None if every else hs, rows=chunk, stack=stack)
+            grid.add(p.to(device), a, 0)
+        path = f"dense: {why if computation != 'dense' else 'asked'}"
+    rq = torch.as_tensor(np.diff(np.append(re, n_q)), device=device)
+    rk = torch.as_tensor(np.diff(np.append(ce, n_k)), device=device)
+    mean = grid.sums / (rq[:, None] * rk[None, :]).float()
+    return PooledView(
+        layer=layer,
+        heads=tuple(hs),
+        block=block if row_edges is None and col_edges is None else 0,
+        n_queries=n_q,
+        n_keys=n_k,
+        row_edges=re,
+        col_edges=ce,
+        mean=mean.cpu().numpy(),
+        max=grid.maxes.cpu().numpy(),
+        path=path,
+    )
+
+
+def region(
+    result: AttentionResult,
+    layer: int,
+    heads: Sequence[int] | None = None,
+    *,
+    rows: slice,
+    cols: slice,
+    stack: Stack | None = None,
+) -> np.ndarray:
+    """Exact probabilities of one rectangle (zoom): float32 (heads, rows, cols)."""
+    stack = stack if stack is not None else result.stacks[0]
+    hs = _heads(result, heads)
+    n_q, n_k = (len(t) for t in result.axes(stack))
+    r0, r1, _ = rows.indices(n_q)
+    c0, c1, _ = cols.indices(n_k)
+    if r1 <= r0 or c1 <= c0:
+        raise AttnvizError(f"empty region: query_pos {r0}..{r1}, key_pos {c0}..{c1}")
+    cap = captured(result, stack, layer)
+    spec, _ = layer_spec(cap, result.layout, layer, stack)
+    if spec is not None and cap is not None:
+        require(3 * len(hs) * (r1 - r0) * (c1 - c0) * 4, cap.query.device, what="this region",
+                hint="a smaller region")  # fmt: skip
+        q, k = _qk(cap, hs)
+        kb = key_bias(cap)
+        kb = None if kb is None else kb[hs]
+        s = scores_tile(q[:, r0:r1], k[:, c0:c1], float(cap.scaling), spec, r0, c0, kb)
+        p = torch.exp(s - layer_lse(cap, spec)[hs][:, r0:r1, None])
+        return p.cpu().numpy()
+    require(3 * len(hs) * (r1 - r0) * n_k * 4, "cpu", what="this region", hint="fewer rows")
+    p = result.layer_tensor(layer, heads=hs, rows=slice(r0, r1), stack=stack)
+    return p[:, :, c0:c1].cpu().numpy()

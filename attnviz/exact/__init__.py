@@ -1,0 +1,8 @@
+"""The exact math and its oracle: probabilities from a captured call in eager's order
+(`probabilities`), the model's own eager attention as the oracle (`eager`), the self-check
+(`verify`), masks as data (`masks`), and log-sum-exp kernels for whole-model statistics (`lse`)."""
+
+from .eager import CannotCheck, eager_probabilities
+from .probabilities import attention_scores, probs_from_capture, softmax_fp32
+
+__all__ = ["CannotCheck", "attention_scores", "eager_probabilities", "probs_from_capture", "softmax_fp32"]

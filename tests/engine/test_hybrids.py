@@ -1,0 +1,74 @@
+"""Hybrid models (attention in only some blocks): result layer i is the i-th attention layer,
+labelled with the model's own block index; the other blocks are named as having no map."""
+
+from __future__ import annotations
+
+import archs
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+import attnviz
+
+IDS = [3 + (i * 37) % 300 for i in range(12)]
+
+
+def _loaded(model_type: str):
+    model, eager = archs.build(model_type, "causal")
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=archs._tokenizer(), pad_token="<pad>")
+    return attnviz.wrap_model(model, tok, spec=f"tiny-{model_type}"), eager
+
+
+@pytest.mark.parametrize(
+    ("model_type", "blocks", "n_blocks"),
+    [("jamba", (1, 3), 4), ("qwen3_next", (1, 3), 4), ("bamba", (1, 3), 4), ("zamba2", (1, 3), 4)],
+)
+def test_attention_layers_keep_their_block_index(model_type, blocks, n_blocks):
+    lm, eager = _loaded(model_type)
+    lay = lm.layout
+    assert lay.attention_layers == blocks and lay.n_blocks == n_blocks and lay.n_layers == len(blocks)
+    assert [lay.layer_label(i) for i in range(lay.n_layers)] == [f"layer {b}" for b in blocks]
+    assert lay.blocks_without_attention == tuple(b for b in range(n_blocks) if b not in blocks)
+    res = attnviz.extract_ids(lm, IDS, verify=True)
+    assert res.n_layers() == len(blocks) and res.method == "fast exact"
+    with torch.inference_mode():
+        out = eager(input_ids=torch.tensor([IDS]), output_attentions=True, use_cache=False)
+    ref = [a[0].numpy() for a in out.attentions if a is not None]
+    assert len(ref) == len(blocks)
+    for i in range(len(blocks)):
+        assert np.abs(res.layer(i) - ref[i]).max() <= 1e-5
+    with pytest.raises(attnviz.errors.BadIndex):
+        res.layer(len(blocks))
+
+
+def test_dense_models_have_no_gaps():
+    lm, _ = _loaded("llama")
+    assert lm.layout.attention_layers == () and lm.layout.blocks_without_attention == ()
+    assert lm.layout.layer_label(1) == "layer 1"
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "rwkv", "falcon_mamba"])
+def test_pure_state_space_models_are_refused_with_a_reason(model_type):
+    cfg = archs.tiny_config(model_type)
+    with pytest.raises(attnviz.errors.ModelHasNoAttention, match="no softmax attention"):
+        attnviz.loading.attention_layout(cfg)
+
+
+def test_vision_language_models_load_their_language_model():
+    cfg = archs.tiny_config("llava")
+    assert attnviz.loading.model_kind(cfg) == "decoder"
+    assert attnviz.loading.auto_class("decoder", cfg) is tf.AutoModelForImageTextToText
+    for encoder in ("nomic_bert", "convbert", "mobilebert"):
+        cfg = archs.tiny_config(encoder)
+        assert attnviz.loading.model_kind(cfg) == "encoder", encoder
+        assert attnviz.loading.auto_class("encoder", cfg) is tf.AutoModel
+
+
+def test_the_app_says_which_blocks_have_no_attention_map():
+    from ui import models
+
+    lm, _ = _loaded("jamba")
+    line = models.describe_layout(lm.layout)
+    assert "2 layers × 4 heads" in line
+    assert "attention in blocks 1, 3 of 4; the other blocks are recurrent / state-space" in line
