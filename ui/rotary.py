@@ -34,12 +34,12 @@ def bands_view(spec: str, wt, layout, head: int, labels: list[str]) -> None:
     if not wt.rotary:
         st.info("This model has no rotary embedding inside attention, so its scores have no frequency bands.")
         return
-    q = torch.from_numpy(np.asarray(wt.q[head], dtype=np.float32))  # (T, d_head) after RoPE
-    k = torch.from_numpy(np.asarray(wt.k[layout.kv_head_of(head)], dtype=np.float32))
+    q = torch.tensor(np.asarray(wt.q[head], dtype=np.float32))  # (T, d_head) after RoPE
+    k = torch.tensor(np.asarray(wt.k[layout.kv_head_of(head)], dtype=np.float32))
     try:
         rot = spec_from_tables(
-            torch.from_numpy(np.asarray(wt.step("rope_cos").value)),
-            torch.from_numpy(np.asarray(wt.step("rope_sin").value)),
+            torch.tensor(np.asarray(wt.step("rope_cos").value)),
+            torch.tensor(np.asarray(wt.step("rope_sin").value)),
             layout.head_dim,
         )
     except (AttnvizError, KeyError) as err:

@@ -32,11 +32,10 @@ from ..analysis.value_weighted import output_bias, output_weight
 from ..capture.hook import editing, recording
 from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
-from ..exact.probabilities import attention_scores, softmax_fp32
+from ..exact.probabilities import attention_scores, probs_from_capture, softmax_fp32
 from ..extract import tokenize
 from ..limits import capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
-from ..result import probs_from_capture
 from ..tokens import Tokens
 from .blocks import Block, BlockHooks, Residual, Unsupported
 from .norms import FrozenNorm, close

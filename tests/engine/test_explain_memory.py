@@ -1,6 +1,6 @@
 """Peak memory stays O(N · d_model) per layer: no (N, N, d_model) tensor is ever made.
 
-A TorchDispatchMode sees every tensor an operator returns. The explanations of a 300-token text
+A TorchDispatchMode sees every tensor an operator returns. The explanations of a 160-token text
 (trace, routes at threshold 0, i.e. every node expanded, the lens, the attribution) make nothing
 of N² · d_model / 8 elements or more; LLM-TT's dense decomposition (the test oracle) does, so the
 spy would see one.
@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten
 
 from attnviz.explain import information_flow, logit_attribution, logit_lens, trace
 
-N = 300
+N = 160
 
 
 class Largest(TorchDispatchMode):

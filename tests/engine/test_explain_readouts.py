@@ -15,6 +15,13 @@ from attnviz.explain import ablate_heads, logit_attribution, logit_lens, trace
 from attnviz.explain.ablation import ablated_logits
 
 READOUT_MODELS = ("llama-gqa", "gpt2", "gemma2", "olmo2", "gpt_neox-parallel", "falcon")
+
+
+def tiered(names, fast):
+    """``names`` as parameters, those outside ``fast`` marked slow (the fast tier stays quick)."""
+    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
 OUT_PROJ = ("o_proj", "dense", "c_proj", "out_proj")
 
 
@@ -28,7 +35,7 @@ def model_logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
 
 
-@pytest.mark.parametrize("name", READOUT_MODELS)
+@pytest.mark.parametrize("name", tiered(READOUT_MODELS, ("llama-gqa", "gemma2")))
 def test_logit_lens_reads_the_models_own_hidden_states(name):
     """Rows 0 .. L-1 equal unembed(final norm(h)) of transformers' own output_hidden_states; the
     last row is the model's prediction (rank 0) with its own probabilities."""
@@ -55,7 +62,7 @@ def test_logit_lens_reads_the_models_own_hidden_states(name):
     assert len(lens.to_frame()) == (tr.n_layers + 1) * 3 * 3
 
 
-@pytest.mark.parametrize("name", READOUT_MODELS)
+@pytest.mark.parametrize("name", tiered(READOUT_MODELS, ("llama-gqa", "gemma2", "gpt_neox-parallel")))
 def test_attribution_parts_sum_to_the_logit_and_match_the_heads_own_outputs(name):
     """embedding + heads + MLPs + rest = logit(target) − logit(contrast) (1e-4 relative), and each
     head's share equals r · W_O^h z^h with z the input the model's own output projection read."""
@@ -121,8 +128,24 @@ def by_hand(lm, layer: int, head: int, mean: torch.Tensor | None):
     return model
 
 
-@pytest.mark.parametrize("name", ("llama-gqa", "gpt2", "gemma2", "gpt_neox-parallel"))
-@pytest.mark.parametrize("mode", ("zero", "mean"))
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [
+        ("llama-gqa", "zero"),
+        ("gpt_neox-parallel", "mean"),
+        *[
+            pytest.param(n, m, marks=pytest.mark.slow)
+            for n, m in (
+                ("llama-gqa", "mean"),
+                ("gpt_neox-parallel", "zero"),
+                ("gemma2", "zero"),
+                ("gemma2", "mean"),
+                ("gpt2", "zero"),
+                ("gpt2", "mean"),
+            )
+        ],
+    ],
+)
 def test_ablation_equals_a_run_with_the_head_replaced_by_hand(name, mode):
     lm = TE.loaded(name)
     tr = trace(lm, TE.TEXT)
