@@ -1,4 +1,4 @@
-"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app.
+"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app, atlas.
 
 Every argument is checked before a model loads, where it is parsed (the ``type=`` functions
 below) or, for what needs the model's config (``--verify LAYER``), from the config alone
@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ._version import __version__
+from .atlas import command as atlas_command
 from .errors import AttnvizError
 from .export import FORMATS
 from .extract import DEFAULT_MAX_TOKENS
@@ -210,6 +211,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
     bench.add_argument(
+        "--llama-sizes",
+        type=token_sizes,
+        help="CUDA: token counts of the Llama-3.2-3B-shaped statistics rows",
+    )
+    bench.add_argument(
         "--no-stats", action="store_true", help="the extraction table only (no whole-model statistics rows)"
     )
 
@@ -219,6 +225,8 @@ def _parser() -> argparse.ArgumentParser:
     app.add_argument("--port", type=port_number, default=8501)
     app.add_argument("--address", default="localhost", help="0.0.0.0 to serve other machines")
     app.add_argument("--browser", action="store_true", help="open a browser tab")
+
+    atlas_command.add_parser(sub, model_args, positive_int, writable_file)  # see atlas/command.py
     return p
 
 
@@ -393,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _preflight(args, parser.error)
     try:
+        if args.command == "atlas":
+            return atlas_command.main(args, parser.error)
         if args.command == "extract":
             return _extract(args)
         if args.command == "info":

@@ -20,6 +20,7 @@ from .capture.layerwise import LayerInput
 from .capture.records import CapturedAttention
 from .capture.sites import decoder_start, eager_attentions, forward_inputs
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
+from .exact import kernels
 from .exact.eager import CannotCheck
 from .exact.verify import VerifyArg, pick_layers, self_check
 from .loading import LoadedModel, is_out_of_memory
@@ -287,6 +288,7 @@ def extract_ids(
                 f"input where it has {lm.layout.layers_in(stack)} attention layers; attnviz cannot "
                 "tell which map belongs to which layer, so it shows none"
             )
+    kernels.synchronize(lm.device)  # CUDA runs asynchronously: time the work, not its queueing
     seconds = time.perf_counter() - t0
     log.info("extract model=%s tokens=%d path=%s seconds=%.3f", lm.spec, len(ids), used, seconds)
     result = AttentionResult(

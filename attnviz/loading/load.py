@@ -177,6 +177,12 @@ def hub_reachable(timeout: float = 2.0) -> bool:
     return ok
 
 
+def device_map(dev: torch.device) -> str | dict[str, int]:
+    """accelerate's placement for a CUDA load: "cuda" spreads over every GPU ("auto": one GPU if it
+    fits, else several, else CPU offload); an explicit "cuda:N" puts the whole model on GPU N."""
+    return "auto" if dev.index is None else {"": dev.index}
+
+
 def load_model(
     spec: str,
     *,
@@ -209,12 +215,10 @@ def load_model(
         if spec.startswith("file:"):
             raise NotAllowed("file:// URLs are not supported; give a plain folder path")
         where = Path(spec).expanduser()
-        if not where.is_dir():
-            raise ModelNotFound(f"local folder {spec!r} does not exist (or is not a folder)")
-        if not (where / "config.json").is_file():
-            raise ModelNotFound(
-                f"{spec!r} is not a model folder: it has no config.json (a model folder holds "
-                "config.json, .safetensors weights and tokenizer files)"
+        if not (where / "config.json").is_file():  # one message whether or not the folder exists:
+            raise ModelNotFound(  # an error must not tell which folders a server has
+                f"{spec!r} is not a model folder (a model folder holds config.json, .safetensors "
+                "weights and tokenizer files)"
             )
     else:
         where = spec
@@ -243,7 +247,7 @@ def load_model(
         **hub_kwargs,
     }
     if dev.type == "cuda":
-        kwargs["device_map"] = "auto"  # accelerate: one GPU if it fits, else several, else CPU offload
+        kwargs["device_map"] = device_map(dev)
     auto = auto_class(layout.kind, config)
     if loads_eager(auto, config):
         kwargs["attn_implementation"] = "eager"
