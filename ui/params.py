@@ -13,11 +13,8 @@ The Hugging Face token is never a parameter, so it cannot reach a URL.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import urllib.parse
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self, get_args
@@ -30,10 +27,10 @@ from attnviz.explain import MODES as ABLATION_MODES
 from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS, SCALES
 from attnviz.loading.names import check_id
 from attnviz.metrics import METRICS
+from ui.link_text import MAX_TEXT_CHARS, pack_text, unpack_text
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
 DEFAULT_TEXT_B = "the river bank is located near the financial bank"
-MAX_TEXT_CHARS = 60_000
 PLAIN_TEXT_CHARS = 2_000  # texts up to this length stay readable in a link; longer ones are compressed
 LINK_BUDGET = 60_000  # characters of query string a link may have (browsers and the server take more)
 
@@ -146,27 +143,6 @@ def _spec_or_empty(raw: str) -> str:
 
 def _dump(value: Any) -> str:
     return ("1" if value else "0") if isinstance(value, bool) else str(value)
-
-
-def pack_text(text: str) -> str:
-    """Deflate + URL-safe base64 (no padding): what a compressed ``tz`` parameter holds."""
-    return base64.urlsafe_b64encode(zlib.compress(text.encode("utf-8"), 9)).decode().rstrip("=")
-
-
-def unpack_text(raw: str) -> str:
-    """The inverse of `pack_text`; a ValueError for anything that is not one (or decodes to
-    more than `MAX_TEXT_CHARS` characters: the output is bounded before it is decoded)."""
-    try:
-        packed = base64.urlsafe_b64decode(raw.strip() + "=" * (-len(raw.strip()) % 4))
-        inflate = zlib.decompressobj()
-        data = inflate.decompress(packed, 4 * MAX_TEXT_CHARS + 1)
-        if inflate.unconsumed_tail or len(data) > 4 * MAX_TEXT_CHARS:
-            raise ValueError(f"the text is longer than {MAX_TEXT_CHARS} characters")
-        if not inflate.eof:
-            raise ValueError("the compressed text is cut off (copy the whole link)")
-        return _text(data.decode("utf-8"))
-    except (binascii.Error, zlib.error, UnicodeDecodeError):
-        raise ValueError("not a compressed text (copy the whole link)") from None
 
 
 def _legacy_scale(

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..analysis.value_weighted import output_bias, output_weight
 from ..capture.hook import editing, recording
 from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
@@ -37,7 +38,6 @@ from ..limits import capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
 from ..result import probs_from_capture
 from ..tokens import Tokens
-from ..value_weighted import output_bias, output_weight
 from .blocks import Block, BlockHooks, Residual, Unsupported
 from .norms import FrozenNorm, close
 

@@ -103,7 +103,7 @@ def test_temporary_files_of_a_killed_writer_are_removed_by_the_next_write(tmp_pa
     assert temporaries(tmp_path) == [alive.name] and (tmp_path / "x.npz").read_text() == "new"
 
 
-# -- docs rewritten by `attnviz bench` and `python -m attnviz.drift` -----------------------------
+# -- docs rewritten by `attnviz bench` and `python -m attnviz.bench.drift` -----------------------------
 @mounts
 @pytest.mark.parametrize("writer", ["bench", "drift"])
 def test_a_doc_rewrite_on_a_full_disk_keeps_the_old_doc(writer, tmp_path):
