@@ -146,17 +146,19 @@ def outputs(out: Path) -> tuple[Path, Path, Path]:
 def write_tables(atlas: Atlas, out: Path) -> tuple[Path, Path, Path]:
     import pandas as pd
 
+    from ..loading.files import atomic_write_bytes
+
     heads, per_text, skipped = outputs(out)
     gone = pd.DataFrame(
         {"text_index": [i for i, _ in atlas.skipped], "reason": [r for _, r in atlas.skipped]}
     )
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+    try:  # each table complete or absent (a full or read-only disk: CannotWrite, one line)
         for frame, path in ((atlas.to_frame(), heads), (atlas.texts_frame(), per_text), (gone, skipped)):
             if path.suffix.lower() == ".parquet":
-                frame.to_parquet(path, index=False)
+                data: bytes = frame.to_parquet(index=False)
             else:
-                frame.to_csv(path, index=False)
+                data = frame.to_csv(index=False).encode("utf-8")
+            atomic_write_bytes(path, data)
     except OSError as err:
         raise AttnvizError(f"cannot write {str(out)!r}: {err.strerror or err}") from None
     return heads, per_text, skipped

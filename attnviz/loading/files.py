@@ -215,9 +215,12 @@ def atomic_write(
         _replace_file(path, write)
 
 
-def atomic_write_text(path: Path, text: str, *, what: str | None = None, hint: str = "") -> None:
-    data = text.encode("utf-8")
+def atomic_write_bytes(path: Path, data: bytes, *, what: str | None = None, hint: str = "") -> None:
     atomic_write(path, lambda f: f.write(data), what=what, needed=len(data), hint=hint)
+
+
+def atomic_write_text(path: Path, text: str, *, what: str | None = None, hint: str = "") -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), what=what, hint=hint)
 
 
 # -- manifests -----------------------------------------------------------------------------------
