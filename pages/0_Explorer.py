@@ -26,7 +26,7 @@ def summary(res: AttentionResult) -> None:
     st.caption(
         f"**{md(res.model_name)}** · {models.describe_layout(res.layout)} · {res.n_tokens} tokens · "
         f"{res.method or res.path}, extracted in {res.seconds:.2f} s"
-        + (f" · {res.check.caption()}" if res.check else "")
+        + (f" · {res.check_caption()}" if res.checks else "")
         + (" · rows give part of their weight to learned sinks (they sum to < 1)" if res.has_sinks else "")
     )
     with st.expander(f"Tokens ({res.n_tokens})", expanded=False):

@@ -11,7 +11,7 @@ from attnviz.analysis import token_views as TV
 from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
 from attnviz.reference.walkthrough import Walkthrough
-from ui import attention, export, models, shell, sidebar, state, steps
+from ui import attention, export, models, rotary, shell, sidebar, state, steps
 from ui.params import CHANGES, SCRATCH_MODES, ScratchParams
 from ui.text import guarded, md
 
@@ -198,6 +198,7 @@ def real_layer() -> None:
     step_list = [(s.name, s.description, s.value) for s in wt.steps]
     step_browser(step_list, lay, labels, int(head))
     counterfactuals(lm.spec, lay, wt, labels, layer, head)
+    rotary.bands_view(lm.spec, wt, lay, int(head), labels)
 
 
 def counterfactuals(

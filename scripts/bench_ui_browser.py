@@ -1,7 +1,7 @@
 """The browser half of scripts/bench_ui.py: submit-to-first-view in Chromium against the real server.
 
 Run through ``python scripts/bench_ui.py --browser``; see that file's docstring for what is timed.
-The server and Chromium come from tests/server.py (the same helpers the browser tests use).
+The server and Chromium come from tests/server.py and tests/browser_page.py (the browser tests' helpers).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psutil  # noqa: E402
-from server import chromium, script_runs, streamlit_server, wait_idle  # noqa: E402
+from browser_page import chromium, script_runs, wait_idle  # noqa: E402
+from server import streamlit_server  # noqa: E402
 
 import attnviz  # noqa: E402
 from attnviz.bench.common import floor, ids_of_length, replace_section  # noqa: E402

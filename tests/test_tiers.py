@@ -25,7 +25,11 @@ def test_make_test_fast_runs_pytest_without_slow_browser_and_gpu():
     make = (ROOT / "Makefile").read_text()
     assert re.search(r'^test-fast: dev\n\t\$\(PY\) -m pytest -m "\$\(FAST\)"$', make, re.M), make
     assert "test-fast" in re.search(r"^\.PHONY:(.*)$", make, re.M).group(1).split()
-    assert re.search(r"^pytest: dev\n\t\$\(PY\) -m pytest$", make, re.M), "make test runs everything"
+    # make test runs everything: every test but the Docker ones in `pytest`, those in `test-docker`
+    assert re.search(r'^pytest: dev\n\t\$\(PY\) -m pytest -m "not docker"$', make, re.M), make
+    assert re.search(r"^test-docker: dev\n\tbash scripts/docker-test\.sh \$\(PY\)$", make, re.M), make
+    assert "-m docker" in (ROOT / "scripts" / "docker-test.sh").read_text()
+    assert {"pytest", "test-docker"} <= set(re.search(r"^test:(.*)$", make, re.M).group(1).split())
     words = fast_expression().split()
     for marker in EXCLUDED:
         assert f"not {marker}" in fast_expression()
@@ -42,7 +46,7 @@ def test_markers_are_registered_and_strict():
 def test_browser_and_soak_tests_are_outside_the_fast_tier():
     """A module that starts Chromium is browser- or slow-marked as a whole, or marks each test
     that does; the soak test is slow."""
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         text = path.read_text()
         if path.name == "test_soak.py":
             assert re.search(r"^pytestmark = .*pytest\.mark\.slow", text, re.M), path.name

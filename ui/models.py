@@ -155,6 +155,8 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
                 raise
         box.empty()
         st.toast(f"Loaded {shown} in {time.perf_counter() - t0:.1f} s", icon=":material/check_circle:")
+        for note in lm.notices:  # the engine's one-line notices: a cache rebuilt, or not written
+            st.warning(md(note), icon=":material/build:")
         _ready().add(key)
         return lm
     return None

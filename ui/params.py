@@ -25,6 +25,8 @@ from typing import Any, ClassVar, Literal, Self, get_args
 import attnviz
 from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
 from attnviz.errors import AttnvizError
+from attnviz.explain import DEFAULT_THRESHOLD
+from attnviz.explain import MODES as ABLATION_MODES
 from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS, SCALES
 from attnviz.loading.names import check_id
 from attnviz.metrics import METRICS
@@ -43,6 +45,8 @@ Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
 CHANGES: tuple[str, ...] = get_args(Change)
 TokenView = Literal["lines", "text"]  # the explorer's token view: lines between tokens or coloured text
 TOKEN_VIEWS: tuple[str, ...] = get_args(TokenView)
+ExplainView = Literal["routes", "logit lens", "attribution", "ablation"]
+EXPLAIN_VIEWS: tuple[str, ...] = get_args(ExplainView)
 GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
@@ -116,6 +120,24 @@ def _spec(raw: str) -> str:
     except AttnvizError as err:
         raise ValueError(str(err)) from None
     return spec
+
+
+def _heads(raw: str) -> str:
+    """Heads as ``layer.head`` pairs, comma-separated ("15.3,20.1"); "" for none."""
+    pairs = [x.strip() for x in raw.split(",") if x.strip()]
+    if len(pairs) > 64:
+        raise ValueError("at most 64 heads")
+    for pair in pairs:
+        layer, _, head = pair.partition(".")
+        if not (layer.isdigit() and head.isdigit()):
+            raise ValueError("use layer.head pairs like 3.1,5.0")
+    return ",".join(pairs)
+
+
+def _short_text(raw: str) -> str:
+    if len(raw) > 64:
+        raise ValueError("at most 64 characters")
+    return raw
 
 
 def _spec_or_empty(raw: str) -> str:
@@ -317,6 +339,8 @@ class ScratchParams(Params):
     toy_n: int = p(8, _int(2, 64))
     toy_causal: bool = p(True, _bool)
     toy_seed: int = p(0, _int(0, 10_000))
+    rq: int = p(-1, _int(-1))  # rotary bands: the query (-1: the last token)
+    rk: int = p(-1, _int(-1))  # and the key (-1: the one the head attends to most)
 
 
 @dataclass(frozen=True)
@@ -357,3 +381,21 @@ class AtlasParams(Params):
 
     stat: str = p("previous_token", _choice(ATLAS_STATISTICS))
     ntexts: int = p(50, _int(1, 1000))
+
+
+@dataclass(frozen=True)
+class ExplainParams(Params):
+    PAGE: ClassVar[str] = "Explain"
+
+    view: str = p("routes", _choice(EXPLAIN_VIEWS))
+    pos: int = p(-1, _int(-1))  # the position explained; -1: the last token (the prediction)
+    thr: float = p(DEFAULT_THRESHOLD, _float(0.0, 0.5))  # routes: keep edges above this
+    lpos: int = p(16, _int(1, 64))  # logit lens: the last this many positions
+    k: int = p(5, _int(1, 20))  # logit lens: top k
+    target: str = p("", _short_text)  # attribution: this token's logit ("" = the prediction)
+    contrast: str = p("", _short_text)  # attribution: minus this token's logit
+    abl: str = p("", _heads)  # ablation: the heads, "layer.head,..."
+    amode: str = p("zero", _choice(ABLATION_MODES))
+
+    def ablated(self) -> list[tuple[int, int]]:
+        return [(int(a), int(b)) for a, _, b in (x.partition(".") for x in self.abl.split(",") if x)]

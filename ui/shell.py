@@ -26,6 +26,7 @@ from ui.params import (
     MAX_TEXT_CHARS,
     AtlasParams,
     CompareParams,
+    ExplainParams,
     ExplorerParams,
     GenerationParams,
     OverviewParams,
@@ -51,6 +52,7 @@ PAGES: tuple[PageEntry, ...] = (
     PageEntry("pages/3_Compare.py", CompareParams, ":material/compare:", "Compare"),
     PageEntry("pages/4_Generation.py", GenerationParams, ":material/edit_note:", "Generation"),
     PageEntry("pages/5_Head_atlas.py", AtlasParams, ":material/travel_explore:", "Head_atlas"),
+    PageEntry("pages/6_Explain.py", ExplainParams, ":material/account_tree:", "Explain"),
 )
 
 
