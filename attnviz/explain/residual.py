@@ -37,7 +37,7 @@ from ..limits import capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
 from ..result import probs_from_capture
 from ..tokens import Tokens
-from ..value_weighted import output_bias, output_weight
+from ..analysis.value_weighted import output_bias, output_weight
 from .blocks import Block, BlockHooks, Residual, Unsupported
 from .norms import FrozenNorm, close
 
