@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_ui_browser import forward_once, texts
-from server import script_runs, wait_idle
+from browser_page import script_runs, wait_idle
 
 import attnviz
 from attnviz.bench.common import replace_section

@@ -20,6 +20,7 @@ from ui.text import literal
 
 DIRECTION_NAMES = {"from": "attends to", "to": "is attended by"}
 LINES_CHART, TEXT_CHART = "lines_chart", "text_chart"
+TEXT_WIDTH_CHARS = 52  # characters a line of the coloured text holds in half the page
 
 
 def selected_token(n: int) -> int:
@@ -51,24 +52,23 @@ def draw(
         return
     n = len(q_tokens)
     tok = selected_token(n)
-    c1, c2, c3, c4 = st.columns([2, 3, 3, 2])
+    # the views sit in the big head's column (half the page): two narrow rows of controls
+    c1, c2 = st.columns([1, 1])
     with c1:
         tok = int(st.number_input("Token position", 0, n - 1, key="tok", help="Or click a token below."))
     with c2:
-        shown = st.segmented_control(
-            "Show",
-            TOKEN_VIEWS,
-            key="tview",
-            required=True,
-            format_func=lambda v: (
-                "lines (all heads)" if v == "lines" else f"coloured text ({head_names[head]})"
-            ),
-        )
-    with c3:
-        picked = st.segmented_control(
-            "Direction", list(DIRECTION_NAMES), key="tdir", required=True,
-            format_func=lambda d: f"token {DIRECTION_NAMES[d]}",
-        )  # fmt: skip
+        top_k = int(st.number_input("Links per head", 1, 10, value=3, key="topk"))
+    shown = st.segmented_control(
+        "Show",
+        TOKEN_VIEWS,
+        key="tview",
+        required=True,
+        format_func=lambda v: "lines (all heads)" if v == "lines" else f"coloured text ({head_names[head]})",
+    )
+    picked = st.segmented_control(
+        "Direction", list(DIRECTION_NAMES), key="tdir", required=True,
+        format_func=lambda d: f"token {DIRECTION_NAMES[d]}",
+    )  # fmt: skip
     direction = cast(F.Direction, picked or "from")
     display = list(q_tokens.display)
     st.caption(f"Selected: ({tok}) {literal(display[tok], quote=True)}")
@@ -76,12 +76,18 @@ def draw(
         weights = TV.token_weights(res, layer, tok, head=head, direction=direction, stack=stack)
         title = f"how much ({tok}) {DIRECTION_NAMES[direction]} each token · {head_names[head]}"
         hover = [q_tokens.hover(i) for i in range(n)]
-        fig = F.token_text(weights, display, selected=tok, scale=scale, title=title, hover=hover)
+        fig = F.token_text(
+            weights,
+            display,
+            selected=tok,
+            scale=scale,
+            title=title,
+            hover=hover,
+            width_chars=TEXT_WIDTH_CHARS,
+        )
         name = F.figure_name(ref.name, f"L{layer}", f"H{head}", "text", f"T{tok}")
         export.chart(fig, name, key=TEXT_CHART, on_select=True)
         return
-    with c4:
-        top_k = int(st.number_input("Links per head", 1, 10, value=3, key="topk"))
     win = TV.window(n, tok)
     rows = models.cached(
         "tokrows",
