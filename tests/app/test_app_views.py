@@ -3,11 +3,9 @@ the grid and on tokens (selection events set the head / token), the shared colou
 
 from __future__ import annotations
 
-import base64
-
 import numpy as np
 import pytest
-from apptest import TEXT, TINY, heatmaps, new_app, ok, specs, z_of
+from apptest import TEXT, TINY, heatmaps, new_app, ok, specs, vals, z_of
 
 import attnviz
 from attnviz.analysis import value_weighted as VW
@@ -27,13 +25,6 @@ def tiny_result():
 
     lm = tiny.loaded("llama-gqa")
     return lm, attnviz.extract(lm, TEXT)
-
-
-def vals(v) -> np.ndarray:
-    """A 1-D figure array as numbers (Plotly writes numpy arrays as base64 without a shape)."""
-    if isinstance(v, dict):
-        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-    return np.asarray(v, dtype=float)
 
 
 def named(spec: dict, name: str) -> dict:

@@ -163,7 +163,7 @@ def test_a_killed_or_interrupted_driver_resumes_where_it_stopped(folder, tmp_pat
 
 
 def test_the_page_sends_a_run_to_the_ray_cluster_and_shows_the_same_table(cluster, folder, monkeypatch):
-    from test_app_explorer import new_app, ok, prepare
+    from apptest import new_app, ok, prepare
 
     prepare(monkeypatch)
     address = ray.get_runtime_context().gcs_address

@@ -15,7 +15,7 @@ import faults
 import numpy as np
 import pytest
 import transformers as tf
-from test_cli_loading import run_cli
+from cli_run import run_cli
 
 import attnviz
 from attnviz.bench import common as bench_common

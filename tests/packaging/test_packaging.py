@@ -165,7 +165,7 @@ def test_extract_from_a_folder_outside_the_checkout(venv, tmp_path):
 def test_atlas_from_a_folder_outside_the_checkout(venv, tmp_path):
     """`attnviz atlas` from the installed package, on the local engine and on a local Ray (whose
     workers import attnviz from the same site-packages): the same table, one line of summary."""
-    from test_atlas_engine import save_tiny
+    from atlas_helpers import save_tiny
 
     folder = save_tiny(tmp_path / "tiny-gpt2")
     (tmp_path / "c.txt").write_text("the bank of the river\nhello world\n" + "word " * 600 + "\n")
