@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TINY = "tiny:llama-gqa"
 TEXT = "the bank of the river"
 TIMEOUT = 120
