@@ -31,8 +31,9 @@ MODELS: dict[str, tuple[str, dict]] = {
     "falcon": ("falcon", {}),
     "gemma2": ("gemma2", {"attn_logit_softcapping": 5.0, "sliding_window": 6}),
     "olmo2": ("olmo2", {}),
+    "gemma3": ("gemma3_text", {"sliding_window": 6}),
 }
-SEQUENTIAL = ("llama-gqa", "qwen2-bias", "gpt2", "mistral-sliding", "gemma2", "olmo2")
+SEQUENTIAL = ("llama-gqa", "qwen2-bias", "gpt2", "mistral-sliding", "gemma2", "olmo2", "gemma3")
 PARALLEL = ("gpt_neox-parallel", "gptj", "falcon")
 
 
@@ -65,6 +66,21 @@ def _model(name: str):
     model = tf.AutoModelForCausalLM.from_config(cfg)
     randomise(model)
     return model.eval()
+
+
+def build(model_type: str, **overrides) -> attnviz.LoadedModel:
+    """Any tiny causal model from tests/archs.py's configs, weights at random, wrapped."""
+    import archs
+    import tiny
+    import transformers as tf
+
+    cfg = archs.tiny_config(model_type)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg)
+    randomise(model)
+    return attnviz.wrap_model(model.eval(), tiny.tokenizer("decoder"), spec=f"tiny-{model_type}")
 
 
 def loaded(name: str) -> attnviz.LoadedModel:

@@ -157,7 +157,8 @@ class BlockHooks:
             b.residual = "sequential"
         else:
             b.problem = (
-                f"block {len(self.blocks) - 1}: the MLP reads neither the block's input nor input + attention"
+                f"block {len(self.blocks) - 1}: the MLP reads neither the block's input nor input + "
+                "attention (a residual multiplier, or another term between them)"
             )
 
     def _mlp_out(self, _module, _args, output):

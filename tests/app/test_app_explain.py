@@ -83,3 +83,20 @@ def test_from_scratch_shows_the_rotary_bands_of_the_chosen_query_and_key(env):
     at2 = new_app("pages/2_From_scratch.py", model="tiny:gpt2", text=TEXT).run()
     ok(at2)
     assert any("no rotary embedding" in i.value for i in at2.info)
+
+
+def test_a_cancelled_trace_keeps_nothing_and_runs_again_on_request(env):
+    """The trace runs behind a progress bar with a Cancel button; a cancelled run says so, draws
+    nothing, and "Run again" runs it."""
+    from ui import explain
+
+    at = new_app(PAGE, model=TINY, text=TEXT)
+    key = ("explain_trace", "tiny-llama-gqa", "", TEXT, False)
+    at.session_state[explain._CANCELLED] = repr(key)
+    at.run()
+    assert not at.exception
+    assert any("Cancelled" in i.value for i in at.info), [i.value for i in at.info]
+    assert not specs(at)
+    at.button(key="explain_rerun").click().run()
+    ok(at)
+    assert any(t.startswith("Routes to the prediction") for t in titles(at))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import tiny_explain as TE
 
-from attnviz.explain import information_flow, routes, trace
+from attnviz import AttnvizError
+from attnviz.explain import Unsupported, information_flow, routes, trace
 from attnviz.explain.routes import Node
 
 
@@ -26,7 +27,7 @@ def as_dict(graph) -> dict:
 
 # The fast tier covers each block structure once (GQA pre-norm, post-norm + soft-cap, parallel
 # residual through the hook and through an adapter); the rest run with the slow tier.
-FAST = ("llama-gqa", "gemma2", "gpt_neox-parallel", "gptj")
+FAST = ("llama-gqa", "gemma2", "gpt_neox-parallel", "gptj")  # + gemma3, olmo2, falcon, ... slow
 
 
 @pytest.mark.parametrize(
@@ -50,3 +51,30 @@ def test_routes_equal_the_dense_decomposition(name, monkeypatch):
             assert len(ours[key][1]) == len(heads)
             assert all(abs(a - b) <= 1e-5 for a, b in zip(ours[key][1], heads, strict=True)), key
         assert Node(tr.n_layers, tr.position(token)) in graph.nodes
+
+
+def test_models_it_cannot_decompose_exactly_are_refused_with_the_reason():
+    """An encoder and a gate on the heads (planted: the output projection reads half of what the
+    heads made) stop with a sentence that names the reason, never a graph."""
+    import tiny
+
+    with pytest.raises(Unsupported, match="encoder"):
+        trace(tiny.loaded("bert"), TE.TEXT)
+    lm = TE.loaded("llama-gqa")
+    proj = lm.model.get_submodule(lm.probe.sites["self"][1].module_name).o_proj
+    hook = proj.register_forward_pre_hook(lambda _m, args: (args[0] * 0.5,))
+    try:
+        tr = trace(lm, TE.TEXT)
+    finally:
+        hook.remove()
+    assert "layer 1's attention output is not" in tr.heads_problem
+    with pytest.raises(AttnvizError, match="gate"):
+        information_flow(lm, tr)
+
+
+@pytest.mark.slow
+def test_residual_multipliers_and_hybrids_are_refused_with_the_reason():
+    with pytest.raises(Unsupported, match="residual multiplier"):
+        trace(TE.build("granite", residual_multiplier=0.5), TE.TEXT)
+    with pytest.raises(Unsupported, match="hybrid"):
+        trace(TE.build("qwen3_next"), TE.TEXT)
