@@ -46,7 +46,7 @@ import os
 import shutil
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,7 @@ class Entry:
     fingerprint: str = ""  # weights fingerprint of the model that computed it
     layer_labels: tuple[str, ...] = ()
     stack: str = ""  # the stack whose layers these are ("self", "encoder", ...)
+    encoded: bytes = field(default=b"", repr=False)  # the checked bytes it was decoded from
 
     @property
     def ok(self) -> bool:
@@ -97,6 +98,8 @@ def namespace(identity: Mapping[str, Any]) -> str:
 
 def encode(entry: Entry) -> bytes:
     """The bytes of an entry file: magic line, SHA-256 of the body, body (see the module doc)."""
+    if entry.encoded:  # decoded from checked bytes (a Ray worker's): written as they came
+        return entry.encoded
     meta = {
         "key": entry.key,
         "tokens": list(entry.tokens),
@@ -152,6 +155,7 @@ def decode(data: bytes, key: str) -> Entry:
         layer_labels=tuple(meta["layer_labels"]),
         stack=str(meta["stack"]),
         final=bool(meta["final"]),
+        encoded=data,
     )
 
 

@@ -173,9 +173,9 @@ class RaySession:
             batch_format="numpy",
         )
         batches = iter(out.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=0))
-        left = len(work)
+        waiting = {it.key for it in work}
         try:
-            while left:
+            while waiting:
                 try:
                     batch = next(batches)
                 except StopIteration:
@@ -183,15 +183,21 @@ class RaySession:
                 except Exception as err:  # a failure of Ray itself (a worker's text failures are entries)
                     raise AttnvizError(f"the Ray run failed: {_first_line(err)}") from err
                 for key, blob in zip(batch["key"], batch["entry"], strict=True):
-                    left -= 1
+                    if str(key) not in waiting:
+                        continue  # a retried text delivered twice: the first copy counts
+                    waiting.discard(str(key))
                     if not sink.finished(decode(bytes(blob), str(key))):
                         return False
-                    if left and not sink.before():
+                    if waiting and not sink.before():
                         return False
         finally:
             close = getattr(batches, "close", None)
             if close is not None:
                 close()
+        if waiting:
+            raise AttnvizError(
+                f"the Ray run ended without {len(waiting)} of its texts; run it again to add them"
+            )
         return True
 
 

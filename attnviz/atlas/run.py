@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -25,7 +26,7 @@ from ..errors import AttnvizError
 from ..layout import Stack
 from ..loading import LoadedModel, classify_spec
 from .cache import AtlasCache, CacheWriteError, Entry, namespace
-from .corpus import TextItem, items, read_corpus
+from .corpus import CORPUS_SUFFIXES, TextItem, items, read_corpus
 from .local import run_local
 from .ranking import STATISTICS, Atlas
 from .worker import ModelRef, dtype_name, fingerprint
@@ -101,6 +102,10 @@ def cached_count(
 
 def as_items(texts: Sequence[str] | Sequence[TextItem] | str | Path) -> list[TextItem]:
     if isinstance(texts, str | Path):
+        if isinstance(texts, str) and Path(texts).suffix.lower() not in CORPUS_SUFFIXES:
+            raise AttnvizError(
+                f"{texts[:40]!r} is not a corpus file (.txt, .jsonl, .parquet); give texts as a list"
+            )
         return read_corpus(texts)
     listed = list(texts)
     if listed and all(isinstance(t, TextItem) for t in listed):
@@ -149,7 +154,7 @@ class _Run:
                 self.cache_error = str(err)
                 log.warning("%s; this run goes on without saving", err)
                 self.cache = None  # the rest of the run stays in memory
-        self.entries[entry.key] = entry  # counted once saved (an interrupt during the write: not done)
+        self.entries[entry.key] = replace(entry, encoded=b"")  # counted once saved, held without its bytes
         self.computed += 1
         self.done += 1
         return True
@@ -276,7 +281,7 @@ def _cached(cache: AtlasCache, corpus: Sequence[TextItem]) -> dict[str, Entry]:
         if item.text is not None and item.key not in found:
             entry = cache.get(item.key)
             if entry is not None:
-                found[item.key] = entry
+                found[item.key] = replace(entry, encoded=b"")
     return found
 
 

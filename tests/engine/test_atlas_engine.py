@@ -76,6 +76,8 @@ def test_corpus_formats_keys_and_unreadable_lines(tmp_path):
         AT.read_corpus(tmp_path / "c.csv")
     with pytest.raises(AttnvizError, match="does not exist"):
         AT.read_corpus(tmp_path / "missing.txt")
+    with pytest.raises(AttnvizError, match=r"'hello world' is not a corpus file .* give texts as a list"):
+        AT.run_atlas("any-model", "hello world")  # one text given as a string: said before any load
     (tmp_path / "empty.txt").write_text("# nothing\n\n")
     with pytest.raises(AttnvizError, match="has no texts"):
         AT.read_corpus(tmp_path / "empty.txt")

@@ -22,6 +22,7 @@ import pytest
 from atlas_helpers import same, save_tiny
 
 from attnviz import atlas as AT
+from attnviz.errors import AttnvizError
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="the Ray engine needs the ray extra (in the dev install)")
@@ -110,6 +111,16 @@ def test_a_stopped_ray_run_resumes_without_recomputing(cluster, folder, referenc
     assert (second.computed, second.reused) == (len(TEXTS) - 6, 6)  # none twice, none missing
     assert entries(cache_in_tmp) == {AT.text_key(t) for t in TEXTS} and saved < entries(cache_in_tmp)
     same(second, reference)
+
+
+def test_a_worker_that_cannot_load_the_model_is_one_line(cluster, tmp_path):
+    missing = tmp_path / "moved-away"  # a folder the driver named but the workers do not have
+    with pytest.raises(AttnvizError) as err:
+        AT.run_atlas(str(missing), TEXTS[:3], engine="ray", workers=1)
+    assert str(err.value) == (
+        f"the Ray run failed: a worker could not start: local folder {str(missing)!r} does not exist "
+        "(or is not a folder)"
+    )
 
 
 def run_cli(argv: list, env: dict, **kw) -> subprocess.Popen:
