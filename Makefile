@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
 
-.PHONY: run test test-fast test-docker install dev lint format typecheck pytest bench warmup dist clean
+.PHONY: run test test-fast test-docker install dev lint format typecheck pytest bench warmup dist clean gpu-check
 
 # Installs the pinned dependencies, then the project the way users do (`pip install -e ".[app]"`).
 $(VENV)/.installed: requirements.txt scripts/install.sh pyproject.toml
@@ -50,6 +50,11 @@ test-fast: dev
 
 bench: install
 	$(PY) -m attnviz bench
+
+# On a machine with one CUDA GPU (within 9 minutes): the GPU suite, then the Llama-3.2-3B-shaped
+# benchmark rows into one report (docs/benchmarks.md "GPU check"). Without a GPU: one line, nothing run.
+gpu-check:
+	VENV=$(VENV) bash scripts/gpu_check.sh
 
 warmup: install
 	$(PY) -m attnviz warmup

@@ -1,7 +1,10 @@
-"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app.
+"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app, atlas.
 
-Every argument is checked where it is parsed (the ``type=`` functions below): a bad one is one
-line on stderr and exit status 2; an engine error (AttnvizError) is one line and status 1.
+Every argument is checked before a model loads, where it is parsed (the ``type=`` functions
+below) or, for what needs the model's config (``--verify LAYER``), from the config alone
+(`_preflight`): a bad one is one line on stderr and exit status 2; an engine error (AttnvizError)
+is one line and status 1. ``ATTNVIZ_MAX_TOKENS`` sets ``--max-tokens``' default and
+``ATTNVIZ_LOG_LEVEL`` the log level (WARNING), as in the app.
 """
 
 from __future__ import annotations
@@ -11,13 +14,24 @@ import importlib.util
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from ._version import __version__
+from .atlas import command as atlas_command
+from .cli_args import (
+    device_name,
+    dtype_name,
+    model_name,
+    non_negative_int,
+    port_number,
+    positive_int,
+    some_text,
+    token_sizes,
+    verify_layer,
+    writable_file,
+)
 from .errors import AttnvizError
+from .export import FORMATS
 from .extract import DEFAULT_MAX_TOKENS
 from .result import PATHS
 
@@ -28,100 +42,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"{text!r} must be {low} or more")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def token_sizes(text: str) -> str:
-    """ "256, 1024" -> "256,1024": comma-separated token counts, each 1 or more."""
-    parts = [s.strip() for s in text.split(",") if s.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError("give comma-separated token counts, e.g. 256,1024")
-    try:
-        return ",".join(str(positive_int(s)) for s in parts)
-    except argparse.ArgumentTypeError as err:
-        raise argparse.ArgumentTypeError(f"{err}; give comma-separated token counts") from None
-
-
-def dtype_name(text: str) -> str:
-    import torch
-
-    from .errors import AttnvizError
-    from .loading import resolve_dtype
-
-    try:
-        resolve_dtype(text, torch.device("cpu"))
-    except AttnvizError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
-
-def some_text(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the text is empty; give some words")
-    return text
-
-
-def device_name(text: str) -> str:
-    """A device that exists here (the engine's rule: a missing device is an error, no fallback)."""
-    from .errors import AttnvizError
-    from .loading import resolve_device
-
-    try:
-        resolve_device(text)
-    except AttnvizError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
-
-def writable_file(text: str) -> Path:
-    """An output file whose folder exists (or can be made) and can be written to, checked before
-    the model loads. Probed by creating a temporary file, so it also holds for root."""
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(folder)!r} is not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(folder)!r}: {reason}") from None
-    return path
-
-
-def port_number(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1..65535)")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="attnviz", description="Look inside transformer attention.")
     p.add_argument("--version", action="version", version=f"attnviz {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def model_args(sp):
-        sp.add_argument("--model", required=True, help="built-in name, Hub id or local folder")
+        sp.add_argument(
+            "--model", required=True, type=model_name, help="built-in name, Hub id or local folder"
+        )
         sp.add_argument(
             "--device", default="auto", type=device_name, help="auto (CUDA, MPS, CPU), cpu, cuda, cuda:1, mps"
         )
@@ -132,20 +61,34 @@ def _parser() -> argparse.ArgumentParser:
     model_args(ex)
     ex.add_argument("--text", required=True, type=some_text)
     ex.add_argument("--out", required=True, type=writable_file, help="output .npz file")
+    ex.add_argument(
+        "--format",
+        default="auto",
+        choices=FORMATS,
+        help="dense: every layer's (heads, N, N) probabilities; compact: the captured queries, keys "
+        "and values, read back with attnviz.load_npz; auto (default): dense up to 256 MiB of "
+        "probabilities (~500 tokens on smollm2-135m), compact past that",
+    )
     ex.add_argument("--path", default="fast", choices=PATHS)
     ex.add_argument("--chat", action="store_true", help="wrap the text in the chat template")
     ex.add_argument(
         "--generate", type=non_negative_int, default=0, metavar="K", help="greedily generate K tokens"
     )
-    ex.add_argument("--max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS)
+    ex.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help=f"refuse longer texts (default: ATTNVIZ_MAX_TOKENS, else {DEFAULT_MAX_TOKENS})",
+    )
     ex.add_argument(
         "--verify",
         nargs="?",
         const="true",
         default=None,
+        type=verify_layer,
         metavar="LAYER",
-        help="recompute one layer (the middle one, or LAYER) with transformers' eager attention and "
-        "fail on a mismatch",
+        help="recompute one layer of every stack (the middle one, or LAYER) with transformers' eager "
+        "attention and fail on a mismatch",
     )
 
     info = sub.add_parser("info", help="the attention layout of a model")
@@ -161,6 +104,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-write", action="store_true", help="print only")
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
+    bench.add_argument(
+        "--llama-sizes",
+        type=token_sizes,
+        help="CUDA: token counts of the Llama-3.2-3B-shaped statistics rows",
+    )
+    bench.add_argument(
+        "--no-stats", action="store_true", help="the extraction table only (no whole-model statistics rows)"
+    )
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 
@@ -168,11 +119,15 @@ def _parser() -> argparse.ArgumentParser:
     app.add_argument("--port", type=port_number, default=8501)
     app.add_argument("--address", default="localhost", help="0.0.0.0 to serve other machines")
     app.add_argument("--browser", action="store_true", help="open a browser tab")
+
+    atlas_command.add_parser(sub, model_args, positive_int, writable_file)  # see atlas/command.py
     return p
 
 
 def _extract(args) -> int:
     from . import extract, load_model
+    from .export import choose_format, dense_nbytes, save_npz
+    from .loading.files import atomic_write
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, revision=args.revision)
     res = extract(
@@ -184,32 +139,77 @@ def _extract(args) -> int:
         max_tokens=args.max_tokens,
         verify=False if args.verify is None else args.verify,
     )
-    arrays: dict[str, np.ndarray] = {
-        "tokens": np.array(res.tokens.display, dtype=str),
-        "raw_tokens": np.array(res.tokens.raw, dtype=str),
-        "input_ids": np.array(res.tokens.ids, dtype=np.int64),
-        "special": np.array(res.tokens.special, dtype=bool),
-    }
-    if lm.layout.kind == "encoder-decoder":
-        assert res.decoder_tokens is not None
-        arrays["decoder_tokens"] = np.array(res.decoder_tokens.display, dtype=str)
-        arrays["decoder_input_ids"] = np.array(res.decoder_tokens.ids, dtype=np.int64)
-        for stack in ("encoder", "decoder", "cross"):
-            arrays[f"{stack}_attentions"] = res.all_layers(stack)  # type: ignore[arg-type]
-    else:
-        arrays["attentions"] = res.all_layers()
-    try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(args.out, **arrays)  # type: ignore[arg-type]
+    fmt = choose_format(res, args.format)
+    saved: list[str] = []
+    try:  # complete or absent: a full disk or a kill mid-write never leaves half an .npz
+        atomic_write(
+            args.out,
+            lambda f: saved.append(save_npz(res, f, format=fmt)),
+            what=repr(args.out.name),
+            needed=dense_nbytes(res) if fmt == "dense" else res.nbytes,
+            up_to=fmt == "dense",  # compressed: the raw arrays' size bounds the file
+        )
     except OSError as err:
         raise AttnvizError(f"cannot write {str(args.out)!r}: {err.strerror or err}") from None
     n = len(res.tokens)
-    sys.stdout.write(
-        f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path})\n"
+    how = (
+        "compact: queries, keys and values; read it with attnviz.load_npz"
+        if saved == ["compact"]
+        else "dense"
     )
-    if res.check is not None:
-        sys.stdout.write(res.check.caption() + "\n")
+    sys.stdout.write(
+        f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path}; {how})\n"
+    )
+    if res.checks:  # one figure per stack (encoder, decoder, cross)
+        sys.stdout.write(res.check_caption() + "\n")
     return 0
+
+
+# Layers of the built-in models (their configs are on disk only after the first use).
+BUILTIN_LAYERS = {"smollm2-135m": 30, "minilm-l6": 6}
+
+
+def _config_layers(spec: str, revision: str | None) -> int | None:
+    """The first stack's layer count from the model's config alone (no weights), or None where
+    the config cannot be read cheaply (the range is then checked once the model has loaded)."""
+    from transformers import AutoConfig
+
+    from .loading import BUILTIN_MODELS, attention_layout, hub_reachable
+
+    if spec in BUILTIN_MODELS:
+        return BUILTIN_LAYERS.get(spec)
+    folder = Path(spec).expanduser()
+    try:
+        if folder.is_dir():
+            config = AutoConfig.from_pretrained(folder)
+        else:
+            token = os.environ.get("HF_TOKEN") or None
+            config = AutoConfig.from_pretrained(
+                spec, revision=revision, token=token, local_files_only=not hub_reachable()
+            )
+        layout = attention_layout(config)
+    except Exception:  # noqa: BLE001 - the load reports it properly
+        return None
+    return layout.layers_in(layout.stacks[0])
+
+
+def _preflight(args, error) -> None:
+    """The checks that need more than one argument or the model's config, before it loads."""
+    from .server.env import integer
+
+    if args.command != "extract":
+        return
+    if args.max_tokens is None:
+        try:
+            args.max_tokens = integer("ATTNVIZ_MAX_TOKENS", DEFAULT_MAX_TOKENS, lo=1, hi=1_000_000)
+        except AttnvizError as err:
+            error(str(err))
+    if isinstance(args.verify, int):
+        n = _config_layers(args.model, args.revision)
+        if n is not None and args.verify >= n:
+            error(
+                f"argument --verify: layer {args.verify} is out of range; {args.model} has layers 0..{n - 1}"
+            )
 
 
 def _info(args) -> int:
@@ -236,7 +236,7 @@ def _info(args) -> int:
         ("device / dtype", f"{lm.device} / {str(lm.dtype).removeprefix('torch.')}"),
         (
             "fast path",
-            "fast exact (SDPA + captured Q/K)"
+            "fast exact (SDPA + captured Q/K/V)"
             if lm.fast_exact
             else "eager exact, one layer at a time"
             + (f" ({lm.probe.why_not_fast})" if lm.probe and lm.probe.why_not_fast else ""),
@@ -271,7 +271,10 @@ def _app(args) -> int:
     from .server.app_files import app_script, streamlit_flags
 
     if importlib.util.find_spec("streamlit") is None:
-        raise AttnvizError('the web app needs Streamlit: pip install "attnviz[app]"')
+        raise AttnvizError(
+            'the web app needs Streamlit: pip install "streamlit>=1.45,<2" '
+            '(in a checkout: pip install ".[app]")'
+        )
     script = app_script()
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_flags(script.parent)]
     cmd += [f"--server.port={args.port}", f"--server.address={args.address}"]
@@ -284,9 +287,16 @@ def _app(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = _parser().parse_args(argv)
+    level = os.environ.get("ATTNVIZ_LOG_LEVEL", "WARNING").strip().upper()
+    if level not in logging.getLevelNamesMapping():
+        level = "WARNING"
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _preflight(args, parser.error)
     try:
+        if args.command == "atlas":
+            return atlas_command.main(args, parser.error)
         if args.command == "extract":
             return _extract(args)
         if args.command == "info":

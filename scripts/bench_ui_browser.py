@@ -1,7 +1,7 @@
 """The browser half of scripts/bench_ui.py: submit-to-first-view in Chromium against the real server.
 
 Run through ``python scripts/bench_ui.py --browser``; see that file's docstring for what is timed.
-The server and Chromium come from tests/server.py (the same helpers the browser tests use).
+The server and Chromium come from tests/server.py and tests/browser_page.py (the browser tests' helpers).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psutil  # noqa: E402
-from server import chromium, script_runs, streamlit_server, wait_idle  # noqa: E402
+from browser_page import chromium, script_runs, wait_idle  # noqa: E402
+from server import streamlit_server  # noqa: E402
 
 import attnviz  # noqa: E402
 from attnviz.bench.common import floor, ids_of_length, replace_section  # noqa: E402
@@ -108,7 +109,11 @@ def one_run(page, text: str, n: int, server: psutil.Process) -> tuple[float, flo
     return first, time.perf_counter() - t0, cpu
 
 
-def run_browser(lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path, no_write: bool) -> int:
+def run_browser(
+    lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path, no_write: bool, pages: int = 0
+) -> int:
+    """The explorer's submit at each size in ``ns`` (table ui-browser), then, with ``pages``, the
+    page costs at that many tokens (scripts/bench_ui_pages.py, table ui-pages)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the server and Chromium
     forward_once(lm, lm.tokenizer.decode(ids_of_length(lm, 64)))  # the floor's own warm-up
     lines = []
@@ -143,8 +148,12 @@ def run_browser(lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path,
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
             lines.append(line)
+        if pages:
+            from bench_ui_pages import run_pages
+
+            run_pages(page, lm, pages, repeats, out, no_write, version)
         page.context.close()
-    if not no_write:
+    if not no_write and lines:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         replace_section(
             out,

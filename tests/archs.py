@@ -21,238 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architectures.md"
 
-# Sizes every config takes where it has the field (only fields the class already has are set).
-SMALL: dict = {
-    "hidden_size": 32,
-    "d_model": 32,
-    "n_embd": 32,
-    "dim": 32,
-    "embed_dim": 32,
-    "num_hidden_layers": 2,
-    "n_layer": 2,
-    "n_layers": 2,
-    "num_layers": 2,
-    "encoder_layers": 2,
-    "decoder_layers": 2,
-    "num_decoder_layers": 2,
-    "num_attention_heads": 4,
-    "n_head": 4,
-    "n_heads": 4,
-    "num_heads": 4,
-    "encoder_attention_heads": 4,
-    "decoder_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "n_kv_heads": 2,
-    "head_dim": 8,
-    "d_kv": 8,
-    "d_head": 8,
-    "kv_channels": 8,
-    "intermediate_size": 64,
-    "ffn_dim": 64,
-    "encoder_ffn_dim": 64,
-    "decoder_ffn_dim": 64,
-    "d_ff": 64,
-    "d_inner": 64,
-    "n_inner": 64,
-    "ffn_hidden_size": 64,
-    "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32,
-    "expert_intermediate_size": 32,
-    "num_experts": 4,
-    "num_local_experts": 4,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_topk": 2,
-    "top_k": 2,
-    "n_group": 1,
-    "topk_group": 1,
-    "kv_lora_rank": 16,
-    "q_lora_rank": 16,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 8,
-    "qk_head_dim": 16,
-    "v_head_dim": 8,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "n_positions": 256,
-    "n_ctx": 256,
-    "embedding_size": 32,
-    "projection_dim": 32,
-    "rotary_dim": 4,
-    "first_k_dense_replace": 1,
-    "sliding_window": 4,
-    "attention_window": 4,
-    "num_buckets": 8,
-    "max_relative_positions": 16,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "decoder_start_token_id": 2,
-    "vocab_size_per_layer_input": 512,  # Gemma 3n / 4 per-layer embeddings
-    "hidden_size_per_layer_input": 8,
-    "laurel_rank": 8,
-}
-# Per architecture: what SMALL cannot guess (hybrid layer patterns, odd head layouts).
-_HYBRID4 = {"num_hidden_layers": 4}
-_QWEN_NEXT = {"num_hidden_layers": 4, "full_attention_interval": 2}
-EXTRA: dict[str, dict] = {
-    "jamba": {**_HYBRID4, "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2},
-    "zamba": {"num_hidden_layers": 6, "attn_layer_period": 3, "attn_layer_offset": 1},
-    "zamba2": {**_HYBRID4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
-    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
-    "mamba2": {"head_dim": 16},
-    "bamba": {**_HYBRID4, "mamba_n_heads": 4, "attn_layer_indices": [1, 3]},
-    "falcon_h1": {"mamba_n_heads": 4, "mamba_d_ssm": 64},
-    "granitemoehybrid": {
-        **_HYBRID4,
-        "mamba_n_heads": 4,
-        "layer_types": ["linear_attention", "full_attention"] * 2,
-    },
-    "qwen3_next": _QWEN_NEXT,
-    "qwen3_5_text": _QWEN_NEXT,
-    "qwen3_5_moe_text": _QWEN_NEXT,
-    "qwen4_exp_text": _QWEN_NEXT,
-    "qwen3_5": {"text_config": _QWEN_NEXT},
-    "qwen3_5_moe": {"text_config": _QWEN_NEXT},
-    "qwen4_exp": {"text_config": _QWEN_NEXT},
-    "lfm3": _HYBRID4,
-    "recurrent_gemma": {"num_hidden_layers": 3},
-    "big_bird": {"attention_type": "original_full"},
-    "bigbird_pegasus": {"attention_type": "original_full"},
-    "encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
-}
-_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
-_QSA = {  # Qwen4-Exp's query-sparse-attention indexer (no defaults in the config class)
-    "indexer_n_heads": 2,
-    "indexer_kv_heads": 1,
-    "indexer_head_dim": 8,
-    "indexer_budget": 8,
-    "indexer_compress_ratio": 2,
-}
-_GEMMA_SHARED_KV = {
-    "num_hidden_layers": 4,
-    "layer_types": ["sliding_attention", "full_attention"] * 2,
-    "num_kv_shared_layers": 2,
-}
-_GEMMA4 = {**_GEMMA_SHARED_KV, "global_head_dim": 16}
-_GEMMA4_ASSISTANT = {
-    "global_head_dim": 16,
-    "hidden_size_per_layer_input": 0,
-    "vocab_size_per_layer_input": 0,
-}
-EXTRA.update(
-    {
-        # rope parameters per layer type, with M-RoPE sections adding up to head_dim / 2
-        "cohere_compass_text": {
-            "layer_types": ["sliding_attention", "full_attention"],
-            "rope_parameters": {
-                t: {**_ROPE, "mrope_section": [2, 1, 1]} for t in ("sliding_attention", "full_attention")
-            },
-        },
-        # real DBRX checkpoints keep rope_theta in attn_config; the class has no default for it
-        "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}},
-        "dots1": {"n_shared_experts": 1},
-        "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv", "full_attention"], **_HYBRID4},
-        "qwen4_exp_text": {**_QWEN_NEXT, **_QSA},
-        "qwen4_exp": {"text_config": {**_QWEN_NEXT, **_QSA}},
-        "zaya": {"num_experts_per_tok": 1},
-        "funnel": {"architectures": ["FunnelModel"], "block_sizes": [1, 1], "d_head": 8},
-        "reformer": {
-            "attn_layers": ["local", "lsh"],
-            "axial_pos_shape": [16, 16],
-            "axial_pos_embds_dim": [16, 16],
-            "local_attn_chunk_length": 4,
-            "lsh_attn_chunk_length": 4,
-            "num_buckets": 2,
-            "attention_head_size": 8,
-            "feed_forward_size": 64,
-        },
-        "blt": {"encoder_hash_byte_group_vocab": 64},
-        # X-MOD runs one language adapter per input: the config names the default one
-        "xmod": {"default_language": "en_XX"},
-        "kimi_linear": {
-            **_HYBRID4,
-            "layer_types": ["linear_attention", "full_attention"] * 2,
-            "linear_head_dim": 8,
-            "linear_num_heads": 4,
-        },
-        "bailing_hybrid": {**_HYBRID4, "layer_group_size": 2},
-        "perceiver": {"num_latents": 8, "d_latents": 32, "num_self_attends_per_block": 2},
-        # Gemma 4: wider heads in the full-attention layers (a heterogeneous per-layer config)
-        "gemma4_text": _GEMMA4,
-        "gemma4_unified_text": _GEMMA4,
-        "gemma4": {"text_config": _GEMMA4},
-        "gemma4_unified": {"text_config": _GEMMA4},
-        # an assistant reads its target model's key/value states in every layer
-        "gemma4_assistant": {"backbone_hidden_size": 32, "text_config": _GEMMA4_ASSISTANT},
-        "gemma4_unified_assistant": {"backbone_hidden_size": 32, "text_config": _GEMMA4_ASSISTANT},
-        # Gemma 3n: the last two layers reuse the keys and values of the last ones of their type
-        "gemma3n_text": {**_GEMMA_SHARED_KV, "intermediate_size": 64},
-        # NeoMME: two window sizes among its sliding layers (per-layer config), both < 12 tokens
-        "neomme": {
-            "num_hidden_layers": 3,
-            "head_dim": 16,  # its M-RoPE rotates a quarter of head_dim, in multiples of 4
-            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-            "per_layer_config": {1: {"sliding_window": 8}, 2: {"sliding_window": None}},
-        },
-    }
-)
-# Dots3: MLA with a sparse indexer in some layers, fewer and smaller heads in its sliding layers.
-_DOTS3 = {
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "index_n_heads": 2,
-    "index_head_dim": 16,
-    "index_topk": 8,
-    "layer_types": ["indexed_attention", "sliding_attention"],
-    **{
-        f"swa_{k}": v
-        for k, v in {
-            "num_attention_heads": 2,
-            "num_key_value_heads": 2,
-            "q_lora_rank": 16,
-            "kv_lora_rank": 16,
-            "head_dim": 16,
-            "qk_nope_head_dim": 8,
-            "qk_rope_head_dim": 8,
-            "v_head_dim": 8,
-        }.items()
-    },
-}
-EXTRA.update(
-    {
-        "dots3_note_text": _DOTS3,
-        "dots3_note": {
-            "text_config": _DOTS3,
-            # the towers' adapters map into the text model's width
-            "vision_config": {"pyramid_num_routed": [-1, 4], "adapter_in_dim": 32, "adapter_out_dim": 32},
-            "audio_config": {"adapter_input_size": 32, "adapter_out_dim": 32, "downsample_hidden_size": 32},
-        },
-    }
-)
-for _vl in ("qwen2_vl", "qwen2_5_vl"):  # M-RoPE sections must add up to head_dim / 2
-    EXTRA[_vl] = {"text_config": {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1]}}}
-for _mla in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "minicpm3"):
-    EXTRA[_mla] = {"num_key_value_heads": 4}
-for _mla in ("longcat_flash", "youtu", "axk1", "axk2", "kimi_linear", "bailing_hybrid"):
-    EXTRA[_mla] = {**EXTRA.get(_mla, {}), "num_key_value_heads": 4}
-# Sinks applied after the softmax (output scaled by sigmoid(lse - sink)): eager returns the
-# probabilities before that scaling; attnviz shows them with the sink's share taken out (rows
-# sum to < 1, as GPT-OSS). Compared here with eager's renormalised: the same up to that scale.
-SINK_AFTER_SOFTMAX = {"granite_swa", "granitemoe_swa"}
-# What the table should say about a tiny config that differs from a checkpoint's in a way users meet.
-NOTES: dict[str, str] = {
-    "xmod": "tiny model with default_language set; a checkpoint without one fails until "
-    "XmodPreTrainedModel.set_default_language() is called",
-}
-# Architectures in transformers' text mappings that are not text models (with the reason).
-NOT_TEXT: dict[str, str] = {
-    "musicgen": "audio generation over codebooks, not a text model",
-    "musicgen_melody": "audio generation over codebooks, not a text model",
-    "esmc": "protein language model (amino-acid tokens), not a text model",
-    "nemo_speechlm": "speech-to-text model (audio input), not a text model",
-    "gemma3n": "needs the timm library for its vision tower (not installed here)",
-}
+from arch_configs import EXTRA, NOT_TEXT, NOTES, SINK_AFTER_SOFTMAX, SMALL, VISION_LANGUAGE  # noqa: E402 - archs.EXTRA etc. stay importable
 
 
 @dataclass
@@ -278,19 +47,6 @@ def mapping_names() -> dict[str, str]:
     for t in VISION_LANGUAGE:
         out.setdefault(t, "vlm")
     return out
-
-
-# Vision-language models: loaded whole, their language model runs on text alone.
-VISION_LANGUAGE = (
-    "llava",
-    "llava_next",
-    "mistral3",
-    "qwen2_vl",
-    "qwen2_5_vl",
-    "qwen3_vl",
-    "paligemma",
-    "idefics3",
-)
 
 
 def _shrink(cls, overrides: dict):
@@ -357,8 +113,16 @@ def build(model_type: str, kind: str):
 
 
 def _eager_attentions(eager, inputs: dict) -> dict:
+    """The eager twin on ``tokenizer(text)`` output (the ids and an all-ones attention mask) and the
+    same decoder ids, teacher-forced without a cache (FSMT builds its decoder's causal mask only
+    then; T5Gemma masks its decoder's pad ids only then: a decoder started from the pad differs)."""
+    import inspect
+
     import torch
 
+    inputs = dict(inputs)
+    if "attention_mask" in inspect.signature(eager.forward).parameters:
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
     with torch.inference_mode():
         out = eager(**inputs, output_attentions=True, use_cache=False)
     if getattr(out, "encoder_attentions", None) is not None:
@@ -414,6 +178,9 @@ def check(model_type: str, kind: str | None = None) -> Row:
     if lm.layout.kind == "encoder-decoder":
         dec = res.decoder_tokens.ids if res.decoder_tokens is not None else ids
         inputs["decoder_input_ids"] = torch.tensor([list(dec)])
+        wrong_start = _wrong_start(eager, ids, dec[0])
+        if wrong_start:
+            return Row(model_type, "WRONG", wrong_start)
     try:
         ref = _eager_attentions(eager, inputs)
     except Exception as err:  # noqa: BLE001
@@ -435,9 +202,18 @@ def check(model_type: str, kind: str | None = None) -> Row:
             )
         for i, t in enumerate(tensors):
             ours = res.layer_tensor(i, stack=stack).cpu()
+            try:
+                sliced = _slices_differ(res, stack, i, ours)
+            except Exception as err:  # noqa: BLE001 - an internal failure is a failed row
+                sliced = f"{stack} layer {i}: a rows / heads slice failed: {type(err).__name__}: {err}"
+            if sliced:
+                return Row(model_type, "WRONG", sliced)
             if model_type in SINK_AFTER_SOFTMAX:
                 ours = ours / ours.sum(-1, keepdim=True)
             worst = max(worst, float((ours - t[0].float()).abs().max()))
+    checked = {c.stack for c in res.checks}
+    if checked != set(res.stacks):
+        return Row(model_type, "WRONG", f"the self-check covered {sorted(checked)} of {list(res.stacks)}")
     detail = ""
     if model_type in SINK_AFTER_SOFTMAX:
         detail = "rows include the learned sink (sum < 1); eager returns them before the sink scaling"
@@ -450,6 +226,44 @@ def check(model_type: str, kind: str | None = None) -> Row:
         detail = "; ".join(d for d in (detail, f"not fast: {lm.probe.why_not_fast}") if d)
     detail = "; ".join(d for d in (detail, NOTES.get(model_type, "")) if d)
     return Row(model_type, status if worst <= 1e-4 else "WRONG", detail, worst)
+
+
+def _slices_differ(res, stack: str, layer: int, full) -> str:
+    """Any rows slice (the first row alone included) and any heads subset must be those rows of
+    the full layer; the mismatch in words, or ""."""
+    import random
+
+    rng = random.Random(f"{res.model_name}/{stack}/{layer}")
+    # The heads a caller may ask for: the layout's (a layer with more heads - Inkling's sliding
+    # layers have their own head count - shows them in the full layer only).
+    n_q, n_heads = full.shape[1], min(full.shape[0], res.n_heads)
+    a = rng.randrange(n_q)
+    for rows in (slice(0, 1), slice(1, 2), slice(n_q - 1, n_q), slice(a, a + rng.randint(1, 4))):
+        heads = sorted(rng.sample(range(n_heads), rng.randint(1, n_heads)))
+        got = res.layer_tensor(layer, heads=heads, rows=rows, stack=stack).cpu()
+        diff = float((got - full[heads][:, rows]).abs().max()) if got.numel() else 0.0
+        if got.shape != full[heads][:, rows].shape or not diff <= 1e-5:
+            return (
+                f"{stack} layer {layer}: rows {rows.start}:{rows.stop} of heads {heads} differ from "
+                f"the full layer's by {diff:.1e}"
+            )
+    return ""
+
+
+def _wrong_start(eager, ids: list[int], start: int) -> str:
+    """Where attnviz's decoder does not start from the token the model's own generate starts
+    from: that, in words ("" when it does)."""
+    import torch
+
+    x = torch.tensor([ids])
+    try:
+        with torch.inference_mode():
+            out = eager.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False)
+    except Exception as err:  # noqa: BLE001 - a start attnviz cannot be checked against is a failure
+        return f"generate cannot start this decoder to check attnviz's start token {start}: {str(err)[:120]}"
+    if int(out[0, 0]) != int(start):
+        return f"the decoder starts from token {start}; the model's own generate starts from {int(out[0, 0])}"
+    return ""
 
 
 def tokenizer():
@@ -487,10 +301,14 @@ plus the vision-language models llava, llava_next, mistral3, qwen2_vl, qwen2_5_v
 paligemma and idefics3 (loaded whole; their language model runs on text alone), as a tiny
 random model (hidden 32, 2-4 layers, fp32, built from the architecture's own config
 class), run through attnviz's default path and compared layer by layer with a SEPARATE eager load
-of the same weights (`output_attentions=True`): every attention layer agrees within 1e-4
+of the same weights (`output_attentions=True`, the same ids and all-ones masks as `tokenizer(text)`
+gives, teacher-forced without a cache): every attention layer of every stack agrees within 1e-4
 (measured: 2.6e-6 or less, in Gemma 4's deeper layers, whose inputs come from an SDPA forward in
-one model and an eager one in the other; 8e-7 or less in every other architecture), and the
-self-check (`extract(..., verify=True)`) passes.
+one model and an eager one in the other; 8e-7 or less in every other architecture); any rows
+slice (the first row alone included) of any heads equals those rows of the full layer; the
+self-check (`extract(..., verify=True)`) passes on one layer of every stack; and an
+encoder-decoder (tiny configs with pad 0, BOS 1, decoder start 2 where the config has one) starts
+its decoder from the token the model's own `generate` starts from.
 
 - **fast exact**: captured queries and keys, probabilities computed on demand (long inputs work).
 - **eager exact (one layer at a time)**: the model's own eager attention module is run again on
@@ -501,7 +319,7 @@ self-check (`extract(..., verify=True)`) passes.
   error); not a statement about the model.
 
 Hybrids list the blocks that have attention; the other blocks are recurrent / state-space and have
-no attention map. Regenerate with `python tests/archs.py --write` (tests/test_architectures.py
+no attention map. Regenerate with `python tests/archs.py --write` (tests/engine/test_architectures.py
 fails when this table and the code disagree).
 
 | architecture | attnviz | notes |

@@ -46,7 +46,7 @@ def test_markers_are_registered_and_strict():
 def test_browser_and_soak_tests_are_outside_the_fast_tier():
     """A module that starts Chromium is browser- or slow-marked as a whole, or marks each test
     that does; the soak test is slow."""
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         text = path.read_text()
         if path.name == "test_soak.py":
             assert re.search(r"^pytestmark = .*pytest\.mark\.slow", text, re.M), path.name

@@ -1,0 +1,193 @@
+"""Views at any length and limits as messages (issue 12, items 3 and 4), through the app.
+
+A text of ~1800 tokens on the tiny model is larger than the payload budget: the explorer's grid
+and head view and the overview's mosaic draw `attnviz.analysis.pooling.pooled` (device, from Q/K), which
+equals dense pooling of the layer within 1e-5 (float32); a zoomed region is `res.head` exactly;
+an over-budget text gets "needs X GiB, Y GiB free — try …" and the app keeps serving.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from apptest import TINY, engine, heatmaps, labels, new_app, ok, specs, titled, z_of
+
+from attnviz import figures as F
+from attnviz import limits
+from attnviz.analysis import pooling
+from attnviz.errors import OutOfMemory
+from attnviz.server import specs as engine_specs
+from attnviz.server.settings import Settings
+
+LONG = " ".join(["the bank of the river", "a quick brown fox jumps over the lazy dog"] * 110)
+LAYER, HEAD = 1, 2
+
+
+def payload(at) -> int:
+    return sum(len(e.proto.spec) for e in at.get("plotly_chart"))
+
+
+def dense_pooled(res, layer: int, heads, side: int, how: str) -> np.ndarray:
+    """The oracle: the layer's dense (heads, N, N) probabilities pooled on the host."""
+    n = res.n_tokens
+    dense = np.asarray(res.layer(layer), dtype=np.float32)[heads]
+    return F.pool(dense, F.bin_edges(n, side), F.bin_edges(n, side), how)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["max", "mean"])
+def test_long_text_grid_and_head_are_pooled_on_the_device(env, how):
+    at = new_app(model=TINY, text=LONG, layer=LAYER, head=HEAD, scale="linear", pool=how).run()
+    ok(at)
+    res = engine(LONG)
+    n = res.n_tokens
+    assert 1500 <= n <= 3000, n
+    assert payload(at) < F.PAYLOAD_LIMIT, payload(at)
+    assert not [s for s in at.get("slider") if s.key == "row0"]  # no row window: the whole head
+
+    side = F.grid_side(res.n_heads, n_tokens=n)
+    edges = F.bin_edges(n, side)
+    pv = pooling.pooled(res, LAYER, None, row_edges=edges, col_edges=edges)
+    assert pv.path == "fused"
+    want = pv.max if how == "max" else pv.mean
+    grid = heatmaps(specs(at)[0])
+    assert len(grid) == res.n_heads
+    drawn = np.stack([z_of(t) for t in grid])
+    assert drawn.shape == want.shape == (res.n_heads, len(edges), len(edges))
+    assert np.allclose(drawn, want, rtol=0, atol=1e-7)  # what pooling.pooled gives
+    dense = dense_pooled(res, LAYER, list(range(res.n_heads)), side, how)
+    assert np.abs(drawn - dense).max() <= 1e-5  # = dense pooling of res.layer
+    assert any(
+        f"{how}-pooled to {len(edges)}×{len(edges)} on the device from Q/K" in m.value for m in at.markdown
+    )
+
+    head = heatmaps(titled(at, f"layer {LAYER} · head {HEAD} "))[0]
+    z = z_of(head)
+    side1 = int(np.sqrt(F.SINGLE_MAX_CELLS))
+    assert z.shape == (len(F.bin_edges(n, side1)),) * 2
+    dense1 = dense_pooled(res, LAYER, [HEAD], side1, how)[0]
+    assert np.abs(z - dense1).max() <= 1e-5
+    assert head["y"][0].startswith("(0–")  # bins of tokens, labelled by their range
+
+
+@pytest.mark.slow
+def test_zoom_draws_the_region_at_full_resolution(env):
+    q0, k0, side = 700, 300, 120
+    at = new_app(model=TINY, text=LONG, layer=LAYER, head=HEAD, scale="linear", zoom=1, zq=q0, zk=k0, zn=side)
+    at.run()
+    ok(at)
+    res = engine(LONG)
+    head = heatmaps(titled(at, f"layer {LAYER} · head {HEAD} "))[0]
+    want = np.asarray(res.head(LAYER, HEAD), dtype=np.float32)[q0 : q0 + side, k0 : k0 + side]
+    z = z_of(head)
+    assert z.shape == want.shape
+    # exp(s - L) on the device against the result's softmax rows: float32 rounding only (1.6e-9)
+    assert np.abs(z - want).max() <= 1e-8, np.abs(z - want).max()
+    assert head["y"] == labels(LONG)[q0 : q0 + side] and head["x"] == labels(LONG)[k0 : k0 + side]
+    assert payload(at) < F.PAYLOAD_LIMIT
+    assert any("at full resolution" in c.value for c in at.caption)
+
+
+@pytest.mark.slow
+def test_hidden_tokens_keep_the_exact_row_path_and_say_so(env):
+    at = new_app(model=TINY, text=LONG, hide=1).run()
+    ok(at)
+    assert [s for s in at.get("slider") if s.key == "row0"]  # the row window of exact rows
+    assert any("cannot do: pooled on the server from exact rows" in c.value for c in at.caption)
+    assert payload(at) < F.PAYLOAD_LIMIT
+
+
+@pytest.mark.slow
+def test_overview_mosaic_is_pooled_on_the_device(env):
+    at = new_app("pages/1_Model_overview.py", model=TINY, text=LONG, pool="mean", induction=0).run()
+    ok(at)
+    res = engine(LONG)
+    n_l, n_h = res.n_layers(), res.n_heads
+    side = F.mosaic_side(n_l, n_h)
+    mosaic = heatmaps(specs(at)[0])[0]
+    canvas = z_of(mosaic)  # log colour (auto past LONG_TEXT_TOKENS): log10, clipped
+    for layer in range(n_l):
+        want = dense_pooled(res, layer, list(range(n_h)), side, "mean")
+        want = np.clip(np.log10(np.maximum(want, 10.0**F.LOG_FLOOR_EXP)), F.LOG_FLOOR_EXP, 0.0)
+        for h in range(n_h):  # layers down, heads across (more heads than layers)
+            tile = canvas[
+                layer * (side + 1) : layer * (side + 1) + side, h * (side + 1) : h * (side + 1) + side
+            ]
+            assert np.abs(tile - want[h]).max() <= 1e-4, (layer, h)  # log10 of a 1e-5 match
+    assert payload(at) < F.PAYLOAD_LIMIT
+
+
+def per_token(lm) -> int:
+    """Bytes per token of the fast path (what `limits.token_budget` divides the free memory by)."""
+    lay = lm.layout
+    return (
+        limits.capture_bytes(lay, 1, lm.dtype)
+        + limits.forward_bytes(lay, 1, lm.dtype)
+        + limits.stats_pass_bytes(lay, 1)
+    )
+
+
+def test_token_cap_follows_free_memory_and_keeps_the_configured_cap(monkeypatch):
+    import tiny
+
+    lm = tiny.loaded("llama-gqa")
+    full = Settings(demo=False, allowed_models=(), max_tokens=8192)
+    demo = Settings(demo=True, allowed_models=(), max_tokens=512)
+    monkeypatch.setattr(limits, "free_bytes", lambda device: 2**40)
+    assert engine_specs.token_cap(lm, full) == 8192 and engine_specs.token_cap(lm, demo) == 512
+    monkeypatch.setattr(limits, "free_bytes", lambda device: int(per_token(lm) * 1000 / limits.USABLE))
+    assert 990 <= engine_specs.token_cap(lm, full) <= 1000
+    assert engine_specs.token_cap(lm, demo) == 512
+    with pytest.raises(
+        OutOfMemory,
+        match=r"^2000 tokens need [0-9.]+ GiB, [0-9.]+ GiB free on cpu — try at most [0-9]+ tokens$",
+    ):
+        engine_specs.check_tokens(lm, 2000, full)
+    engine_specs.check_tokens(lm, 9000, full)  # over the configured cap: extract says so itself
+
+
+@pytest.mark.slow
+def test_over_budget_text_gets_the_limit_message_and_the_app_keeps_serving(env):
+    import tiny
+
+    lm = tiny.loaded("llama-gqa")
+    small = int(per_token(lm) * 1000 / limits.USABLE)  # room for about 1000 tokens
+    env.setattr(limits, "free_bytes", lambda device: small)
+    at = new_app(model=TINY, text=LONG).run()
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "tokens need" in errors[0] and "GiB free on cpu — try at most" in errors[0]
+    cap = engine_specs.token_cap(lm)
+    assert any(f"Up to {cap} tokens (the free memory on cpu)" in c.value for c in at.sidebar.caption)
+    at.sidebar.text_area(key="text").set_value("the bank of the river").run()
+    ok(at)
+    assert heatmaps(titled(at, "layer 0 · head 0 "))
+
+
+@pytest.mark.slow
+def test_zoom_without_the_sink_is_the_renormalised_rows(env):
+    q0, k0, side = 900, 10, 64
+    at = new_app(model=TINY, text=LONG, scale="linear", nosink=1, zoom=1, zq=q0, zk=k0, zn=side).run()
+    ok(at)
+    res = engine(LONG)
+    rows = np.asarray(res.head(0, 0), dtype=np.float32)[q0 : q0 + side, 1:]  # key 0 dropped
+    want = (rows / rows.sum(-1, keepdims=True))[:, k0 : k0 + side]  # shown keys k0.. (positions k0+1..)
+    head = heatmaps(titled(at, "layer 0 · head 0 "))[0]
+    assert np.abs(z_of(head) - want).max() <= 1e-6
+    assert head["x"] == labels(LONG)[k0 + 1 : k0 + 1 + side]
+
+
+@pytest.mark.slow
+def test_a_view_past_the_free_memory_is_a_message(env):
+    at = new_app(model=TINY, text=LONG, layer=0).run()
+    ok(at)
+    env.setattr(limits, "free_bytes", lambda device: 2**20)  # 1 MiB free from now on
+    at.slider(key="layer").set_value(LAYER).run()  # the result is cached; the pooled view is new
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert errors and all(
+        "a pooled view needs" in e and "GiB free on cpu — try fewer cells" in e for e in errors
+    )
+    env.setattr(limits, "free_bytes", lambda device: 2**40)
+    at.slider(key="layer").set_value(0).run()  # the app keeps serving
+    ok(at)

@@ -1,0 +1,117 @@
+"""Model overview page through AppTest: every head at once, head statistics, head finder."""
+
+from __future__ import annotations
+
+import numpy as np
+from apptest import TEXT, TINY, heatmaps, new_app, ok, specs, z_of
+
+import attnviz
+from attnviz import metrics
+
+PAGE = "pages/1_Model_overview.py"
+
+
+def tiny_metrics(text: str = TEXT):
+    import tiny
+
+    return metrics.head_metrics(attnviz.extract(tiny.loaded("llama-gqa"), text))
+
+
+def test_mosaic_statistics_and_finder(env):
+    at = new_app(PAGE, model=TINY, text=TEXT).run()
+    ok(at)
+    charts = specs(at)
+    mosaic = charts[0]
+    assert len(heatmaps(mosaic)) == 1
+    # 3 layers x 4 heads: 4 head rows > 3 layers, so layers are the rows here
+    assert mosaic["layout"]["xaxis"]["ticktext"] == ["L0", "L1", "L2"]  # layers across, every model
+    assert mosaic["layout"]["yaxis"]["ticktext"] == ["H0", "H1", "H2", "H3"]
+    titles = [(c["layout"].get("title") or {}).get("text", "") for c in charts[1:]]
+    for name in ("entropy", "sink", "previous token", "induction", "GQA coherence"):
+        assert any(name in t for t in titles), (name, titles)
+    table = at.dataframe[0].value
+    assert len(table) == 3 * 4 and list(table.columns[:3]) == ["layer", "head", "kv head"]
+    want = tiny_metrics().entropy
+    assert np.all(np.diff(table["entropy"].to_numpy()) <= 1e-9)  # sorted by entropy, highest first
+    assert table["entropy"].iloc[0] == round(float(want.max()), 4)
+    assert table["open"].iloc[0].startswith("./?model=tiny%3Allama-gqa&text=")
+
+
+def test_entropy_heatmap_holds_the_engine_numbers(env):
+    at = new_app(PAGE, model=TINY, text=TEXT).run()
+    entropy = next(c for c in specs(at) if "entropy" in (c["layout"].get("title") or {}).get("text", ""))
+    np.testing.assert_allclose(z_of(heatmaps(entropy)[0]), tiny_metrics().entropy.T, atol=1e-6)
+
+
+def test_sort_by_another_metric_and_open_a_head_in_the_explorer(env):
+    at = new_app(PAGE, model=TINY, text=TEXT).run()
+    at.selectbox(key="metric").set_value("sink").run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert np.all(np.diff(table["sink"].to_numpy()) <= 1e-9)
+    assert at.query_params["metric"] == "sink"
+    # pick the third row of the table, then open it
+    at.session_state["head_table"] = {"selection": {"rows": [2], "columns": []}}
+    at.run()
+    layer, head = int(table["layer"].iloc[2]), int(table["head"].iloc[2])
+    at.button(key="open_head").click().run()
+    ok(at)
+    assert at.title[0].value == "Attention explorer"
+    assert at.slider(key="layer").value == layer and at.selectbox(key="head").value == head
+    assert at.query_params["layer"] == str(layer) and at.query_params["head"] == str(head)
+
+
+def test_metric_link_param_and_encoder_decoder_stacks(env):
+    at = new_app(PAGE, model="tiny:bart", text=TEXT, stack="cross", metric="induction").run()
+    assert not at.exception
+    assert at.segmented_control(key="stack").value == "cross"
+    # induction is a self-attention metric: on cross-attention it is left out, with a note
+    assert any("self-attention" in c.value for c in at.caption)
+    # the link's metric is a valid name (no "link value not valid" warning), only not available here
+    assert not any("`metric`" in w.value for w in at.warning), [w.value for w in at.warning]
+    assert any("Metric 'induction' is not available here" in w.value for w in at.warning)
+    assert at.selectbox(key="metric").value == "entropy"
+
+
+LONG_WORDS = "the river bank and the money bank are not the same bank at all " * 30  # > 300 tokens
+
+
+def log10(w: np.ndarray) -> np.ndarray:
+    return np.clip(np.log10(np.maximum(w, 1e-5)), -5, 0)
+
+
+def test_one_colour_scale_control_auto_by_length_and_old_log_links(env):
+    """The overview has the explorer's "Colour scale" (no "Log colour" switch, no "per head":
+    one mosaic, one range); auto is linear on a short text and log past 300 tokens, said in a
+    caption; an old ``log=1`` link opens on log, and the mosaic then holds log10 of the engine's
+    weights (each tile one head, the tiny text unpooled)."""
+    from ui.params import OverviewParams
+
+    at = new_app(PAGE, model=TINY, text=TEXT, induction=0).run()
+    ok(at)
+    assert [t.key for t in at.toggle if "colour" in t.label.lower()] == []
+    box = at.selectbox(key="scale")
+    assert box.label == "Colour scale" and box.value == "auto"
+    assert box.options == ["auto (log₁₀ past 300 tokens)", "linear", "log₁₀", "rank (percentile)"]
+    assert specs(at)[0]["layout"]["coloraxis"]["cmin"] == 0  # linear weights
+    assert not any("Auto colour scale" in c.value for c in at.caption)
+    at = new_app(PAGE, model=TINY, text=LONG_WORDS, induction=0).run()
+    ok(at)
+    assert specs(at)[0]["layout"]["coloraxis"]["cmin"] == -5  # log10 axis
+    assert any("Auto colour scale: colour is log₁₀" in c.value for c in at.caption)
+    at = new_app(PAGE, model=TINY, text=TEXT, log=1, induction=0).run()
+    ok(at)
+    assert at.selectbox(key="scale").value == "log"
+    assert at.query_params["scale"] == "log" and "log" not in at.query_params
+    import tiny
+
+    res = attnviz.extract(tiny.loaded("llama-gqa"), TEXT)
+    canvas, n = z_of(heatmaps(specs(at)[0])[0]), res.n_tokens
+    side = (canvas.shape[1] + 1) // 3 - 1  # 3 layers across, 4 heads down, one-pixel gaps
+    assert side == n  # short text: each tile is the head itself
+    for layer in range(3):
+        for h in range(4):
+            tile = canvas[h * (n + 1) : h * (n + 1) + n, layer * (n + 1) : layer * (n + 1) + n]
+            np.testing.assert_allclose(tile, log10(res.head(layer, h)), atol=1e-5)
+    assert OverviewParams.from_query({"log": "1", "scale": "rank"})[0].scale == "rank"
+    assert OverviewParams.from_query({"log": "0"})[0].scale == "auto"

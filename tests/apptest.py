@@ -1,0 +1,89 @@
+"""Running a page of the app in Streamlit's AppTest and reading what it draws (the helpers every
+tests/app module uses). The tiny random models of tests/tiny.py are served as ``tiny:<arch>``
+(tests/conftest.py registers them with the engine)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+import attnviz
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = "tiny:llama-gqa"
+TEXT = "the bank of the river"
+TIMEOUT = 120
+
+
+def prepare(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No demo mode, no server token, empty process caches (conftest serves the tiny models)."""
+    for name in ("ATTNVIZ_DEMO", "ATTNVIZ_ALLOWED_MODELS", "ATTNVIZ_MAX_TOKENS", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    st.cache_resource.clear()
+    return monkeypatch
+
+
+def new_app(page: str = "app.py", **params: object) -> AppTest:
+    """A fresh browser session opening a share link to ``page`` (not yet run)."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    for name, value in params.items():
+        at.query_params[name] = str(value)
+    if page != "app.py":
+        at.switch_page(page)
+    return at
+
+
+def specs(at: AppTest) -> list[dict]:
+    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+
+
+def heatmaps(spec: dict) -> list[dict]:
+    return [t for t in spec["data"] if t.get("type") == "heatmap"]
+
+
+def titled(at: AppTest, text: str) -> dict:
+    """The one-trace chart whose title contains ``text``."""
+    found = [s for s in specs(at) if text in (s["layout"].get("title") or {}).get("text", "") + " "]
+    assert found, [(s["layout"].get("title") or {}).get("text") for s in specs(at)]
+    return found[0]
+
+
+def z_of(trace: dict) -> np.ndarray:
+    z = trace["z"]
+    if isinstance(z, dict):  # plotly's base64 typed array
+        shape = tuple(int(s) for s in z["shape"].split(","))
+        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"])).reshape(shape)
+    return np.asarray(z, dtype=float)
+
+
+def ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def engine(text: str, arch: str = "llama-gqa") -> attnviz.AttentionResult:
+    """What the engine gives for ``text`` on the tiny model (the numbers a page must draw)."""
+    import tiny
+
+    return attnviz.extract(tiny.loaded(arch), text)
+
+
+def labels(text: str, arch: str = "llama-gqa") -> list[str]:
+    import tiny
+
+    res = attnviz.extract(tiny.loaded(arch), text)
+    return [html.escape(s, quote=False) for s in res.tokens.labels]
+
+
+def vals(v) -> np.ndarray:
+    """A 1-D figure array as numbers (Plotly writes numpy arrays as base64 without a shape)."""
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+    return np.asarray(v, dtype=float)

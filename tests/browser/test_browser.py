@@ -1,0 +1,246 @@
+"""The real thing in a real browser: `streamlit run app.py` on a loopback port, Debian's Chromium
+through Playwright.
+
+- The default view (built-in smollm2-135m) draws; changing layer and head redraws; the share
+  link opened in a fresh browser context shows the same view (same heatmap, same numbers).
+- Long texts survive their (compressed) share links, 6,000 and 50,000 characters.
+- A screenshot of each page goes to test-output/screenshots/ (look at them).
+- Text that looks like HTML, Markdown or LaTeX shows literally in the Plotly tick labels and
+  never renders or runs (the rendering rows of docs/robustness.md).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import urllib.parse
+
+import numpy as np
+import pytest
+from browser_page import WIDTH, alerts, charts, reran, tick_labels, wait_idle
+from robustness_cases import BY_ID, PHISH
+from server import OUTPUT
+
+import attnviz
+from attnviz.tokens import Tokens
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+SHOTS = OUTPUT / "screenshots"
+PAGES = {  # screenshot name -> URL path (pages/ files; the Explorer is app.py)
+    "explorer": "/",
+    "model_overview": "/Model_overview",
+    "from_scratch": "/From_scratch",
+    "compare": "/Compare",
+    "generation": "/Generation",
+}
+
+
+def head_view(page) -> dict:
+    """The single-head heatmap (the one chart with one trace and a 'layer .. head ..' title)."""
+    found = [c for c in charts(page) if c["traces"] == 1 and re.search(r"layer \d+ · head \d+", c["title"])]
+    assert found, [c["title"] for c in charts(page)]
+    return found[-1]
+
+
+def screenshot(page, name: str) -> None:
+    """The whole page, not only the viewport: Streamlit scrolls inside its main container, so the
+    viewport is made as tall as the content for the shot."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    height = page.evaluate(
+        """() => Math.max(...['[data-testid="stMain"]', '[data-testid="stAppViewContainer"]', 'body']
+            .map(s => document.querySelector(s)).filter(Boolean).map(e => e.scrollHeight))"""
+    )
+    page.set_viewport_size({"width": WIDTH, "height": int(min(max(height, 800), 7000))})
+    wait_idle(page)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    page.set_viewport_size({"width": WIDTH, "height": 1000})
+
+
+def no_errors(page) -> None:
+    bad = [a for a in alerts(page) if re.search(r"rror|went wrong|Traceback", a)]
+    assert not bad, bad
+    assert not page.locator('[data-testid="stException"]').count()
+
+
+# -- issue 5: default view, layer/head, share link, screenshots ------------------------------------
+def test_default_view_layer_head_and_share_link(server, browser, page):
+    page.goto(server.url + "/")
+    wait_idle(page)
+    no_errors(page)
+    first = head_view(page)
+    assert "smollm2-135m · layer 0 · head 0" in first["title"]
+    assert len(tick_labels(page)) > 0
+    default_z = np.array(first["z"])
+    assert np.allclose(default_z.sum(-1), 1, atol=1e-3)  # softmax rows
+
+    layer = page.locator('input[type="range"][aria-label="Layer"]')
+    layer.focus()
+    with reran(page):  # waits for the run the key presses caused, not a fixed time
+        for _ in range(7):
+            page.keyboard.press("ArrowRight")
+    with reran(page):
+        page.locator('input[role="combobox"][aria-label="Head"]').click()
+        page.get_by_role("option", name=re.compile(r"^head 4\b")).click()
+    page.wait_for_function("() => /layer=7/.test(location.search) && /head=4/.test(location.search)")
+    changed = head_view(page)
+    assert "layer 7 · head 4" in changed["title"], changed["title"]
+    assert not np.allclose(np.array(changed["z"]), default_z)
+
+    page.get_by_text("Share this view").click()
+    link = page.locator('[data-testid="stCode"]').last.inner_text().strip()
+    assert link.startswith(server.url) and "layer=7" in link and "head=4" in link, link
+    assert "token" not in urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)
+    screenshot(page, "explorer_layer7_head4")
+
+    fresh = browser.new_context(viewport={"width": WIDTH, "height": 1000}).new_page()
+    fresh.goto(link)
+    wait_idle(fresh)
+    no_errors(fresh)
+    shared = head_view(fresh)
+    assert shared["title"] == changed["title"]
+    assert shared["x"] == changed["x"] and shared["y"] == changed["y"]
+    assert np.array_equal(np.array(shared["z"]), np.array(changed["z"]))
+    assert fresh.locator('input[type="range"][aria-label="Layer"]').input_value() == "7"
+    fresh.context.close()
+
+
+def long_text(n_chars: int, seed: int = 0) -> str:
+    words = ["the", "bank", "river", "money", "flows", "near", "a", "quiet", "town,", "and", "it", "rains."]
+    rng = np.random.default_rng(seed)
+    return " ".join(words[i] for i in rng.integers(0, len(words), n_chars // 3))[:n_chars]
+
+
+def test_long_texts_survive_their_share_links(server, browser, page):
+    """Texts past the readable length travel compressed (``tz``): a 6,000-character text opens
+    with the same view and numbers in a fresh context, and a 50,000-character text (more tokens
+    than the server's cap) comes back into the text box character for character."""
+    from ui.params import ExplorerParams
+
+    text = long_text(6_000)
+    link = ExplorerParams(text=text, stack="self", layer=3, head=2).to_query()
+    assert "tz" in link.params and not link.left_out
+    page.goto(link.url(server.url, ""))
+    wait_idle(page, timeout_ms=240_000)
+    no_errors(page)
+    assert page.locator("textarea").first.input_value() == text
+    view = head_view(page)
+    assert "layer 3 · head 2" in view["title"], view["title"]
+    page.get_by_text("Share this view").click()
+    shared = page.locator('[data-testid="stCode"]').last.inner_text().strip()
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(shared).query)["tz"] == [link.params["tz"]]
+
+    big = long_text(50_000, seed=1)
+    link = ExplorerParams(text=big, layer=1, head=1).to_query()
+    url = link.url(server.url, "")
+    assert not link.left_out and len(url) < 60_000
+    fresh = browser.new_context(viewport={"width": WIDTH, "height": 1000}).new_page()
+    fresh.goto(url)
+    wait_idle(fresh, timeout_ms=240_000)
+    assert fresh.locator("textarea").first.input_value() == big
+    assert not fresh.locator('[data-testid="stException"]').count()
+    assert re.search(r"limit is \d+", " ".join(alerts(fresh)))  # the cap's one-line message
+    assert "tz=" in fresh.evaluate("() => location.search")
+    fresh.context.close()
+
+
+@pytest.mark.parametrize("name", list(PAGES))
+def test_screenshot_of_each_page(server, page, name):
+    page.goto(server.url + PAGES[name])
+    wait_idle(page, timeout_ms=240_000)
+    screenshot(page, name)
+    no_errors(page)
+    assert page.locator(".js-plotly-plot").count() > 0, f"{name}: no figure"
+    empty = page.evaluate(
+        "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+        ".filter(gd => !(gd._fullData || []).length).length"
+    )
+    assert empty == 0, f"{name}: {empty} empty figure(s)"
+
+
+# -- issue 6: rendering cases ---------------------------------------------------------------------
+PAYLOADS = {
+    "html-bold": "<b>x</b> and <i>y</i>",
+    "html-script": "<script>window.__xss=2</script>",
+    "html-img-onerror": '<img src=x onerror="window.__xss=1">',
+    "markdown": "**bold** _it_ [a](http://127.0.0.1:9/phish) # h",
+    "latex": "$x^2$ \\(y\\) $$z$$",
+    "html-entity": "&lt;b&gt; &amp; &#60;s&#62;",
+}
+LINKS = {"link-markdown": {"layer": PHISH}, "model-markdown": {"model": PHISH}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(attnviz.loading.builtin_folder("smollm2-135m"))
+
+
+def never_rendered(page) -> None:
+    """Nothing the user typed became markup: no script ran, no dialog, no <img src=x>, no link to
+    the phishing URL, no KaTeX, no bold/italic element made from the text."""
+    assert page.evaluate("() => window.__xss") is None, "a script from the text ran"
+    assert page.dialogs == []  # type: ignore[attr-defined]
+    assert page.locator('img[src="x"]').count() == 0
+    assert page.locator('a[href*="127.0.0.1:9"]').count() == 0
+    assert page.locator('[data-testid="stMain"] .katex').count() == 0
+    made = page.evaluate(
+        """() => Array.from(document.querySelectorAll('b, strong, i, em, .js-plotly-plot tspan[style*=bold]'))
+            .map(e => e.textContent.trim()).filter(t => ['x', 'y', 'bold', 'it', 'log in'].includes(t))"""
+    )
+    assert made == [], f"text rendered as markup: {made}"
+
+
+@pytest.mark.parametrize("case_id", list(PAYLOADS))
+def test_text_that_looks_like_markup_shows_literally(server, page, tokenizer, case_id):
+    assert "browser" in BY_ID[case_id].levels
+    text = PAYLOADS[case_id]
+    page.goto(f"{server.url}/?{urllib.parse.urlencode({'text': text})}")
+    wait_idle(page)
+    no_errors(page)
+    never_rendered(page)
+    ids = tokenizer(text)["input_ids"]
+    labels = [f"({i}) {d}" for i, d in enumerate(Tokens.build(tokenizer, ids).display)]
+    view = head_view(page)
+    assert view["x"] == [html.escape(s, quote=False) for s in labels]  # Plotly gets escaped text...
+    shown = tick_labels(page)
+    for label in labels:  # ...and draws it literally (textContent of the SVG tick labels)
+        assert label in shown, f"{label!r} not drawn literally; drawn: {shown[:40]}"
+    # The text area holds the text as typed.
+    assert page.locator("textarea").first.input_value() == text
+    # The app still answers a normal request in the same tab.
+    page.goto(f"{server.url}/?text=the+bank+of+the+river")
+    wait_idle(page)
+    no_errors(page)
+    assert "(1) bank" in tick_labels(page)
+
+
+@pytest.mark.parametrize("case_id", list(LINKS))
+def test_markdown_in_a_link_parameter_is_not_rendered(server, page, case_id):
+    assert "browser" in BY_ID[case_id].levels
+    page.goto(f"{server.url}/?{urllib.parse.urlencode(LINKS[case_id])}")
+    wait_idle(page)
+    never_rendered(page)
+    messages = " ".join(alerts(page))
+    assert "[log in](http://127.0.0.1:9/phish)" in messages, messages
+
+
+def test_figure_builders_escape_whole_tag_tokens(browser):
+    """Real tokenizers have tokens that are whole tags (<s>, </s>, <br>, <|im_start|>): Plotly
+    would draw <b>/<s>/<br>/<a> in labels as markup. The builders' figures, drawn by plotly.js in
+    Chromium, show every label literally."""
+    from attnviz import figures as F
+
+    labels = ["(0) <s>", "(1) <b>x</b>", "(2) <br>", "(3) <a href='http://127.0.0.1:9'>l</a>", "(4) &lt;"]
+    probs = np.tril(np.ones((5, 5), dtype=np.float32))
+    probs /= probs.sum(-1, keepdims=True)
+    fig = F.head_heatmap(probs, labels, title="<b>t</b> · layer 0 · head 0")
+    page = browser.new_page()
+    page.set_content(fig.to_html(include_plotlyjs=True, full_html=True))
+    page.wait_for_selector(".js-plotly-plot g.xtick text")
+    shown = tick_labels(page)
+    for label in labels:
+        assert label in shown, f"{label!r} drawn as {shown}"
+    assert page.locator('.js-plotly-plot a[href*="127.0.0.1:9"]').count() == 0
+    page.close()

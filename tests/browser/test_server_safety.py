@@ -1,0 +1,80 @@
+"""Safe defaults of the running server: XSRF and CORS on, tracebacks hidden, the public demo's
+model list and no token field (a real `streamlit run app.py`)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from robustness_cases import VALID
+
+import attnviz
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_streamlit_config_keeps_xsrf_and_cors_and_hides_tracebacks():
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert cfg.get("server", {}).get("enableXsrfProtection", True) is True
+    assert cfg.get("server", {}).get("enableCORS", True) is True
+    assert cfg.get("client", {}).get("showErrorDetails") in ("none", "type"), "tracebacks would reach users"
+    shown = subprocess.run(
+        [sys.executable, "-m", "streamlit", "config", "show"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert not re.search(r"^enable(XsrfProtection|CORS) = false", shown, re.M)
+    assert re.search(r'^showErrorDetails = "(none|type)"', shown, re.M)
+
+
+@pytest.fixture(scope="module")
+def demo_server():
+    from server import streamlit_server
+
+    with streamlit_server(name="robustness-demo", env={"ATTNVIZ_DEMO": "1"}) as s:
+        yield s
+
+
+@pytest.mark.slow
+def test_running_server_has_xsrf_on_and_refuses_foreign_origins(demo_server):
+    import urllib.request
+
+    req = urllib.request.Request(
+        demo_server.url + "/_stcore/health", headers={"Origin": "http://evil.example"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+        assert "_streamlit_xsrf=" in (r.headers.get("Set-Cookie") or ""), "XSRF protection is off"
+        assert r.headers.get("Access-Control-Allow-Origin") in (None, ""), "CORS lets any origin in"
+    preflight = urllib.request.Request(
+        demo_server.url + "/_stcore/health",
+        method="OPTIONS",
+        headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "GET"},
+    )
+    with urllib.request.urlopen(preflight, timeout=10) as r:
+        assert r.headers.get("Access-Control-Allow-Origin") in (None, "")
+
+
+@pytest.mark.slow
+def test_demo_server_offers_only_allowed_models_and_no_token_field(demo_server):
+    """A traversal link on the public demo: a warning, the allowed model instead, no free model
+    field and no token field; then the server answers the next link."""
+    from ws_client import run_session
+
+    run = run_session(demo_server.url, urllib.parse.urlencode({"model": "../..", "text": VALID}))
+    assert run.status == "FINISHED_SUCCESSFULLY" and not run.exceptions, run
+    assert any("not offered on this server" in a for a in run.alerts), run.alerts
+    pickers = [w for w in run.widgets if w["type"] == "selectbox" and w["label"] == "Model"]
+    assert pickers and all(o.split(" ")[0] in attnviz.BUILTIN_MODELS for o in pickers[0]["options"]), pickers
+    assert not [w for w in run.widgets if w["type"] == "text_input"], run.widgets  # no Hub id / path / token
+    assert run.figures, "no chart for the allowed model"
+    again = run_session(demo_server.url, urllib.parse.urlencode({"text": "the river bank"}))
+    assert again.status == "FINISHED_SUCCESSFULLY" and again.figures and not again.exceptions

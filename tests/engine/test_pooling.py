@@ -1,0 +1,88 @@
+"""Pooled views and zoom regions equal pooling / slicing the dense probabilities."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tiny
+from sharp_models import TEXT, sharp
+
+import attnviz
+from attnviz.analysis import pooling as P
+from attnviz.errors import AttnvizError, OutOfMemory
+
+
+def _pool(dense: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and max over block × block cells of (h, q, k) by plain loops (the oracle)."""
+    h, n_q, n_k = dense.shape
+    gq, gk = math.ceil(n_q / block), math.ceil(n_k / block)
+    mean, mx = np.zeros((h, gq, gk)), np.zeros((h, gq, gk))
+    for a in range(gq):
+        for b in range(gk):
+            cell = dense[:, a * block : (a + 1) * block, b * block : (b + 1) * block]
+            mean[:, a, b] = cell.mean((1, 2))
+            mx[:, a, b] = cell.max((1, 2))
+    return mean, mx
+
+
+@pytest.mark.parametrize("arch", tiny.ARCHS)
+@pytest.mark.parametrize("cells", [7, 16, 1000])
+def test_pooled_equals_dense_pooling(arch, cells, monkeypatch):
+    monkeypatch.setattr(P, "TILE_ELEMENTS", 4 * 12 * 12)  # many tiles, ragged edges
+    res = attnviz.extract(sharp(arch), TEXT)
+    for stack in res.stacks:
+        layer = res.n_layers(stack) - 1
+        view = P.pooled(res, layer, cells=cells, stack=stack)
+        dense = res.layer(layer, stack=stack)
+        mean, mx = _pool(dense, view.block)
+        assert view.mean.shape == mean.shape and view.block == math.ceil(max(dense.shape[1:]) / cells)
+        tol = 1e-4 if arch == "t5" else 1e-5  # T5's unscaled scores: row chunks round differently
+        assert np.abs(view.mean - mean).max() < tol
+        assert np.abs(view.max - mx).max() < tol
+        one = P.pooled(res, layer, [2], cells=cells, stack=stack)
+        assert np.abs(one.mean[0] - mean[2]).max() < 1e-4  # T5: unscaled scores and one.heads == (2,)
+        expected = {"gemma2": "dense: soft-capping", "t5": "dense: position bias"}.get(arch, "fused")
+        assert view.path == expected
+
+
+def test_region_equals_the_dense_slice():
+    res = attnviz.extract(sharp("mistral-sliding"), TEXT)
+    dense = res.layer(1)
+    got = P.region(res, 1, [0, 3], rows=slice(10, 30), cols=slice(5, 25))
+    assert got.shape == (2, 20, 20)
+    assert np.abs(got - dense[[0, 3], 10:30, 5:25]).max() < 1e-5
+    res_g = attnviz.extract(sharp("gemma2"), TEXT)
+    got = P.region(res_g, 0, None, rows=slice(3, 9), cols=slice(0, 4))
+    assert np.abs(got - res_g.layer(0)[:, 3:9, 0:4]).max() < 1e-7
+    with pytest.raises(AttnvizError):
+        P.region(res, 0, rows=slice(5, 5), cols=slice(0, 3))
+    with pytest.raises(AttnvizError):
+        P.pooled(res, 0, [9])
+
+
+def test_a_view_too_big_for_memory_is_a_message(monkeypatch):
+    import attnviz.limits as L
+
+    res = attnviz.extract(sharp("gpt2"), TEXT)
+    monkeypatch.setattr(L, "free_bytes", lambda device: 1000)
+    with pytest.raises(
+        OutOfMemory, match=r"a pooled view needs .* GiB, 0.00 GiB free on cpu — try fewer cells"
+    ):
+        P.pooled(res, 0)
+
+
+def test_pooled_on_given_bins_equals_the_figures_pooling():
+    """The app's own bins (attnviz.figures.bin_edges, near-equal) and its max-pool, from the device."""
+    from attnviz import figures as F
+
+    res = attnviz.extract(sharp("llama-gqa"), TEXT)
+    dense = res.layer(2)
+    re, ce = F.bin_edges(dense.shape[1], 10), F.bin_edges(dense.shape[2], 13)
+    view = P.pooled(res, 2, row_edges=re, col_edges=ce)
+    assert view.path == "fused" and view.max.shape == (4, 10, 13)
+    np.testing.assert_allclose(view.max, F.pool(dense, re, ce, "max"), atol=1e-5)
+    np.testing.assert_allclose(view.mean, F.pool(dense, re, ce, "mean"), atol=1e-5)
+    with pytest.raises(AttnvizError):
+        P.pooled(res, 2, row_edges=[1, 5])
