@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-docker`: the image built, started and used as a user would (tests/test_docker_image.py,
+# `make test-docker`: the image built, started and used as a user would (tests/packaging/test_docker_image.py,
 # pytest -m docker). Needs a Docker engine, debootstrap (the stand-in base where no image registry
 # is reachable) and Docker Compose. As root, whatever is missing is installed from Debian's
 # packages and dockerd is started (and stopped again at the end); otherwise one line says what

@@ -6,7 +6,7 @@ own: ports are published on it and it has no route out, so the containers are of
 build is the README's offline one (a Debian base from scripts/docker-base.sh, the torch wheel
 from pip's find-links folder in wheels/): this machine reaches no image registry and no torch
 index. Figures (build time, image size, first view, docker stop) are printed at the end and
-written to test-output/docker/figures.json. tests/test_docker.py reads the Dockerfile and checks
+written to test-output/docker/figures.json. test_docker.py reads the Dockerfile and checks
 that every README Docker command is run here or checked there.
 """
 
@@ -30,13 +30,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from browser_page import alerts, charts, chromium, wait_idle
+from docker_readme import readme_commands
 from server import OUTPUT, free_port
-from test_docker import readme_commands
 from ws_client import run_session
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.browser]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = OUTPUT / "docker"
 NETWORK = "attnviz-test"
 TAG = "attnviz-test"
