@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test-docker`: the image built, started and used as a user would (tests/test_docker_image.py,
+# `make test-docker`: the image built, started and used as a user would (tests/packaging/test_docker_image.py,
 # pytest -m docker). Needs a Docker engine, debootstrap (the stand-in base where no image registry
 # is reachable) and Docker Compose. As root, whatever is missing is installed from Debian's
 # packages and dockerd is started (and stopped again at the end); otherwise one line says what
@@ -10,10 +10,11 @@ py="${1:-.venv/bin/python}"
 shift || true
 root=0; [ "$(id -u)" = 0 ] && root=1
 
+have() { command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ]; }
 missing=()
-command -v dockerd >/dev/null || docker info >/dev/null 2>&1 || missing+=(docker.io)
-command -v debootstrap >/dev/null || missing+=(debootstrap)
-docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || missing+=(docker-compose)
+have dockerd || docker info >/dev/null 2>&1 || missing+=(docker.io)
+have debootstrap || missing+=(debootstrap)
+docker compose version >/dev/null 2>&1 || have docker-compose || missing+=(docker-compose)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$root" = 0 ]; then
     echo "make test-docker: missing ${missing[*]} (Debian packages); install them as root (scripts/install.sh --dev does), then run it again" >&2
@@ -26,7 +27,8 @@ fi
 started=""
 if ! docker info >/dev/null 2>&1; then
   if [ "$root" = 0 ]; then
-    echo "make test-docker: no Docker engine answers (docker info) and only root can start dockerd here; start it (or join the docker group), then run it again" >&2
+    why="$(docker info 2>&1 >/dev/null | grep -m1 -i -E 'denied|cannot connect|error' || true)"
+    echo "make test-docker: no Docker engine answers $(id -un) (${why:-docker info failed}); only root can start dockerd here: start it (or join the docker group), then run it again" >&2
     exit 1
   fi
   # No iptables and no default bridge on these machines: the tests publish ports on a network
@@ -34,7 +36,7 @@ if ! docker info >/dev/null 2>&1; then
   log="${TMPDIR:-/tmp}/attnviz-dockerd.log"
   echo "make test-docker: starting dockerd ${DOCKERD_FLAGS:=--iptables=false --bridge=none} (log: $log)"
   # shellcheck disable=SC2086 # the flags are words
-  setsid dockerd $DOCKERD_FLAGS </dev/null >"$log" 2>&1 &
+  PATH="$PATH:/usr/sbin" setsid dockerd $DOCKERD_FLAGS </dev/null >"$log" 2>&1 &
   started=$!
   for _ in $(seq 1 120); do
     docker info >/dev/null 2>&1 && break

@@ -46,10 +46,11 @@ if [ "$dev" = 1 ]; then
   # Debian packages the tests drive: chromium (browser tests); docker.io, debootstrap and
   # docker-compose (`make test-docker` builds and runs the image; scripts/docker-test.sh).
   missing=()
+  have() { command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ]; }
   [ -x /usr/bin/chromium ] || missing+=(chromium)
-  command -v dockerd >/dev/null || missing+=(docker.io)
-  command -v debootstrap >/dev/null || missing+=(debootstrap)
-  docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || missing+=(docker-compose)
+  have dockerd || missing+=(docker.io)
+  have debootstrap || missing+=(debootstrap)
+  docker compose version >/dev/null 2>&1 || have docker-compose || missing+=(docker-compose)
   if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
       (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \

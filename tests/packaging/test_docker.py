@@ -2,7 +2,7 @@
 install script as `make test`, non-root, health-checked; the health check command itself is run
 against the app's real Streamlit server (tests/server.py).
 
-The image is built, started and used for real in tests/test_docker_image.py (`make test-docker`).
+The image is built, started and used for real in test_docker_image.py (`make test-docker`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from docker_readme import readme_commands, readme_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -205,22 +206,6 @@ def test_the_warmup_the_image_runs_exists(capsys):
 
 
 # -- the README's Docker commands: each one is run by tests/test_docker_image.py or checked here -----
-def readme_lines() -> list[str]:
-    """Every command line in the README's "Docker" section, comments dropped."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Docker\n", 1)[1].split("\n## ", 1)[0]
-    lines = [
-        line.split(" #", 1)[0].strip()
-        for block in re.findall(r"```bash\n(.*?)```", section, re.S)
-        for line in block.splitlines()
-    ]
-    return [line for line in lines if line]
-
-
-def readme_commands() -> list[list[str]]:
-    return [shlex.split(line) for line in readme_lines()]
-
-
 PLAIN_BUILD = "docker build -t attnviz ."
 OFFLINE_BUILD = (
     "docker build --network host --build-arg BASE_IMAGE=attnviz-base --build-arg TORCH=wheel -t attnviz ."
