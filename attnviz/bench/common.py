@@ -19,6 +19,7 @@ import torch
 from ..exact import kernels
 from ..extract import forward_kwargs
 from ..loading import LoadedModel, wrap_model
+from ..loading.files import atomic_write_text
 
 _CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
 WORDS = [
@@ -175,5 +176,4 @@ def replace_section(path: Path, name: str, body: str) -> None:
         new = old[: old.index(start)] + block + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
+    atomic_write_text(path, new)  # a full disk keeps the old file whole

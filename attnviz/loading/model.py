@@ -42,6 +42,7 @@ class LoadedModel:
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _names: dict[int, str] | None = field(default=None, repr=False)
     probe: Probe | None = field(default=None, repr=False)  # where each attention layer lives
+    notices: tuple[str, ...] = ()  # one line each: what loading had to do (cache rebuilt, not written)
 
     @property
     def fast_exact(self) -> bool:

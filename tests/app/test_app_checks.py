@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import tiny
-from apptest import TINY, new_app, ok, prepare, specs
+from apptest import TINY, new_app, ok, prepare, specs, vals
 
 TEXT = "the financial bank is located on river bank, a quick brown fox jumps over the lazy dog"
 STACKS_CHECKED = re.compile(
@@ -18,11 +18,9 @@ def test_coloured_text_of_the_first_token_shows_only_itself(monkeypatch):
     """The Explorer's first view on a left-to-right model: the "Coloured text" of token 0 asks for
     one row, and token 0 can attend only to itself - weight 1 there, exactly 0 on every later token
     (a single first row once lost its causal mask and showed the later words)."""
-    from test_app_views import vals
-
     prepare(monkeypatch)
     for layer, head in ((0, 0), (2, 3)):
-        at = new_app(model=TINY, text=TEXT, layer=layer, head=head).run()
+        at = new_app(model=TINY, text=TEXT, layer=layer, head=head, tok=0, tview="text").run()
         ok(at)
         assert at.number_input(key="tok").value == 0
         fig = next(s for s in specs(at) if s["data"][0].get("type") == "bar")

@@ -80,3 +80,10 @@ def labels(text: str, arch: str = "llama-gqa") -> list[str]:
 
     res = attnviz.extract(tiny.loaded(arch), text)
     return [html.escape(s, quote=False) for s in res.tokens.labels]
+
+
+def vals(v) -> np.ndarray:
+    """A 1-D figure array as numbers (Plotly writes numpy arrays as base64 without a shape)."""
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+    return np.asarray(v, dtype=float)
