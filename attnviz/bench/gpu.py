@@ -4,7 +4,8 @@ Per length N (1k, 8k, 32k and, when memory and time allow, 128k), each a median 
 and a ratio to the floor measured in the same run on the same ids:
 
 - floor       one plain SDPA forward (`common.floor`)
-- first head  extract + one head of layer 0 (what the explorer shows first)
+- first head  extract + one head of layer 0 as the explorer shows it first (whole up to
+              HEAD_SIDE tokens, pooled to HEAD_SIDE bins beyond: a dense 128k head is 64 GiB)
 - statistics  extract + every head's statistics (`head_metrics`: the second fused pass per layer)
 - rollout     a fresh extract, then the rollout of the last token (`token_rollout`, its LSE
               passes included); its ratio is the rollout alone
@@ -102,9 +103,12 @@ def row(lm: LoadedModel, n: int, repeats: int, view: bool) -> Row:
     floor(lm, ids[:32])()  # warm-up
     t_floor, _ = timed(floor(lm, ids), dev, repeats)
 
-    def first() -> Any:
+    def first() -> Any:  # as the explorer shows it: the whole head, or pooled past HEAD_SIDE tokens
         res = extract_ids(lm, ids, max_tokens=n)
-        return res, res.layer_tensor(0, heads=[0])
+        if n <= HEAD_SIDE:
+            return res, res.layer_tensor(0, heads=[0])
+        edges = bin_edges(n, HEAD_SIDE)
+        return res, pooled(res, 0, [0], row_edges=edges, col_edges=edges)
 
     t_first, (res, _) = timed(first, dev, repeats)
     problems = [] if res.method == FAST_METHOD else [f"extract: {res.method}"]
