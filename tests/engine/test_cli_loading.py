@@ -100,7 +100,7 @@ def test_info_prints_layout(tiny_folder):
         (["info"], "required"),
         (["nonsense"], "invalid choice"),
         (["extract", "--model", "x", "--text", "t", "--out", "o.npz", "--path", "slow"], "invalid choice"),
-        (["info", "--model", "/no/such/folder"], "is not a model folder"),
+        (["info", "--model", "/no/such/folder"], "does not exist (or is not a folder)"),
         (["info", "--model", "bad id!!"], "not a built-in model"),
     ],
 )
