@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import AttnvizError
-from .norms import FrozenNorm, close, identify
+from .norms import FrozenNorm, close, identify, sums_to
 
 Residual = Literal["sequential", "parallel"]
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe")
@@ -37,6 +37,15 @@ def _first_tensor(x: Any) -> torch.Tensor | None:
 
 def _input(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return _first_tensor(args[0]) if args else _first_tensor(kwargs.get("hidden_states"))
+
+
+def _reads_mid(pre: torch.Tensor, added: torch.Tensor, source: torch.Tensor, dtype: torch.dtype) -> bool:
+    """``source`` is input + attention (checked on 8 rows spread over the text: a structure check;
+    the block's full sum is checked on every row when it ends)."""
+    n = pre.shape[-2]
+    rows = torch.linspace(0, n - 1, min(n, 8)).long().to(pre.device)
+    pick = lambda t: t.index_select(-2, rows)  # noqa: E731
+    return sums_to(pick(source), [pick(pre), pick(added)], dtype)
 
 
 def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -124,7 +133,7 @@ class BlockHooks:
                     f"block {i}: could not find its attention output, its MLP ({'/'.join(MLP_NAMES)}) "
                     "or where the MLP reads from"
                 )
-            elif not close(b.pre + b.attn_added + b.mlp_added, post, self.dtype):
+            elif not sums_to(post, [b.pre, b.attn_added, b.mlp_added], self.dtype):
                 b.problem = (
                     f"block {i}'s output is not its input + attention + MLP (a residual multiplier or "
                     "another term); the parts would not add up to it"
@@ -153,7 +162,7 @@ class BlockHooks:
         source = next((c[0] for c in b.children if _same(c[1], x)), x)  # a norm in front of the MLP
         if _same(source, b.pre):
             b.residual = "parallel"  # the MLP's norm reads the block's input (NeoX)
-        elif b.attn_added is not None and close(b.pre + b.attn_added, source, self.dtype):
+        elif b.attn_added is not None and _reads_mid(b.pre, b.attn_added, source, self.dtype):
             b.residual = "sequential"
         else:
             b.problem = (

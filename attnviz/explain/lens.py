@@ -24,6 +24,7 @@ from .residual import Trace, trace, unembed
 
 DEFAULT_POSITIONS = 16
 DEFAULT_K = 5
+LENS_ROWS = 256  # (layer, position) rows per product with the LM head
 
 
 @dataclass(frozen=True)
@@ -98,24 +99,31 @@ def logit_lens(
     if not 1 <= k <= 100:
         raise AttnvizError(f"k = {k}; pick 1 .. 100 top tokens")
     n_rows = tr.n_layers + 1
+    n_pos = len(pos)
     with torch.inference_mode():
-        final = unembed(lm, tr.stream[-1][pos])  # (P, vocab)
-        predicted = final.argmax(dim=-1)  # (P,)
-        top_ids = np.empty((n_rows, len(pos), k), dtype=np.int64)
-        top_probs = np.empty((n_rows, len(pos), k), dtype=np.float32)
-        rank = np.empty((n_rows, len(pos)), dtype=np.int64)
-        prob = np.empty((n_rows, len(pos)), dtype=np.float32)
-        for layer in range(n_rows):
-            logits = final if layer == n_rows - 1 else unembed(lm, tr.stream[layer][pos])
+        # every (layer, position) row through the head in a few big products: the LM head's
+        # weights (vocab × d_model) are read once per block of rows, not once per layer
+        x = torch.stack([tr.stream[layer][pos] for layer in range(n_rows)]).reshape(n_rows * n_pos, -1)
+        predicted = unembed(lm, tr.stream[-1][pos]).argmax(dim=-1)  # (P,)
+        want = predicted.repeat(n_rows)[:, None]  # the prediction, for each row
+        ids_flat = np.empty((n_rows * n_pos, k), dtype=np.int64)
+        probs_flat = np.empty((n_rows * n_pos, k), dtype=np.float32)
+        rank_flat = np.empty(n_rows * n_pos, dtype=np.int64)
+        prob_flat = np.empty(n_rows * n_pos, dtype=np.float32)
+        for a in range(0, n_rows * n_pos, LENS_ROWS):
+            rows = slice(a, a + LENS_ROWS)
+            logits = unembed(lm, x[rows])  # (rows, vocab)
             p = torch.softmax(logits, dim=-1)
             top = p.topk(k, dim=-1)
-            top_ids[layer], top_probs[layer] = top.indices.cpu().numpy(), top.values.cpu().numpy()
-            mine = logits.gather(1, predicted[:, None])  # (P, 1)
-            rank[layer] = (logits > mine).sum(dim=-1).cpu().numpy()
-            prob[layer] = p.gather(1, predicted[:, None])[:, 0].cpu().numpy()
+            ids_flat[rows], probs_flat[rows] = top.indices.cpu().numpy(), top.values.cpu().numpy()
+            mine = logits.gather(1, want[rows])  # (rows, 1)
+            rank_flat[rows] = (logits > mine).sum(dim=-1).cpu().numpy()
+            prob_flat[rows] = p.gather(1, want[rows])[:, 0].cpu().numpy()
+    top_ids, top_probs = ids_flat.reshape(n_rows, n_pos, k), probs_flat.reshape(n_rows, n_pos, k)
+    rank, prob = rank_flat.reshape(n_rows, n_pos), prob_flat.reshape(n_rows, n_pos)
     shown = _displays(lm, top_ids)
     per_cell = [tuple(shown[i : i + k]) for i in range(0, len(shown), k)]
-    per_row = [tuple(per_cell[r * len(pos) : (r + 1) * len(pos)]) for r in range(n_rows)]
+    per_row = [tuple(per_cell[r * n_pos : (r + 1) * n_pos]) for r in range(n_rows)]
     pred = predicted.cpu().numpy()
     return LogitLens(
         model_name=tr.model_name,

@@ -33,11 +33,21 @@ def tolerance(dtype: torch.dtype) -> float:
 
 def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
     """max |a − b| ≤ tolerance × max(1, max |b|), in float32."""
-    a, b = a.float(), b.float()
-    if a.shape != b.shape:
+    return sums_to(b, [a], dtype)
+
+
+def sums_to(whole: torch.Tensor, parts: list[torch.Tensor], dtype: torch.dtype) -> bool:
+    """max |whole − Σ parts| ≤ tolerance × max(1, max |whole|), in float32 (one temporary)."""
+    if any(p.shape != whole.shape for p in parts):
         return False
-    scale = max(1.0, float(b.abs().max()) if b.numel() else 1.0)
-    return float((a - b).abs().max()) <= tolerance(dtype) * scale if a.numel() else True
+    if whole.numel() == 0:
+        return True
+    rest = whole.float() - parts[0].float()
+    for p in parts[1:]:
+        rest.sub_(p.float())
+    inf = float("inf")
+    scale = max(1.0, float(torch.linalg.vector_norm(whole.float(), ord=inf)))
+    return float(torch.linalg.vector_norm(rest, ord=inf)) <= tolerance(dtype) * scale
 
 
 @dataclass(frozen=True)
