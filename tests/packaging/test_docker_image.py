@@ -222,7 +222,7 @@ def container(argv: list[str], name: str, *, port: int, volume: str, serve: bool
     finally:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{name}.log").write_text(box.logs())
-        docker("rm", "-f", name, check=False)
+        docker("rm", "-f", "-v", name, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -433,7 +433,7 @@ def test_cuda_build_runs_the_cuda_install(image):
     offline = readme(r"^docker build .*TORCH=wheel")
     here = offline[2 : offline.index("BASE_IMAGE=attnviz-base") + 1]  # --network host, the base
     argv = as_build(cuda, f"{TAG}-cuda")
-    argv[2:2] = here
+    argv[2:2] = [*here, "--force-rm"]  # (no failed build container left behind)
     proc, _ = build(argv, OUT / "build-cuda.log")
     log = proc.stdout + proc.stderr
     assert "TORCH=cuda" in shlex.join(argv) and proc.returncode != 0, log[-3000:]
