@@ -6,6 +6,7 @@ res = attnviz.extract(lm, "the financial bank is located on river bank")
 res.head(3, 0)            # (N, N) float32 probabilities of layer 3, head 0
 attnviz.head_view(res)    # plotly figure of every head (a notebook cell also shows `res` itself)
 attnviz.save_npz(res, "bank.npz")   # and attnviz.load_npz("bank.npz") reads it back as a result
+attnviz.flow_view(attnviz.information_flow(lm, "the financial bank is located on river"))  # why it predicts
 """
 
 import logging
@@ -14,6 +15,7 @@ from ._version import __version__
 from .errors import (
     AttnvizError,
     BadIndex,
+    CannotWrite,
     EmptyInput,
     GatedModel,
     InputTooLong,
@@ -24,8 +26,10 @@ from .errors import (
     OutOfMemory,
     UnsafeWeights,
 )
+from .explain import ablate_heads, information_flow, logit_attribution, logit_lens, rotary_bands
 from .export import load_npz, save_npz
 from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
+from .figures.explain import ablation_view, attribution_view, flow_view, lens_view, rotary_view
 from .figures.notebook import head_view, model_view
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
@@ -43,6 +47,7 @@ __all__ = [
     "AttentionResult",
     "AttnvizError",
     "BadIndex",
+    "CannotWrite",
     "EmptyInput",
     "GatedModel",
     "InputTooLong",
@@ -55,12 +60,22 @@ __all__ = [
     "Tokens",
     "UnsafeWeights",
     "__version__",
+    "ablate_heads",
+    "ablation_view",
+    "attribution_view",
     "extract",
     "extract_ids",
+    "flow_view",
     "head_view",
+    "information_flow",
+    "lens_view",
     "load_model",
     "load_npz",
+    "logit_attribution",
+    "logit_lens",
     "model_view",
+    "rotary_bands",
+    "rotary_view",
     "save_npz",
     "tokenize",
     "wrap_model",

@@ -1,4 +1,4 @@
-"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app.
+"""`attnviz` (or `python -m attnviz`): extract, info, bench, warmup, app, atlas.
 
 Every argument is checked before a model loads, where it is parsed (the ``type=`` functions
 below) or, for what needs the model's config (``--verify LAYER``), from the config alone
@@ -14,10 +14,22 @@ import importlib.util
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ._version import __version__
+from .atlas import command as atlas_command
+from .cli_args import (
+    device_name,
+    dtype_name,
+    model_name,
+    non_negative_int,
+    port_number,
+    positive_int,
+    some_text,
+    token_sizes,
+    verify_layer,
+    writable_file,
+)
 from .errors import AttnvizError
 from .export import FORMATS
 from .extract import DEFAULT_MAX_TOKENS
@@ -28,123 +40,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump, exit 2
         sys.stderr.write(f"attnviz: error: {message}\n")
         raise SystemExit(2)
-
-
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"{text!r} must be {low} or more")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def token_sizes(text: str) -> str:
-    """ "256, 1024" -> "256,1024": comma-separated token counts, each 1 or more."""
-    parts = [s.strip() for s in text.split(",") if s.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError("give comma-separated token counts, e.g. 256,1024")
-    try:
-        return ",".join(str(positive_int(s)) for s in parts)
-    except argparse.ArgumentTypeError as err:
-        raise argparse.ArgumentTypeError(f"{err}; give comma-separated token counts") from None
-
-
-def dtype_name(text: str) -> str:
-    import torch
-
-    from .errors import AttnvizError
-    from .loading import resolve_dtype
-
-    try:
-        resolve_dtype(text, torch.device("cpu"))
-    except AttnvizError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
-
-def model_name(text: str) -> str:
-    """A built-in name, a Hub id or an existing local folder, by the rules a server applies
-    (`attnviz.server.specs.resolve`, local folders allowed): no file is read, nothing loads."""
-    from .server.settings import Settings
-    from .server.specs import resolve
-
-    try:
-        spec = resolve(text, Settings(demo=False, allowed_models=(), max_tokens=DEFAULT_MAX_TOKENS))
-    except AttnvizError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    if spec.source == "local" and not Path(spec.spec).expanduser().is_dir():
-        raise argparse.ArgumentTypeError(f"local folder {spec.spec!r} does not exist (or is not a folder)")
-    return spec.spec
-
-
-VERIFY_MIDDLE = ("true", "yes", "on", "auto")
-
-
-def verify_layer(text: str) -> str | int:
-    """``--verify`` with no value (the middle layer), ``auto`` or a layer index 0, 1, ..."""
-    if text.strip().lower() in VERIFY_MIDDLE:
-        return text.strip().lower()
-    try:
-        return _int_at_least(text, 0)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a layer; give a layer index (0, 1, ...) or no value for the middle layer"
-        ) from None
-
-
-def some_text(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the text is empty; give some words")
-    return text
-
-
-def device_name(text: str) -> str:
-    """A device that exists here (the engine's rule: a missing device is an error, no fallback)."""
-    from .errors import AttnvizError
-    from .loading import resolve_device
-
-    try:
-        resolve_device(text)
-    except AttnvizError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
-
-def writable_file(text: str) -> Path:
-    """An output file whose folder exists (or can be made) and can be written to, checked before
-    the model loads. Probed by creating a temporary file, so it also holds for root."""
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file name")
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(folder)!r} is not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(folder)!r}: {reason}") from None
-    return path
-
-
-def port_number(text: str) -> int:
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1..65535)")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         type=verify_layer,
         metavar="LAYER",
-        help="recompute one layer (the middle one, or LAYER) with transformers' eager attention and "
-        "fail on a mismatch",
+        help="recompute one layer of every stack (the middle one, or LAYER) with transformers' eager "
+        "attention and fail on a mismatch",
     )
 
     info = sub.add_parser("info", help="the attention layout of a model")
@@ -210,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     bench.add_argument("--stats-sizes", help="token counts of the statistics rows (default: --sizes)")
     bench.add_argument(
+        "--llama-sizes",
+        type=token_sizes,
+        help="CUDA: token counts of the Llama-3.2-3B-shaped statistics rows",
+    )
+    bench.add_argument(
         "--no-stats", action="store_true", help="the extraction table only (no whole-model statistics rows)"
     )
 
@@ -219,12 +119,15 @@ def _parser() -> argparse.ArgumentParser:
     app.add_argument("--port", type=port_number, default=8501)
     app.add_argument("--address", default="localhost", help="0.0.0.0 to serve other machines")
     app.add_argument("--browser", action="store_true", help="open a browser tab")
+
+    atlas_command.add_parser(sub, model_args, positive_int, writable_file)  # see atlas/command.py
     return p
 
 
 def _extract(args) -> int:
     from . import extract, load_model
-    from .export import save_npz
+    from .export import choose_format, dense_nbytes, save_npz
+    from .loading.files import atomic_write
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype, revision=args.revision)
     res = extract(
@@ -236,22 +139,29 @@ def _extract(args) -> int:
         max_tokens=args.max_tokens,
         verify=False if args.verify is None else args.verify,
     )
-    try:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        written = save_npz(res, args.out, format=args.format)
+    fmt = choose_format(res, args.format)
+    saved: list[str] = []
+    try:  # complete or absent: a full disk or a kill mid-write never leaves half an .npz
+        atomic_write(
+            args.out,
+            lambda f: saved.append(save_npz(res, f, format=fmt)),
+            what=repr(args.out.name),
+            needed=dense_nbytes(res) if fmt == "dense" else res.nbytes,
+            up_to=fmt == "dense",  # compressed: the raw arrays' size bounds the file
+        )
     except OSError as err:
         raise AttnvizError(f"cannot write {str(args.out)!r}: {err.strerror or err}") from None
     n = len(res.tokens)
     how = (
         "compact: queries, keys and values; read it with attnviz.load_npz"
-        if written == "compact"
+        if saved == ["compact"]
         else "dense"
     )
     sys.stdout.write(
         f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path}; {how})\n"
     )
-    if res.check is not None:
-        sys.stdout.write(res.check.caption() + "\n")
+    if res.checks:  # one figure per stack (encoder, decoder, cross)
+        sys.stdout.write(res.check_caption() + "\n")
     return 0
 
 
@@ -385,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _preflight(args, parser.error)
     try:
+        if args.command == "atlas":
+            return atlas_command.main(args, parser.error)
         if args.command == "extract":
             return _extract(args)
         if args.command == "info":

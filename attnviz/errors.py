@@ -45,3 +45,8 @@ class OutOfMemory(AttnvizError):
 
 class NotAllowed(AttnvizError):
     """The request is not allowed in this server mode (e.g. local paths in demo mode)."""
+
+
+class CannotWrite(AttnvizError):
+    """A file or folder could not be written (disk full, read-only, no permission); the message
+    names the folder and the space needed."""

@@ -18,10 +18,11 @@ from .capture import layerwise
 from .capture.hook import IMPLEMENTATION, recording
 from .capture.layerwise import LayerInput
 from .capture.records import CapturedAttention
-from .capture.sites import decoder_start, eager_attentions
+from .capture.sites import decoder_start, eager_attentions, forward_inputs
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
+from .exact import kernels
 from .exact.eager import CannotCheck
-from .exact.verify import VerifyArg, pick_layer, self_check
+from .exact.verify import VerifyArg, pick_layers, self_check
 from .loading import LoadedModel, is_out_of_memory
 from .result import PATHS, AttentionResult, PathName
 from .tokens import Tokens
@@ -108,8 +109,10 @@ def _group(lm: LoadedModel, calls: list[CapturedAttention]) -> dict[str, list[Ca
     return {s: [c for c in found if c is not None] for s, found in stacks.items()}
 
 
-def _decoder_start(lm: LoadedModel) -> int:
-    return decoder_start(lm.model.config)
+def _pad_id(tok: Any) -> int | None:
+    """The tokenizer's pad id (0 is one), else its EOS: what generate pads a finished row with."""
+    pad = getattr(tok, "pad_token_id", None)
+    return pad if pad is not None else getattr(tok, "eos_token_id", None)
 
 
 @dataclass(frozen=True)
@@ -155,9 +158,11 @@ def extract(
     fp32. ``generate=k`` greedily generates k tokens first and returns the attention of prompt +
     generation. Encoder-decoder models without generation feed the decoder the same text shifted
     right (teacher forcing). Texts over ``max_tokens`` tokens are refused, never truncated.
-    ``verify`` (True, "auto" or a layer index) recomputes one layer with transformers' own eager
-    attention on the same layer input and records max |Δ| in ``result.check``; a mismatch above
-    the dtype's tolerance raises. "auto" checks only where it is cheap (<= 1024 tokens).
+    ``verify`` (True, "auto" or a layer index) recomputes one layer of every stack (encoder,
+    decoder, cross) with transformers' own eager attention on the same layer input and records each
+    stack's max |Δ| in ``result.checks``; a mismatch above the dtype's tolerance raises. "auto"
+    checks only where it is cheap (<= 1024 tokens). An encoder-decoder's decoder starts from the
+    model's own start token (`attnviz.capture.sites.decoder_start`, the one generate starts from).
     ``sampling`` generates by sampling (temperature, top-p, seed: reproducible) instead of greedily.
     ``progress(done, total)`` hears the fast forward's attention layers as they finish (a UI's
     progress bar; an exception it raises stops the forward and frees its work).
@@ -217,6 +222,7 @@ def extract_ids(
     enc_dec = lm.layout.kind == "encoder-decoder"
     t0 = time.perf_counter()
     input_ids = torch.tensor([ids], device=lm.device)
+    start = decoder_start(model) if enc_dec else 0
     try:
         with lm.lock, torch.inference_mode():
             dec_ids: list[int] | None = None
@@ -230,7 +236,8 @@ def extract_ids(
                         attention_mask=torch.ones_like(input_ids),
                         max_new_tokens=generate,
                         **(sampling.kwargs() if sampling is not None else {"do_sample": False}),
-                        pad_token_id=getattr(tok, "pad_token_id", None) or getattr(tok, "eos_token_id", None),
+                        pad_token_id=_pad_id(tok),
+                        **({"decoder_start_token_id": start} if enc_dec else {}),
                     )[0].tolist()
                 if enc_dec:
                     dec_ids = out
@@ -238,12 +245,10 @@ def extract_ids(
                     generated = [False] * len(ids) + [True] * (len(out) - len(ids))
                     template = template + [False] * (len(out) - len(ids))
                     ids = out
-                    input_ids = torch.tensor([ids], device=lm.device)
             if enc_dec and dec_ids is None:
-                dec_ids = [_decoder_start(lm), *ids[:-1]]
-            inputs: dict = {"input_ids": input_ids, **forward_kwargs(lm)}
-            if enc_dec:
-                inputs["decoder_input_ids"] = torch.tensor([dec_ids], device=lm.device)
+                dec_ids = [start, *ids[:-1]]
+            # The same inputs (ids, all-ones masks) for the fast, eager and layer-at-a-time forwards
+            inputs: dict = {**forward_inputs(model, ids, dec_ids), **forward_kwargs(lm)}
             captured: dict[str, list[CapturedAttention]] = {}
             eager: dict[str, list[torch.Tensor]] = {}
             layers: dict[str, list[LayerInput]] = {}
@@ -283,6 +288,7 @@ def extract_ids(
                 f"input where it has {lm.layout.layers_in(stack)} attention layers; attnviz cannot "
                 "tell which map belongs to which layer, so it shows none"
             )
+    kernels.synchronize(lm.device)  # CUDA runs asynchronously: time the work, not its queueing
     seconds = time.perf_counter() - t0
     log.info("extract model=%s tokens=%d path=%s seconds=%.3f", lm.spec, len(ids), used, seconds)
     result = AttentionResult(
@@ -300,14 +306,16 @@ def extract_ids(
     )
     if verify == "auto" and (len(ids) > AUTO_VERIFY_TOKENS or used != "fast"):
         verify = False
-    layer = pick_layer(result, verify)
-    if layer is not None:
+    picks = pick_layers(result, verify)
+    if picks:
         try:
-            result = dataclasses.replace(result, check=self_check(lm.model, result, layer))
+            checks = self_check(lm.model, result, picks)
         except CannotCheck:
             if verify != "auto":
                 raise
             log.info("%s: no eager attention function to self-check against", lm.spec)
+        else:
+            result = dataclasses.replace(result, checks=checks)
     return result
 
 

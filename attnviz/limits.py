@@ -15,6 +15,7 @@ import psutil
 import torch
 
 from .errors import OutOfMemory
+from .exact import kernels
 from .layout import AttentionLayout
 
 log = logging.getLogger(__name__)
@@ -26,11 +27,15 @@ GIB = 2**30
 
 
 def free_bytes(device: torch.device | str) -> int:
-    """Free memory on ``device``: CUDA's free bytes, otherwise the host's available RAM."""
+    """Free memory on ``device``, otherwise the host's available RAM. On CUDA: the driver's free
+    bytes plus what PyTorch's caching allocator holds reserved but unused (``mem_get_info``
+    counts those blocks as used, yet our next tensors reuse them first)."""
     dev = torch.device(device)
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-        return int(free)
+    if kernels.on_cuda(dev):
+        cuda = kernels.backend()
+        free, _ = cuda.mem_get_info(dev)
+        cached = cuda.memory_reserved(dev) - cuda.memory_allocated(dev)
+        return int(free) + max(0, int(cached))
     return int(psutil.virtual_memory().available)
 
 

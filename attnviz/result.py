@@ -47,6 +47,19 @@ class Check:
         return f"checked against eager: max |Δ| {self.max_abs_diff:.0e}, {self.dtype} ({where})"
 
 
+def checks_caption(checks: Sequence[Check]) -> str:
+    """One line for the self-check of every stack: one stack reads as `Check.caption`; several as
+    "checked against eager, float32: max |Δ| 2e-08 (encoder layer 1), 3e-08 (decoder layer 1),
+    2e-08 (cross layer 1)"; "" when none ran."""
+    if not checks:
+        return ""
+    if len(checks) == 1 or all(c.against == "eager itself" for c in checks):
+        return checks[0].caption()
+    dtypes = ", ".join(dict.fromkeys(c.dtype for c in checks))
+    figures = ", ".join(f"{c.max_abs_diff:.0e} ({c.stack} layer {c.layer})" for c in checks)
+    return f"checked against eager, {dtypes}: max |Δ| {figures}"
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionResult:
     """Attention of one model on one text.
@@ -72,7 +85,17 @@ class AttentionResult:
     method: str = ""
     _layers: dict[str, list[LayerInput]] = field(default_factory=dict, repr=False)
     _recompute: Callable[[], AbstractContextManager] | None = field(default=None, repr=False)
-    check: Check | None = None  # the self-check against eager, when `extract(verify=...)` ran it
+    # The self-check against eager, one layer of every stack, when `extract(verify=...)` ran it.
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def check(self) -> Check | None:
+        """The self-check's worst stack (largest max |Δ|), or None when it did not run."""
+        return max(self.checks, key=lambda c: c.max_abs_diff) if self.checks else None
+
+    def check_caption(self) -> str:
+        """The self-check of every stack in one line ("" when it did not run)."""
+        return checks_caption(self.checks)
 
     @property
     def stacks(self) -> tuple[Stack, ...]:

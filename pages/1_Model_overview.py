@@ -1,11 +1,15 @@
 """Model overview: every layer x head at once, head statistics, and a head finder."""
 
+from contextlib import nullcontext
+
 import numpy as np
 import streamlit as st
 
+from attnviz import AttentionResult, LoadedModel
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, export, flow, longview, models, shell, state, views
+from attnviz.metrics import HeadMetrics
+from ui import attention, export, flow, longview, models, progress, shell, state, views
 from ui.params import SCALE_CHOICES, ExplorerParams, OverviewParams
 from ui.text import guarded, md
 
@@ -19,7 +23,9 @@ st.title("Model overview")
 def main() -> None:
     """The page body: the model and the result stay locals of this run (widget format functions
     outlive it and hold the page's globals; see app.py)."""
-    lm, res, ref = shell.load_and_extract(frame)
+    # the statistics come from the forward itself when this page runs the model (a result the
+    # explorer left in the cache is reused: the statistics then take one second pass)
+    lm, res, ref = shell.load_and_extract(frame, statistics=True)
     st.caption(f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)} · {res.n_tokens} tokens")
 
     c1, c2, _ = st.columns([2, 2, 3])
@@ -46,7 +52,13 @@ def main() -> None:
 
 
 def every_head(
-    spec: str, res, key: tuple, stack: Stack, cmap: str, choice: str, explorer: ExplorerParams
+    spec: str,
+    res: AttentionResult,
+    key: tuple,
+    stack: Stack,
+    cmap: str,
+    choice: str,
+    explorer: ExplorerParams,
 ) -> None:
     """The mosaic of every layer x head on the colour scale ``choice`` (`views.scale_picker`);
     a click on a tile opens that head in the explorer."""
@@ -62,29 +74,31 @@ def every_head(
             "Pooling", F.POOLS, key="pool", required=True,
             help="Each tile is drawn in blocks: each block's largest weight (max) or its mean.",
         ) or "max"  # required=True: never None  # fmt: skip
-    tiles, bar, pooled_note = [], None, ""
+    run_key = ("mosaic", key, stack, side, how)
+    if progress.cancelled(run_key):
+        return
+    tiles, pooled_note = [], ""
     q_bins, k_bins = ax.q_labels, ax.k_labels
-    for layer in range(n_layers):
-        if bar is None and len(ax.q_idx) > 256:
-            bar = st.progress(0.0, text="Pooling the layers…")
-        with guarded("pooling the layers") as caught:  # a size past the free memory: the message
-            img = longview.grid(res, key, layer, view, ax, side, how)
-        if caught:
-            return
-        tiles.append(img.z)
-        q_bins, k_bins, pooled_note = img.q_labels, img.k_labels, f", {img.note}" if img.note else ""
-        if bar is not None:
-            bar.progress((layer + 1) / n_layers, text=f"Pooling layer {layer + 1} of {n_layers}…")
-    if bar is not None:
-        bar.empty()
+    slow = len(ax.q_idx) > 256
+    with progress.steps("Pooling the layers", run_key, unit="layer") if slow else nullcontext() as report:
+        for layer in range(n_layers):
+            with guarded("pooling the layers") as caught:  # past the free memory: the message
+                img = longview.layer_image(res, key, layer, view, ax, side, how)
+            if caught:
+                return
+            tiles.append(img.z)
+            q_bins, k_bins, pooled_note = img.q_labels, img.k_labels, f", {img.note}" if img.note else ""
+            if report is not None:
+                report(layer + 1, n_layers)
     images = np.stack(tiles)
-    across = "Columns: layers, rows: heads" if n_layers > n_heads else "Rows: layers, columns: heads"
     st.caption(
-        f"{across}. Each tile is one head's attention pattern (queries down, keys across){pooled_note}."
+        "Columns: layers, rows: heads (the same for every model). Each tile is one head's attention "
+        f"pattern (queries down, keys across){pooled_note}."
     )
     scale, note = views.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)))
     mosaic = F.model_mosaic(
         images, colorscale=cmap, scale=scale, kv_heads=kv, q_labels=q_bins, k_labels=k_bins, pickable=True,
+        layers_across=True,
         layer_names=[res.layout.layer_label(i) for i in range(n_layers)],
     )  # fmt: skip
     name = F.figure_name(spec, stack if stack != "self" else "", "all_heads")
@@ -98,7 +112,16 @@ def every_head(
         st.switch_page(shell.PAGES[0].file, query_params=target)
 
 
-def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool, token: str | None):
+def statistics(
+    lm: LoadedModel,
+    res: AttentionResult,
+    key: tuple,
+    stack: Stack,
+    cmap: str,
+    *,
+    induction: bool,
+    token: str | None,
+) -> HeadMetrics | None:
     """One (layer, head) heatmap per statistic; the metrics, or None after an error (shown)."""
     st.subheader("Head statistics")
     hm = None
@@ -133,7 +156,7 @@ def statistics(lm, res, key: tuple, stack: Stack, cmap: str, *, induction: bool,
     return hm
 
 
-def head_finder(hm, stack: Stack, explorer: ExplorerParams, kv: list[int] | None) -> None:
+def head_finder(hm: HeadMetrics, stack: Stack, explorer: ExplorerParams, kv: list[int] | None) -> None:
     """The heads sorted by a statistic, each with a link to the explorer (``explorer`` with the
     row's layer and head); the KV head of each only with GQA (``kv``)."""
     present = list(hm.metrics)

@@ -8,8 +8,10 @@ import streamlit as st
 import attnviz
 from attnviz import figures as F
 from attnviz.analysis import token_views as TV
+from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
-from ui import attention, export, models, shell, sidebar, state, steps
+from attnviz.reference.walkthrough import Walkthrough
+from ui import attention, export, models, rotary, shell, sidebar, state, steps
 from ui.params import CHANGES, SCRATCH_MODES, ScratchParams
 from ui.text import guarded, md
 
@@ -32,7 +34,9 @@ def parity(label: str, value: float, help_text: str) -> None:
     st.metric(label, shown, help=help_text)
 
 
-def step_browser(step_list: list[tuple[str, str, np.ndarray]], layout, labels: list[str], head: int) -> None:
+def step_browser(
+    step_list: list[tuple[str, str, np.ndarray]], layout: AttentionLayout, labels: list[str], head: int
+) -> None:
     """A list of the steps and the chosen one drawn for one head."""
     names = [name for name, _, _ in step_list]
     shapes = {name: tuple(value.shape) for name, _, value in step_list}
@@ -64,7 +68,7 @@ def step_browser(step_list: list[tuple[str, str, np.ndarray]], layout, labels: l
         export.chart(fig, F.figure_name("scratch", name, f"H{head}"), key="step_chart")
 
 
-def shape_rows(layout, n_tokens: int) -> dict:
+def shape_rows(layout: AttentionLayout, n_tokens: int) -> dict:
     rows = W.shape_table(layout, n_tokens)
     return {
         "step": [r[0] for r in rows],
@@ -194,9 +198,12 @@ def real_layer() -> None:
     step_list = [(s.name, s.description, s.value) for s in wt.steps]
     step_browser(step_list, lay, labels, int(head))
     counterfactuals(lm.spec, lay, wt, labels, layer, head)
+    rotary.bands_view(lm.spec, wt, lay, int(head), labels)
 
 
-def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int) -> None:
+def counterfactuals(
+    spec: str, lay: AttentionLayout, wt: Walkthrough, labels: list[str], layer: int, head: int
+) -> None:
     """The real pattern next to the pattern with one ingredient changed."""
     st.subheader("Change one ingredient")
     cf = wt.counterfactuals
@@ -221,9 +228,11 @@ def counterfactuals(spec: str, lay, wt, labels: list[str], layer: int, head: int
         "key).",
         "ungrouped K/V": "Query head h reads KV head h % n_kv, not h // group: the learned pairing is lost.",
     }
-    if state.get("change") == "none" and state.page_changed() and not state.applied("change"):
+    # open on a real change, not the same map twice, unless the link named one (a bad value
+    # was warned about as showing 'none': show that)
+    if state.get("change") == "none" and state.page_changed() and not state.linked("change"):
         first = next((c for c in CHANGES if c != "none" and available.get(c) is not None), "none")
-        state.put("change", first)  # open on a real change, not the same map twice
+        state.put("change", first)
     change = str(st.segmented_control("Change", CHANGES, key="change", required=True))
     changed = available.get(change)
     if changed is None:

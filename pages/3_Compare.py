@@ -1,8 +1,10 @@
 """Compare: two texts on one model, or one text on two models with the same layout."""
 
 import numpy as np
+import plotly.graph_objects as go
 import streamlit as st
 
+from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.layout import Stack
 from ui import attention, compare, export, models, shell, sidebar, state, views
@@ -17,7 +19,8 @@ spec_a, text_a = frame.params.model, frame.params.text
 st.title("Compare attention")
 mode = st.segmented_control("Compare", COMPARE_MODES, key="cmp", required=True)
 if mode == "two texts":
-    st.text_area("Text B", key="text2", height=80, max_chars=MAX_TEXT_CHARS)
+    # no max_chars (a longer paste would be dropped silently): `shell.begin` says what is wrong
+    st.text_area("Text B", key="text2", height=80, help=f"Up to {MAX_TEXT_CHARS:,} characters.")
     spec_b, text_b = spec_a, str(state.get("text2"))
     st.caption(f"Model: **{md(spec_a)}**. A is the sidebar's text, B the text above.")
 else:
@@ -50,6 +53,8 @@ def main() -> None:
     stack = attention.stack_picker(res_a.stacks)
     p = compare.pair(res_a, res_b, stack)
     st.info(p.note, icon=":material/info:")
+    if p.caution:
+        st.warning(p.caution, icon=":material/warning:")
     pair_key = (ref_a.key, ref_b.key, stack)
 
     with st.spinner("Comparing every head…", show_time=True):
@@ -63,7 +68,9 @@ def main() -> None:
     state.share_box()
 
 
-def heads_changed(scores: np.ndarray, d_ent: np.ndarray, kv, spec: str, pair_key: tuple) -> None:
+def heads_changed(
+    scores: np.ndarray, d_ent: np.ndarray, kv: list[int] | None, spec: str, pair_key: tuple
+) -> None:
     """The most changed heads as bars and all heads in a table; a selected row picks the head
     shown below."""
     n_heads = scores.shape[1]
@@ -105,7 +112,17 @@ def heads_changed(scores: np.ndarray, d_ent: np.ndarray, kv, spec: str, pair_key
         state.put("head", int(order[sel[0]] % n_heads))
 
 
-def side_by_side(res_a, res_b, stack: Stack, p, scores, kv, pair_key, spec_a: str, spec_b: str):
+def side_by_side(
+    res_a: AttentionResult,
+    res_b: AttentionResult,
+    stack: Stack,
+    p: compare.Pairing,
+    scores: np.ndarray,
+    kv: list[int] | None,
+    pair_key: tuple,
+    spec_a: str,
+    spec_b: str,
+) -> tuple[int, int, tuple[str, str]]:
     """Layer, head and colour controls, and every head of the layer for A, B and A − B.
     Returns (layer, head, (colour map, colour scale)); A and B share one colour range."""
     n_layers, n_heads = scores.shape
@@ -149,7 +166,16 @@ def names(spec_a: str, spec_b: str) -> tuple[str, str]:
     return (spec_a, spec_b) if mode == "two models" else ("A", "B")
 
 
-def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, colour, change: float) -> None:
+def one_head(
+    ref_a: models.ResultRef,
+    ref_b: models.ResultRef,
+    stack: Stack,
+    p: compare.Pairing,
+    layer: int,
+    head: int,
+    colour: tuple[str, str],
+    change: float,
+) -> None:
     """One head of A and of B next to each other (``colour`` = (map, scale), one range for both),
     A − B under them, and the downloads."""
     st.markdown(f"**Head {head}, layer {layer}**: change {change:.3f} (TV)")
@@ -168,7 +194,7 @@ def one_head(ref_a, ref_b, stack: Stack, p, layer: int, head: int, colour, chang
 
     cells = F.SINGLE_MAX_CELLS // 3  # three heads on the page: the payload stays under the budget
 
-    def diff_figure(ha: np.ndarray, hb: np.ndarray):
+    def diff_figure(ha: np.ndarray, hb: np.ndarray) -> go.Figure:
         return F.head_grid(
             (ha - hb)[None],
             p.labels,

@@ -33,6 +33,11 @@ with c2:
         sampling = Sampling(temperature=float(temp), top_p=float(topp), seed=int(seed))
 
 
+def step_label(step: int, token: str) -> str:
+    """The step slider's label: "step 1 · '.'" (a bare "1: ." read as punctuation, not a token)."""
+    return f"step {step} · {token!r}"
+
+
 def main() -> None:
     """The page body. The model and the result stay locals of this run: the download callables
     and the step slider's format function outlive it and hold the page's globals (see app.py)."""
@@ -68,7 +73,7 @@ def main() -> None:
             "Step",
             options=list(range(1, n_steps + 1)),
             key="gstep",
-            format_func=lambda s: f"{s}: {q_tokens.display[generated[s - 1]]}",
+            format_func=lambda s: step_label(s, q_tokens.display[generated[s - 1]]),
         )
         if n_steps > 1
         else 1
@@ -122,25 +127,28 @@ def main() -> None:
     if scale_note:
         st.caption(scale_note)
 
-    means = np.stack(
-        [res.layer(i, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys].mean(0) for i in range(n_layers)]
-    )
-    fig_layers = F.rows_heatmap(
-        means,
-        [res.layout.layer_label(i) for i in range(n_layers)],
-        labels_k[:n_keys],
-        title=f"every layer, mean over heads · query {labels_q[q]}",
-        colorscale=cmap,
-        scale=scale,
-    )
-    with st.expander("Every layer at this step (mean over heads)", expanded=False):
+    # every layer's mean row only when asked for: a collapsed expander still ran all the layers
+    every_layer = st.toggle("Every layer at this step (mean over heads)", key="glayers")
+    means = None
+    if every_layer:
+        means = np.stack(
+            [res.layer(i, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys].mean(0) for i in range(n_layers)]
+        )
+        fig_layers = F.rows_heatmap(
+            means,
+            [res.layout.layer_label(i) for i in range(n_layers)],
+            labels_k[:n_keys],
+            title=f"every layer, mean over heads · query {labels_q[q]}",
+            colorscale=cmap,
+            scale=scale,
+        )
         export.chart(fig_layers, F.figure_name(spec, f"step{step}", "layers"), key="gen_layers")
 
     export.downloads(
         name,
         npz=lambda: export.npz_bytes(
             heads=rows,
-            layer_means=means,
+            **({"layer_means": means} if means is not None else {}),
             key_tokens=np.array(labels_k[:n_keys]),
             query=q,
             step=step,

@@ -1,6 +1,7 @@
 """Head atlas: run many texts and rank every head of the model by each statistic across them,
-with the text where each head scores highest (the model runs once per text; results are cached
-on disk, so a second visit is instant)."""
+with the text where each head scores highest (the model runs once per text, here or on a Ray
+cluster named by ATTNVIZ_RAY_ADDRESS; every text is saved on disk as it finishes, so a second
+visit is instant and a stopped run resumes)."""
 
 import io
 import time
@@ -10,10 +11,9 @@ import streamlit as st
 from attnviz import AttnvizError
 from attnviz import atlas as AT
 from attnviz import figures as F
-from attnviz.loading import cache_dir
 from ui import attention, export, models, shell, state
 from ui.params import AtlasParams, ExplorerParams
-from ui.text import guarded, md
+from ui.text import code, guarded, md
 
 frame = shell.begin(AtlasParams, text_label="Text (not used here: the atlas runs its corpus)")
 st.title("Head atlas")
@@ -49,39 +49,80 @@ def texts_to_run() -> list[str] | None:
     return corpus[: int(n or p.ntexts)]
 
 
-def run(lm, texts: list[str]) -> AT.Atlas | None:
-    """Run (or load from the disk cache) with a progress bar; a click on Cancel stops the run."""
-    cached = (models_cache_dir() / f"{AT.cache_key(lm, texts, None, AT.ATLAS_MAX_TOKENS)}.npz").exists()
-    if not cached and not st.button(f"Run the atlas on {len(texts)} texts", type="primary", key="atlas_run"):
+def engine_choice() -> tuple[str, str | None]:
+    """("local", None), or ("ray", address) when the server names a Ray cluster
+    (ATTNVIZ_RAY_ADDRESS) and the user picks it."""
+    address = AT.cluster_address()
+    if not address:
+        return "local", None
+    where = st.segmented_control(
+        "Run on", ["this server", "Ray cluster"], key="atlas_engine", default="this server", required=True
+    )
+    if where == "Ray cluster":
         st.caption(
-            "Each text is one forward pass; the result is cached on disk for this model and these texts."
+            f"Sent to the Ray cluster at {code(address)}: one model per worker, "
+            "each text saved as it finishes."
         )
-        return None
-    bar = st.progress(0.0, text="Starting…")
+        return "ray", address
+    return "local", None
+
+
+_JUST_RAN = "_attnviz_atlas_just_ran"  # ((model, texts), computed, seconds) of this session's last run
+
+
+def run(lm, texts: list[str]) -> AT.Atlas | None:
+    """Run what is not in the disk cache yet (on this server or on Ray), with a progress bar; every
+    text is saved as it finishes, so Cancel (or closing the tab) loses nothing done."""
+    engine, address = engine_choice()
+    done, total = AT.cached_count(lm, texts)
+    if done < total and st.session_state.get("atlas_cancel"):  # this rerun is the Cancel click's
+        st.info(
+            f"Cancelled: the {done} texts done so far are saved; run again to resume.",
+            icon=":material/cancel:",
+        )
+    if done < total:
+        label = (
+            f"Run the atlas on {total} texts"
+            if not done
+            else f"Resume the atlas ({done} of {total} texts done)"
+        )
+        if not st.button(label, type="primary", key="atlas_run"):
+            st.caption("Each text is one forward pass, saved on disk as it finishes (a later run resumes).")
+            return None
+    bar = st.progress(0.0, text="Starting…" if engine == "local" else "Starting the Ray workers…")
     cancel = st.empty()
-    cancel.button("Cancel", key="atlas_cancel", help="Stops the run at the next text (nothing is cached).")
-    t0 = [0.0]
+    if done < total:
+        cancel.button("Cancel", key="atlas_cancel", help="Stops the run; the texts done so far stay saved.")
+    start: list[float] = []  # time and texts done at the first call
 
     def progress(done: int, total: int, note: str) -> bool:
         now = time.perf_counter()
-        if done == 0:
-            t0[0] = now
-        eta = (now - t0[0]) / done * (total - done) if done else 0.0
-        bar.progress(done / total, text=f"{note} · about {eta:.0f} s left" if done else note)
+        if not start:
+            start.extend((now, done))
+        ran = done - start[1]
+        rate = ran / (now - start[0]) if ran and now > start[0] else 0.0
+        text = f"{done} of {total} texts" + (
+            f" · {rate:.1f} texts/s · about {(total - done) / rate:.0f} s left" if rate else ""
+        )
+        bar.progress(done / max(total, 1), text=text)
         return True
 
     with guarded("running the atlas", frame.token, (lm.spec,)):
-        atlas = AT.run_atlas(lm, texts, progress=progress)
+        atlas = AT.run_atlas(lm, texts, progress=progress, engine=engine, ray_address=address)  # type: ignore[arg-type]
         bar.empty()
         cancel.empty()
-        if not atlas.from_cache and not atlas.cancelled and atlas.n_texts:
-            st.rerun()  # drawn from the disk cache, without the run and cancel buttons
+        if atlas.cache_error:
+            st.warning(atlas.cache_error)
+        elif atlas.computed and not atlas.cancelled and atlas.n_texts:
+            # drawn again without the run and cancel buttons, saying what this run computed
+            st.session_state[_JUST_RAN] = (
+                (atlas.model_name, tuple(atlas.texts)),
+                atlas.computed,
+                atlas.seconds,
+            )
+            st.rerun()
         return atlas
     return None
-
-
-def models_cache_dir():
-    return cache_dir() / "atlas"
 
 
 def show(atlas: AT.Atlas, explorer: ExplorerParams) -> None:
@@ -89,11 +130,20 @@ def show(atlas: AT.Atlas, explorer: ExplorerParams) -> None:
     stat = st.selectbox(
         "Statistic", list(AT.STATISTICS), key="stat", format_func=lambda m: attention.METRIC_NAMES.get(m, m)
     )
-    note = f"{atlas.n_texts} texts" + (
-        " (from the disk cache)" if atlas.from_cache else f", {atlas.seconds:.1f} s"
-    )
+    just = st.session_state.get(_JUST_RAN)
+    if atlas.from_cache and just and just[0] == (atlas.model_name, tuple(atlas.texts)):
+        note = f"{atlas.n_texts} texts, {just[1]} computed in {just[2]:.1f} s"  # this session's run
+    else:
+        note = f"{atlas.n_texts} texts" + (
+            " (from the disk cache)"
+            if atlas.from_cache
+            else f", {atlas.computed} computed in {atlas.seconds:.1f} s "
+            f"({atlas.engine} engine, {atlas.workers} worker(s))"
+        )
     if atlas.skipped:
-        note += f"; {len(atlas.skipped)} skipped (over {AT.ATLAS_MAX_TOKENS} tokens or empty)"
+        note += f"; {len(atlas.skipped)} skipped: " + "; ".join(
+            f"text {i + 1}: {r}" for i, r in atlas.skipped[:3]
+        )
     st.caption(note)
     fig = F.metric_heatmap(atlas.mean(stat), f"{attention.METRIC_NAMES.get(stat, stat)} · mean over texts")
     export.chart(fig, F.figure_name(atlas.model_name, "atlas", stat), key="atlas_heat")

@@ -1,7 +1,7 @@
 """UI benchmark: submit-to-first-view against one plain forward, redraw after a head change, payload.
 
     .venv/bin/python scripts/bench_ui.py [--sizes 128,1024,4096] [--repeats 3] [--no-write]
-    .venv/bin/python scripts/bench_ui.py --browser [--sizes 1024,8192] [--repeats 2] [--no-write]
+    .venv/bin/python scripts/bench_ui.py --browser [--sizes 1500,8192] [--pages 1500] [--repeats 2]
 
 ``--browser`` measures what a person sees, in a real browser: the app server runs as
 `streamlit run app.py` on a loopback port (as in tests/server.py), Debian's Chromium (Playwright,
@@ -14,7 +14,9 @@ this process right after each browser run (the server is idle then); ratios are 
 per-repeat ratios. On a shared machine wall-clock ratios move with the load, so the same ratio is
 also given in CPU time: the server process's CPU seconds from the key press to the first view
 over the bench process's CPU seconds for the forward. Results go into docs/benchmarks.md between
-the ui-browser markers.
+the ui-browser markers. With ``--pages N`` (default 1500; 0: none) the same browser then times each
+page and control at N tokens (scripts/bench_ui_pages.py: a head and a layer change, Model
+overview, Generation, a page switch back), into the ui-pages markers.
 
 Runs app.py in Streamlit's AppTest (the real script, in-process) on the built-in smollm2-135m.
 The first run extracts (cached); then the head selector changes `--repeats` times and each rerun is
@@ -84,7 +86,7 @@ def measure(text: str, repeats: int) -> tuple[float, float, int, int]:
 
 
 def sizes(spec: str) -> list[int]:
-    return [int(s) for s in spec.split(",")]
+    return [int(s) for s in spec.split(",") if s.strip()]
 
 
 def main() -> int:
@@ -92,6 +94,9 @@ def main() -> int:
     ap.add_argument("--sizes", default=None, help="token counts (default 128,1024,4096; browser 1024,8192)")
     ap.add_argument("--repeats", type=int, default=None, help="default 3 (browser: 2 per size)")
     ap.add_argument("--browser", action="store_true", help="time it in Chromium against the real server")
+    ap.add_argument(
+        "--pages", type=int, default=1500, help="browser: the page-costs table at this many tokens (0: none)"
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -99,7 +104,8 @@ def main() -> int:
     if args.browser:
         from bench_ui_browser import run_browser
 
-        return run_browser(lm, sizes(args.sizes or "1024,8192"), args.repeats or 2, args.out, args.no_write)
+        ns = sizes(args.sizes) if args.sizes is not None else [1500, 8192]
+        return run_browser(lm, ns, args.repeats or 2, args.out, args.no_write, args.pages)
     args.sizes = args.sizes or "128,1024,4096"
     args.repeats = 3 if args.repeats is None else args.repeats
     measure("warm up: load the model", 0)  # the first view of each size then excludes the load

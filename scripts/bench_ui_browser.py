@@ -109,7 +109,11 @@ def one_run(page, text: str, n: int, server: psutil.Process) -> tuple[float, flo
     return first, time.perf_counter() - t0, cpu
 
 
-def run_browser(lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path, no_write: bool) -> int:
+def run_browser(
+    lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path, no_write: bool, pages: int = 0
+) -> int:
+    """The explorer's submit at each size in ``ns`` (table ui-browser), then, with ``pages``, the
+    page costs at that many tokens (scripts/bench_ui_pages.py, table ui-pages)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the server and Chromium
     forward_once(lm, lm.tokenizer.decode(ids_of_length(lm, 64)))  # the floor's own warm-up
     lines = []
@@ -144,8 +148,12 @@ def run_browser(lm: attnviz.LoadedModel, ns: list[int], repeats: int, out: Path,
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
             lines.append(line)
+        if pages:
+            from bench_ui_pages import run_pages
+
+            run_pages(page, lm, pages, repeats, out, no_write, version)
         page.context.close()
-    if not no_write:
+    if not no_write and lines:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         replace_section(
             out,

@@ -100,6 +100,9 @@ EXTRA: dict[str, dict] = {
     "big_bird": {"attention_type": "original_full"},
     "bigbird_pegasus": {"attention_type": "original_full"},
     "encoder-decoder": {"decoder": {"is_decoder": True, "add_cross_attention": True}},
+    # T5's config class has no decoder_start_token_id field (checkpoints set 0, the pad): set one
+    # that is neither pad nor BOS, so a decoder started from the wrong token cannot pass unseen
+    "t5": {"decoder_start_token_id": 2},
 }
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 _QSA = {  # Qwen4-Exp's query-sparse-attention indexer (no defaults in the config class)

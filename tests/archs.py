@@ -113,8 +113,16 @@ def build(model_type: str, kind: str):
 
 
 def _eager_attentions(eager, inputs: dict) -> dict:
+    """The eager twin on ``tokenizer(text)`` output (the ids and an all-ones attention mask) and the
+    same decoder ids, teacher-forced without a cache (FSMT builds its decoder's causal mask only
+    then; T5Gemma masks its decoder's pad ids only then: a decoder started from the pad differs)."""
+    import inspect
+
     import torch
 
+    inputs = dict(inputs)
+    if "attention_mask" in inspect.signature(eager.forward).parameters:
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
     with torch.inference_mode():
         out = eager(**inputs, output_attentions=True, use_cache=False)
     if getattr(out, "encoder_attentions", None) is not None:
@@ -170,6 +178,9 @@ def check(model_type: str, kind: str | None = None) -> Row:
     if lm.layout.kind == "encoder-decoder":
         dec = res.decoder_tokens.ids if res.decoder_tokens is not None else ids
         inputs["decoder_input_ids"] = torch.tensor([list(dec)])
+        wrong_start = _wrong_start(eager, ids, dec[0])
+        if wrong_start:
+            return Row(model_type, "WRONG", wrong_start)
     try:
         ref = _eager_attentions(eager, inputs)
     except Exception as err:  # noqa: BLE001
@@ -191,9 +202,18 @@ def check(model_type: str, kind: str | None = None) -> Row:
             )
         for i, t in enumerate(tensors):
             ours = res.layer_tensor(i, stack=stack).cpu()
+            try:
+                sliced = _slices_differ(res, stack, i, ours)
+            except Exception as err:  # noqa: BLE001 - an internal failure is a failed row
+                sliced = f"{stack} layer {i}: a rows / heads slice failed: {type(err).__name__}: {err}"
+            if sliced:
+                return Row(model_type, "WRONG", sliced)
             if model_type in SINK_AFTER_SOFTMAX:
                 ours = ours / ours.sum(-1, keepdim=True)
             worst = max(worst, float((ours - t[0].float()).abs().max()))
+    checked = {c.stack for c in res.checks}
+    if checked != set(res.stacks):
+        return Row(model_type, "WRONG", f"the self-check covered {sorted(checked)} of {list(res.stacks)}")
     detail = ""
     if model_type in SINK_AFTER_SOFTMAX:
         detail = "rows include the learned sink (sum < 1); eager returns them before the sink scaling"
@@ -206,6 +226,44 @@ def check(model_type: str, kind: str | None = None) -> Row:
         detail = "; ".join(d for d in (detail, f"not fast: {lm.probe.why_not_fast}") if d)
     detail = "; ".join(d for d in (detail, NOTES.get(model_type, "")) if d)
     return Row(model_type, status if worst <= 1e-4 else "WRONG", detail, worst)
+
+
+def _slices_differ(res, stack: str, layer: int, full) -> str:
+    """Any rows slice (the first row alone included) and any heads subset must be those rows of
+    the full layer; the mismatch in words, or ""."""
+    import random
+
+    rng = random.Random(f"{res.model_name}/{stack}/{layer}")
+    # The heads a caller may ask for: the layout's (a layer with more heads - Inkling's sliding
+    # layers have their own head count - shows them in the full layer only).
+    n_q, n_heads = full.shape[1], min(full.shape[0], res.n_heads)
+    a = rng.randrange(n_q)
+    for rows in (slice(0, 1), slice(1, 2), slice(n_q - 1, n_q), slice(a, a + rng.randint(1, 4))):
+        heads = sorted(rng.sample(range(n_heads), rng.randint(1, n_heads)))
+        got = res.layer_tensor(layer, heads=heads, rows=rows, stack=stack).cpu()
+        diff = float((got - full[heads][:, rows]).abs().max()) if got.numel() else 0.0
+        if got.shape != full[heads][:, rows].shape or not diff <= 1e-5:
+            return (
+                f"{stack} layer {layer}: rows {rows.start}:{rows.stop} of heads {heads} differ from "
+                f"the full layer's by {diff:.1e}"
+            )
+    return ""
+
+
+def _wrong_start(eager, ids: list[int], start: int) -> str:
+    """Where attnviz's decoder does not start from the token the model's own generate starts
+    from: that, in words ("" when it does)."""
+    import torch
+
+    x = torch.tensor([ids])
+    try:
+        with torch.inference_mode():
+            out = eager.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1, do_sample=False)
+    except Exception as err:  # noqa: BLE001 - a start attnviz cannot be checked against is a failure
+        return f"generate cannot start this decoder to check attnviz's start token {start}: {str(err)[:120]}"
+    if int(out[0, 0]) != int(start):
+        return f"the decoder starts from token {start}; the model's own generate starts from {int(out[0, 0])}"
+    return ""
 
 
 def tokenizer():
@@ -243,10 +301,14 @@ plus the vision-language models llava, llava_next, mistral3, qwen2_vl, qwen2_5_v
 paligemma and idefics3 (loaded whole; their language model runs on text alone), as a tiny
 random model (hidden 32, 2-4 layers, fp32, built from the architecture's own config
 class), run through attnviz's default path and compared layer by layer with a SEPARATE eager load
-of the same weights (`output_attentions=True`): every attention layer agrees within 1e-4
+of the same weights (`output_attentions=True`, the same ids and all-ones masks as `tokenizer(text)`
+gives, teacher-forced without a cache): every attention layer of every stack agrees within 1e-4
 (measured: 2.6e-6 or less, in Gemma 4's deeper layers, whose inputs come from an SDPA forward in
-one model and an eager one in the other; 8e-7 or less in every other architecture), and the
-self-check (`extract(..., verify=True)`) passes.
+one model and an eager one in the other; 8e-7 or less in every other architecture); any rows
+slice (the first row alone included) of any heads equals those rows of the full layer; the
+self-check (`extract(..., verify=True)`) passes on one layer of every stack; and an
+encoder-decoder (tiny configs with pad 0, BOS 1, decoder start 2 where the config has one) starts
+its decoder from the token the model's own `generate` starts from.
 
 - **fast exact**: captured queries and keys, probabilities computed on demand (long inputs work).
 - **eager exact (one layer at a time)**: the model's own eager attention module is run again on

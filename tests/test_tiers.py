@@ -25,7 +25,11 @@ def test_make_test_fast_runs_pytest_without_slow_browser_and_gpu():
     make = (ROOT / "Makefile").read_text()
     assert re.search(r'^test-fast: dev\n\t\$\(PY\) -m pytest -m "\$\(FAST\)"$', make, re.M), make
     assert "test-fast" in re.search(r"^\.PHONY:(.*)$", make, re.M).group(1).split()
-    assert re.search(r"^pytest: dev\n\t\$\(PY\) -m pytest$", make, re.M), "make test runs everything"
+    # make test runs everything: every test but the Docker ones in `pytest`, those in `test-docker`
+    assert re.search(r'^pytest: dev\n\t\$\(PY\) -m pytest -m "not docker"$', make, re.M), make
+    assert re.search(r"^test-docker: dev\n\tbash scripts/docker-test\.sh \$\(PY\)$", make, re.M), make
+    assert "-m docker" in (ROOT / "scripts" / "docker-test.sh").read_text()
+    assert {"pytest", "test-docker"} <= set(re.search(r"^test:(.*)$", make, re.M).group(1).split())
     words = fast_expression().split()
     for marker in EXCLUDED:
         assert f"not {marker}" in fast_expression()

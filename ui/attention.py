@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import streamlit as st
@@ -76,7 +76,7 @@ def head_rows(res: AttentionResult, layer: int, head: int, view: View, ax: Axes,
     return rows(res, layer, view, ax, sel, heads=[head])[0]
 
 
-def grid(
+def rows_pooled_grid(
     res: AttentionResult, key: tuple, layer: int, view: View, ax: Axes, side: int
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """All heads of a layer max-pooled to at most side x side each, fetched in row chunks
@@ -111,9 +111,20 @@ def kv_heads(res: AttentionResult, stack: Stack) -> list[int] | None:
 
 
 def head_picker(n_heads: int, kv: list[int] | None) -> int:
-    """The head selectbox (key "head"), each head named with the KV head it reads."""
-    return st.selectbox(
-        "Head", list(range(n_heads)), key="head", format_func=lambda h: F.head_title(h, kv[h] if kv else None)
+    """The head selectbox (key "head"). Options are "head h" whatever the model: a label that
+    names the KV head ("head 7 · kv 2") stayed on screen after a switch to a model without GQA;
+    the KV head is in the help and in the view's title."""
+    state.clamp("head", 0, n_heads - 1, "head")
+    return int(
+        st.selectbox(
+            "Head",
+            list(range(n_heads)),
+            key="head",
+            format_func=lambda h: f"head {h}",
+            help="With grouped K/V (GQA) the view's title names the KV head the query head reads."
+            if kv
+            else None,
+        )
     )
 
 
@@ -162,3 +173,36 @@ def head_metrics(
         nbytes=lambda m: 8 * 8 * m.entropy.size,
     )
     return hm, note
+
+
+@dataclass(frozen=True, eq=False)
+class Drawing:
+    """What one run of the explorer draws: the result shown (or its value-weighted view) and its
+    cache key, the layer, the view options and their axes, and the colour. Lives for one run:
+    never hand it to a callable that outlives the run (downloads hold a `ui.models.ResultRef`)."""
+
+    res: Any  # AttentionResult or a ValueWeighted view of it
+    key: tuple  # the derived-values cache key of ``res``
+    view: View
+    layer: int
+    ax: Axes
+    kv: list[int] | None
+    cmap: str
+    choice: str  # the colour control's choice ("auto", "perhead", ...)
+    scale: str  # what it resolves to here ("linear", "log", "rank")
+    scale_note: str
+    side: int  # bins per axis of one grid tile
+    how: str  # block pooling: "max" or "mean"
+
+    @property
+    def stack(self) -> Stack:
+        return self.view.stack
+
+    @property
+    def stack_part(self) -> str:
+        """The stack in titles and file names ("" for plain self-attention)."""
+        return "" if self.view.stack == "self" else self.view.stack
+
+    @property
+    def n_shown(self) -> int:
+        return max(len(self.ax.q_idx), len(self.ax.k_idx))

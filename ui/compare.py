@@ -13,6 +13,9 @@ from attnviz.analysis.align import align_tokens
 from attnviz.layout import Stack
 from ui import models
 
+MIN_ALIGNED = 4  # aligned tokens below which the head ranking comes with a caution
+ALIGNED_SHARE = 0.25  # ... or below this share of the longer text (most of it is not compared)
+
 
 @dataclass(frozen=True, eq=False)
 class Pairing:
@@ -34,6 +37,19 @@ class Pairing:
     @property
     def m(self) -> int:
         return len(self.qa)
+
+    @property
+    def caution(self) -> str:
+        """A warning when few tokens are aligned ("" otherwise): every score below rests on the
+        aligned rows, and a handful of rows ranks heads by chance (1,500 vs 9 tokens: 2 aligned,
+        scores ~0.5)."""
+        if self.m >= MIN_ALIGNED and self.m >= ALIGNED_SHARE * max(self.n_a, self.n_b):
+            return ""
+        return (
+            f"Only {self.m} of {self.n_a} / {self.n_b} tokens are aligned: every change score below is a "
+            f"mean over {self.m} query row(s), so the ranking of heads says little. Compare texts that "
+            "share more of their tokens (one edited word, a swapped name)."
+        )
 
     @property
     def note(self) -> str:

@@ -3,27 +3,42 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import html
 import io
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
+from plotly.utils import PlotlyJSONEncoder
 
 from attnviz import limits
 
 HTML_PLOTLYJS: bool | str = True  # embed plotly.js: the file opens offline
 
 
-def chart(fig: go.Figure, name: str, *, key: str | None = None, on_select: bool = False) -> Any:
+def revision(fig: go.Figure) -> str:
+    """A digest of the figure's data, for ``layout.datarevision``: with it unchanged, Plotly.react
+    in the browser keeps the drawn data and only applies what else changed (the grid's frame
+    after a head change is a shape, not a redraw of nine heatmaps)."""
+    data = json.dumps(fig.to_plotly_json()["data"], cls=PlotlyJSONEncoder)
+    return hashlib.blake2b(data.encode(), digest_size=12).hexdigest()
+
+
+def chart(
+    fig: go.Figure, name: str, *, key: str | None = None, on_select: bool | Callable[[], None] = False
+) -> Any:
     """``st.plotly_chart`` whose camera button saves ``<name>.png`` at 2x. ``on_select``: a click
-    on a point is a selection event (returned; needs ``key``)."""
+    on a point is a selection event (returned; needs ``key``); a callable runs on the click
+    before the rerun (it reads ``st.session_state[key]``)."""
+    fig.update_layout(datarevision=revision(fig))
     return st.plotly_chart(
         fig,
         key=key,
-        on_select="rerun" if on_select else "ignore",
+        on_select=(on_select if callable(on_select) else "rerun") if on_select else "ignore",
         selection_mode="points",
         config={
             "displaylogo": False,
@@ -49,8 +64,10 @@ def csv_text(matrix: np.ndarray, row_labels: Sequence[str], col_labels: Sequence
     return buf.getvalue()
 
 
-def html_bytes(fig: go.Figure) -> bytes:
-    return fig.to_html(include_plotlyjs=HTML_PLOTLYJS, full_html=True).encode()
+def html_bytes(fig: go.Figure, *, offline: bool = False) -> bytes:
+    """One figure as a standalone HTML file: plotly.js from its CDN (the figure's own size; a
+    one-head file with plotly.js inside was 4.8 MB), or inside it with ``offline``."""
+    return fig.to_html(include_plotlyjs=HTML_PLOTLYJS if offline else "cdn", full_html=True).encode()
 
 
 def html_page(figs: Sequence[go.Figure], title: str, *, cdn: bool = False) -> bytes:
@@ -134,7 +151,8 @@ def downloads(
         mime="text/html",
         key=f"{key}_html",
         on_click="ignore",
-        help="This figure as a standalone interactive HTML file (opens offline).",
+        help="This figure as a small interactive HTML file that loads plotly.js from its CDN (needs a "
+        "network to open; the layer grid's HTML buttons also offer an offline file).",
     )
     if refused:
         st.caption(refused[0].upper() + refused[1:] + ".")

@@ -5,7 +5,7 @@ never a dense N×N on the host), and a zoomed region at full resolution from `po
 Pooling applies to the plain result when every token is shown and no key is dropped (the
 hide-special-tokens / without-sink options renormalise rows, which block maxima cannot carry):
 otherwise, and for the value-weighted view, the pages keep the exact row path
-(`ui.attention.grid`, the head view's row window) and say so.
+(`ui.attention.rows_pooled_grid`, the head view's row window) and say so.
 """
 
 from __future__ import annotations
@@ -65,12 +65,12 @@ def device_pooled(
     )
 
 
-def grid(
+def layer_image(
     res: Any, key: tuple, layer: int, view: attention.View, ax: attention.Axes, side: int, how: str
 ) -> Image:
     """All heads of a layer at most ``side`` × ``side`` each: exact when the text fits, pooled on
     the device when it does not (``how``: "max" or "mean"), else pooled on the host from exact
-    rows (`ui.attention.grid`, max)."""
+    rows (`ui.attention.rows_pooled_grid`, max)."""
     n_q, n_k = len(ax.q_idx), len(ax.k_idx)
     fits = len(F.bin_edges(n_q, side)) == n_q and len(F.bin_edges(n_k, side)) == n_k
     if not fits and applies(res, view, ax):
@@ -82,7 +82,7 @@ def grid(
             F.bin_labels(ax.k_labels, pv.col_edges),
             f"{how}-pooled to {z.shape[1]}×{z.shape[2]} on the {_where(pv)}",
         )
-    z, q_lab, k_lab = attention.grid(res, key, layer, view, ax, side)
+    z, q_lab, k_lab = attention.rows_pooled_grid(res, key, layer, view, ax, side)
     if z.shape[1:] == (n_q, n_k):
         return Image(z, q_lab, k_lab, "")
     why = "" if type(res) is AttentionResult else "value-weighted: pooled on the server from exact rows"
@@ -101,7 +101,7 @@ def _where(pv: pooling.PooledView) -> str:
     return "device from Q/K" if pv.path == "fused" else f"device from exact rows ({pv.path})"
 
 
-def head(
+def head_image(
     res: AttentionResult,
     key: tuple,
     layer: int,

@@ -155,6 +155,8 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
                 raise
         box.empty()
         st.toast(f"Loaded {shown} in {time.perf_counter() - t0:.1f} s", icon=":material/check_circle:")
+        for note in lm.notices:  # the engine's one-line notices: a cache rebuilt, or not written
+            st.warning(md(note), icon=":material/build:")
         _ready().add(key)
         return lm
     return None
@@ -242,9 +244,13 @@ def extract(
     chat: bool = False,
     generate: int = 0,
     sampling: Sampling | None = None,
+    statistics: bool = False,
 ) -> tuple[AttentionResult, ResultRef] | tuple[None, None]:
     """(result, ref) from the cache or a fresh run with a spinner; (None, None) after an error.
-    ``spec`` is what `load` was given for ``lm`` (default ``lm.spec``), for a re-run."""
+    ``spec`` is what `load` was given for ``lm`` (default ``lm.spec``), for a re-run.
+    ``statistics=True`` (a page that shows every head's statistics) has a fresh run keep them
+    from the forward (`attnviz.extract`); it is not part of the key: any page reuses a cached
+    result of the same text, with or without them (the statistics then take a second pass)."""
     key = result_key(lm, token, text, chat=chat, generate=generate, sampling=sampling)
     ref = ResultRef(key, (spec or lm.spec).strip(), lm.spec, text, bool(chat), int(generate), token, sampling)
     cache = results_cache()
@@ -268,6 +274,7 @@ def extract(
                 verify="auto",
                 sampling=sampling,
                 progress=report,
+                statistics=statistics,
             )
         cache.put(key, res, res.nbytes)
         return res, ref

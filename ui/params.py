@@ -13,11 +13,8 @@ The Hugging Face token is never a parameter, so it cannot reach a URL.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import urllib.parse
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self, get_args
@@ -25,13 +22,15 @@ from typing import Any, ClassVar, Literal, Self, get_args
 import attnviz
 from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
 from attnviz.errors import AttnvizError
+from attnviz.explain import DEFAULT_THRESHOLD
+from attnviz.explain import MODES as ABLATION_MODES
 from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS, SCALES
 from attnviz.loading.names import check_id
 from attnviz.metrics import METRICS
+from ui.link_text import MAX_TEXT_CHARS, pack_text, unpack_text
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
 DEFAULT_TEXT_B = "the river bank is located near the financial bank"
-MAX_TEXT_CHARS = 60_000
 PLAIN_TEXT_CHARS = 2_000  # texts up to this length stay readable in a link; longer ones are compressed
 LINK_BUDGET = 60_000  # characters of query string a link may have (browsers and the server take more)
 
@@ -41,6 +40,10 @@ ScratchMode = Literal["real layer", "toy"]
 SCRATCH_MODES: tuple[str, ...] = get_args(ScratchMode)
 Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
 CHANGES: tuple[str, ...] = get_args(Change)
+TokenView = Literal["lines", "text"]  # the explorer's token view: lines between tokens or coloured text
+TOKEN_VIEWS: tuple[str, ...] = get_args(TokenView)
+ExplainView = Literal["routes", "logit lens", "attribution", "ablation"]
+EXPLAIN_VIEWS: tuple[str, ...] = get_args(ExplainView)
 GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
@@ -116,33 +119,30 @@ def _spec(raw: str) -> str:
     return spec
 
 
+def _heads(raw: str) -> str:
+    """Heads as ``layer.head`` pairs, comma-separated ("15.3,20.1"); "" for none."""
+    pairs = [x.strip() for x in raw.split(",") if x.strip()]
+    if len(pairs) > 64:
+        raise ValueError("at most 64 heads")
+    for pair in pairs:
+        layer, _, head = pair.partition(".")
+        if not (layer.isdigit() and head.isdigit()):
+            raise ValueError("use layer.head pairs like 3.1,5.0")
+    return ",".join(pairs)
+
+
+def _short_text(raw: str) -> str:
+    if len(raw) > 64:
+        raise ValueError("at most 64 characters")
+    return raw
+
+
 def _spec_or_empty(raw: str) -> str:
     return _spec(raw) if raw.strip() else ""
 
 
 def _dump(value: Any) -> str:
     return ("1" if value else "0") if isinstance(value, bool) else str(value)
-
-
-def pack_text(text: str) -> str:
-    """Deflate + URL-safe base64 (no padding): what a compressed ``tz`` parameter holds."""
-    return base64.urlsafe_b64encode(zlib.compress(text.encode("utf-8"), 9)).decode().rstrip("=")
-
-
-def unpack_text(raw: str) -> str:
-    """The inverse of `pack_text`; a ValueError for anything that is not one (or decodes to
-    more than `MAX_TEXT_CHARS` characters: the output is bounded before it is decoded)."""
-    try:
-        packed = base64.urlsafe_b64decode(raw.strip() + "=" * (-len(raw.strip()) % 4))
-        inflate = zlib.decompressobj()
-        data = inflate.decompress(packed, 4 * MAX_TEXT_CHARS + 1)
-        if inflate.unconsumed_tail or len(data) > 4 * MAX_TEXT_CHARS:
-            raise ValueError(f"the text is longer than {MAX_TEXT_CHARS} characters")
-        if not inflate.eof:
-            raise ValueError("the compressed text is cut off (copy the whole link)")
-        return _text(data.decode("utf-8"))
-    except (binascii.Error, zlib.error, UnicodeDecodeError):
-        raise ValueError("not a compressed text (copy the whole link)") from None
 
 
 def _legacy_scale(
@@ -279,7 +279,8 @@ class ExplorerParams(Params):
     # auto: log past LONG_TEXT_TOKENS tokens; perhead: auto's scale, each head on its own range
     scale: str = p("auto", _choice(EXPLORER_SCALES))
     vw: bool = p(False, _bool)  # value-weighted attention
-    tok: int = p(0, _int())  # the token of the token views
+    tok: int = p(-1, _int(-1))  # the token of the token views; -1: the last token
+    tview: str = p("lines", _choice(TOKEN_VIEWS))  # which token view is drawn
     tdir: str = p("from", _choice(DIRECTIONS))
     pool: str = p("max", _choice(POOLS))  # how a long text's blocks are pooled: max or mean
     zoom: bool = p(False, _bool)  # a long text's head view: one region at full resolution
@@ -314,6 +315,8 @@ class ScratchParams(Params):
     toy_n: int = p(8, _int(2, 64))
     toy_causal: bool = p(True, _bool)
     toy_seed: int = p(0, _int(0, 10_000))
+    rq: int = p(-1, _int(-1))  # rotary bands: the query (-1: the last token)
+    rk: int = p(-1, _int(-1))  # and the key (-1: the one the head attends to most)
 
 
 @dataclass(frozen=True)
@@ -356,11 +359,19 @@ class AtlasParams(Params):
     ntexts: int = p(50, _int(1, 1000))
 
 
-PAGE_PARAMS: tuple[type[Params], ...] = (
-    ExplorerParams,
-    OverviewParams,
-    ScratchParams,
-    CompareParams,
-    GenerationParams,
-    AtlasParams,
-)
+@dataclass(frozen=True)
+class ExplainParams(Params):
+    PAGE: ClassVar[str] = "Explain"
+
+    view: str = p("routes", _choice(EXPLAIN_VIEWS))
+    pos: int = p(-1, _int(-1))  # the position explained; -1: the last token (the prediction)
+    thr: float = p(DEFAULT_THRESHOLD, _float(0.0, 0.5))  # routes: keep edges above this
+    lpos: int = p(16, _int(1, 64))  # logit lens: the last this many positions
+    k: int = p(5, _int(1, 20))  # logit lens: top k
+    target: str = p("", _short_text)  # attribution: this token's logit ("" = the prediction)
+    contrast: str = p("", _short_text)  # attribution: minus this token's logit
+    abl: str = p("", _heads)  # ablation: the heads, "layer.head,..."
+    amode: str = p("zero", _choice(ABLATION_MODES))
+
+    def ablated(self) -> list[tuple[int, int]]:
+        return [(int(a), int(b)) for a, _, b in (x.partition(".") for x in self.abl.split(",") if x)]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 _CANCELLED = "_attnviz_cancelled"
 
@@ -71,5 +72,42 @@ def staged(what: str, n_tokens: int, run_key: Hashable) -> Iterator[Callable[[in
         elapsed = time.perf_counter() - started
         bar.progress(min(done / max(total, 1), 1.0), text=stage_text(what, done, total, elapsed))
 
-    yield report  # an interrupted run leaves the holder to the rerun, which redraws the page
+    with _cleared_on_error(holder):
+        yield report  # an interrupted run leaves the holder to the rerun, which redraws the page
+    holder.empty()
+
+
+@contextlib.contextmanager
+def _cleared_on_error(holder: DeltaGenerator) -> Iterator[None]:
+    """An error inside (a refused text, out of memory) clears the bar and its Cancel button, so
+    the error is not shown under a "Running…" that never ends. Streamlit's own rerun/stop
+    signals are not errors (BaseException): the rerun redraws the page."""
+    try:
+        yield
+    except Exception:
+        holder.empty()
+        raise
+
+
+@contextlib.contextmanager
+def steps(what: str, run_key: Hashable, *, unit: str = "step") -> Iterator[Callable[[int, int], None]]:
+    """A progress bar with a Cancel button for work done in steps (pooling every layer); yields
+    ``report(done, total)``. Check `cancelled` with the same ``run_key`` before starting."""
+    key = _key(run_key)
+    holder = st.empty()
+    with holder.container():
+        bar = st.progress(0.0, text=f"{what}…")
+        st.button(
+            "Cancel",
+            key=f"cancel_{key}",
+            on_click=_cancel,
+            args=(key,),
+            help="Stop now; what is done so far is kept for the next try.",
+        )
+
+    def report(done: int, total: int) -> None:
+        bar.progress(min(done / max(total, 1), 1.0), text=f"{what}: {unit} {done} of {total}…")
+
+    with _cleared_on_error(holder):
+        yield report
     holder.empty()

@@ -23,8 +23,10 @@ from attnviz import AttentionResult, LoadedModel
 from attnviz.extract import Sampling
 from ui import logs, models, sidebar, state
 from ui.params import (
+    MAX_TEXT_CHARS,
     AtlasParams,
     CompareParams,
+    ExplainParams,
     ExplorerParams,
     GenerationParams,
     OverviewParams,
@@ -50,6 +52,7 @@ PAGES: tuple[PageEntry, ...] = (
     PageEntry("pages/3_Compare.py", CompareParams, ":material/compare:", "Compare"),
     PageEntry("pages/4_Generation.py", GenerationParams, ":material/edit_note:", "Generation"),
     PageEntry("pages/5_Head_atlas.py", AtlasParams, ":material/travel_explore:", "Head_atlas"),
+    PageEntry("pages/6_Explain.py", ExplainParams, ":material/account_tree:", "Explain"),
 )
 
 
@@ -80,6 +83,15 @@ def begin(cls: type[P], *, text_label: str = "Text") -> Frame[P]:
     token, chat_slot, cap_slot = sidebar.draw(text_label=text_label)
     params = state.current(cls)
     assert isinstance(params, cls)
+    for name in ("text", "text2"):
+        size = len(getattr(params, name, "") or "")
+        if size > MAX_TEXT_CHARS:
+            st.error(
+                f"The {'second ' if name == 'text2' else ''}text has {size:,} characters; the limit is "
+                f"{MAX_TEXT_CHARS:,}. Shorten it in the box (it keeps all of it).",
+                icon=":material/error:",
+            )
+            stop()
     return Frame(params, token, chat_slot, cap_slot)
 
 
@@ -99,11 +111,12 @@ def load(spec: str, token: str | None) -> LoadedModel:
 
 
 def load_and_extract(
-    frame: Frame, *, generate: int = 0, sampling: Sampling | None = None
+    frame: Frame, *, generate: int = 0, sampling: Sampling | None = None, statistics: bool = False
 ) -> tuple[LoadedModel, AttentionResult, models.ResultRef]:
     """(model, result, `models.ResultRef`) for the sidebar's choice, or stop the page after
     showing the error. Keep the model and the result in function locals: callables that outlive
-    the run (fragments, downloads, format functions) hold the page's globals; give them the ref."""
+    the run (fragments, downloads, format functions) hold the page's globals; give them the ref.
+    ``statistics``: a fresh run keeps the per-head statistics from the forward (`models.extract`)."""
     p = frame.params
     if not p.model:
         st.info("Type a Hugging Face Hub id (like `gpt2`) or a local folder in the sidebar.")
@@ -116,8 +129,9 @@ def load_and_extract(
         sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
     res, ref = models.extract(
-        lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate, sampling=sampling
-    )
+        lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate, sampling=sampling,
+        statistics=statistics,
+    )  # fmt: skip
     if res is None or ref is None:
         stop()
     return lm, res, ref

@@ -101,7 +101,9 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
             )
             token = (st.session_state.get("hf_token") or "").strip() or None
             st.session_state[_TOKEN] = token or ""
-        st.text_area(text_label, key="text", height=110, max_chars=MAX_TEXT_CHARS)
+        # no max_chars: the browser would drop a longer paste silently and keep the old text;
+        # the page says what is wrong instead (`ui.shell.begin`)
+        st.text_area(text_label, key="text", height=110, help=f"Up to {MAX_TEXT_CHARS:,} characters.")
         chat_slot = st.empty()
         cap_slot = st.empty()
         cap_slot.caption(

@@ -17,7 +17,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui.params import LINK_BUDGET, Params, Query
+from ui.params import LINK_BUDGET, Params, Problem, Query
 from ui.text import literal
 
 MODEL_PARAMS = ("model", "model2")  # drawn by the model pickers (two widgets each), not by one widget
@@ -28,6 +28,7 @@ _PAGE = "_attnviz_page"
 _PAGE_CHANGED = "_attnviz_page_changed"
 _PATH = "_attnviz_path"
 _CLS = "_attnviz_params"
+_LINKED = "_attnviz_linked"
 
 
 def _store() -> dict[str, Any]:
@@ -67,14 +68,12 @@ def start(cls: type[Params], path: str = "") -> None:
         store.setdefault(n, cls.default(n))
     url = st.query_params.to_dict()
     applied: set[str] = set()
+    ss[_LINKED] = set()
     if url and url != ss.get(_WRITTEN):
+        ss[_LINKED] = set(url)
         base = cls(**{n: store[n] for n in names})
         parsed, applied, problems = cls.from_query(url, base)
-        for pr in problems:
-            st.warning(
-                f"The link's `{pr.name}` value {literal(_short(pr.raw), quote=True)} is not valid "
-                f"({pr.reason}); showing {literal(_short(pr.kept), quote=True)} instead."
-            )
+        link_problems(problems)
         for n in applied:
             store[n] = getattr(parsed, n)
             if n not in MODEL_PARAMS:
@@ -85,6 +84,30 @@ def start(cls: type[Params], path: str = "") -> None:
             ss[n] = store[n]
 
 
+def _value(raw: str) -> str:
+    """A link value in a message: quoted and shortened, or "an empty value" (a blank read as a
+    gap in the sentence)."""
+    return literal(_short(raw), quote=True) if raw.strip() else "an empty value"
+
+
+def link_problems(problems: Sequence[Problem]) -> None:
+    """One warning for every value of a link that could not be read (a link with garbage in
+    every parameter gets one box, not one per parameter)."""
+    if not problems:
+        return
+    lines = [
+        f"`{pr.name}`: {_value(pr.raw)} is not valid ({pr.reason}); showing {_value(pr.kept)}"
+        for pr in problems
+    ]
+    if len(lines) == 1:
+        st.warning(f"The link's {lines[0]} instead.")
+        return
+    st.warning(
+        f"{len(lines)} values of the link could not be read; each shows its last good value:\n\n"
+        + "\n".join(f"- {line}" for line in lines)
+    )
+
+
 def page_changed() -> bool:
     """True on the first run of a page after another page (or the first run of the session)."""
     return bool(st.session_state.get(_PAGE_CHANGED, True))
@@ -93,6 +116,12 @@ def page_changed() -> bool:
 def applied(name: str) -> bool:
     """True when this run's link set ``name`` (e.g. to reseed the model picker)."""
     return name in st.session_state.get(_APPLIED, set())
+
+
+def linked(name: str) -> bool:
+    """True when this run's new link named ``name``, read or not (a bad value was warned about
+    with the value shown instead: a page must not then show another)."""
+    return name in st.session_state.get(_LINKED, set())
 
 
 def put(name: str, value: Any) -> None:
@@ -191,7 +220,11 @@ def share_box(*, note: str = "") -> None:
                 icon=":material/link_off:",
             )
         st.code(share_url(query.params), language=None, wrap_lines=True)
-        msg = "Opening this link in another browser shows the same view. The token is never in it."
+        msg = (
+            "Opening this link shows the same page and options, without the text. The token is never in it."
+            if query.left_out
+            else "Opening this link in another browser shows the same view. The token is never in it."
+        )
         if any(n in query.params for n in ("tz", "tz2")):
             msg += " The long text travels compressed in the link."
         st.caption(msg + (" " + note if note else ""))

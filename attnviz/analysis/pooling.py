@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import AttnvizError
-from ..exact.lse import captured, key_bias, layer_lse, layer_spec, scores_tile
+from ..exact.lse import captured, key_bias, layer_lse, layer_lse_path, layer_spec, scores_tile
 from ..layout import Stack
 from ..limits import require
 from ..result import AttentionResult
@@ -46,7 +46,7 @@ class PooledView:
     col_edges: np.ndarray
     mean: np.ndarray
     max: np.ndarray
-    path: str  # "fused" or "dense: <why>"
+    path: str  # "fused", "blocked: <why>" (L from the exact blocked softmax) or "dense: <why>"
 
 
 def _heads(result: AttentionResult, heads: Sequence[int] | None) -> list[int]:
@@ -132,7 +132,8 @@ def pooled(
     grid = _Grid(len(hs), re, ce, n_q, n_k, device)
     if computation != "dense" and spec is not None and cap is not None:
         q, k = _qk(cap, hs)
-        lse = layer_lse(cap, spec)[hs]  # (h, q)
+        lse, path = layer_lse_path(cap, spec)
+        lse = lse[hs]  # (h, q)
         kb = key_bias(cap)
         kb = None if kb is None else kb[hs]
         side = max(1, int(math.sqrt(TILE_ELEMENTS / len(hs))))
@@ -142,7 +143,7 @@ def pooled(
                     break  # above the diagonal: all zero
                 s = scores_tile(q[:, a : a + side], k[:, c : c + side], float(cap.scaling), spec, a, c, kb)
                 grid.add(torch.exp(s - lse[:, a : a + side, None]), a, c)  # p = exp(s - L)
-        path = "fused"
+        path = "fused" if path == "forward" else path  # "blocked: <why>" when L came from there
     else:
         rows = max(1, TILE_ELEMENTS // max(1, len(hs) * n_k))
         every = hs == list(range(result.n_heads))  # same kernel calls as `layer` itself

@@ -21,7 +21,17 @@ import torch
 
 from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
-from ..exact.lse import NEG, MaskSpec, attend, captured, key_bias, layer_lse, layer_spec, lse_without_first
+from ..exact.lse import (
+    NEG,
+    MaskSpec,
+    attend,
+    captured,
+    key_bias,
+    layer_lse_path,
+    layer_spec,
+    lse_without_first,
+    worst,
+)
 from ..layout import Stack
 from ..result import AttentionResult
 
@@ -168,7 +178,8 @@ class TokenRollout:
 
     ``sources[l]`` (float64, layers × key_pos) = e_t^T A_{last} ⋯ A_l: how much each token at the
     input of layer l flows into ``token`` after the last layer. Row 0 is the token's row of the
-    full rollout (`attention_rollout`); every row sums to 1. ``paths[l]`` says how layer l ran.
+    full rollout (`attention_rollout`); every row sums to 1. ``paths[l]`` says how layer l ran:
+    "fused", "blocked: <why>" (a fused kernel refused: the exact blocked softmax) or "dense: <why>".
     """
 
     token: int
@@ -190,24 +201,24 @@ def _scaled(r: torch.Tensor, mass: torch.Tensor, residual: float) -> torch.Tenso
 
 
 def _transposed(cap: CapturedAttention, spec: MaskSpec, r: torch.Tensor, residual: float, sink_aware: bool):
-    """(mean over heads of P'_h^T r~, r~ = r / D) of one layer, fused.
+    """(mean over heads of P'_h^T r~, r~ = r / D, path) of one layer, fused.
 
     u_hj = Σ_i r_i p_hij = exp(LSE_i [scale k_j·q_hi + log r_i - L_hi]): an attention with K as
-    queries, Q as keys and a per-key bias folded into one extra dim ([k_j, 1]·[scale q_i, b_i]).
+    queries, Q as keys and a per-key bias b_i = log r_i - L_hi (the kernel's additive bias).
     The transposed mask (i >= j, window i < j + W) is the causal one on reversed positions.
     Sink-aware: p' = p / (1 - p_i0) = exp(s_ij - L'_i) for j >= 1 (L' without key 0), so the bias
     uses L' and u_0 = 0.
     """
-    q = cap.query[0].float()  # (h, q, d)
+    q = cap.query[0]  # (h, q, d)
     key = cap.key[0]  # (kv_heads, k, d)
     h, n, d = q.shape
     n_kv = key.shape[0]
     if sink_aware:
         # p'_ij = p_ij / (1 - p_i0) = exp(s_ij - L'_i) for j >= 1, L' the log-sum-exp without key 0
-        lse = lse_without_first(cap, spec)
+        lse, lse_path = lse_without_first(cap, spec)
         mass = torch.isfinite(lse).float().mean(0)  # a row left with no key has row sum 0
     else:
-        lse = layer_lse(cap, spec)  # (h, q)
+        lse, lse_path = layer_lse_path(cap, spec)  # (h, q)
         mass = torch.ones(n, device=q.device)
     r_tilde = _scaled(r, mass, residual)
     bias = torch.log(r_tilde)[None, :] - lse  # (h, q)
@@ -217,20 +228,18 @@ def _transposed(cap: CapturedAttention, spec: MaskSpec, r: torch.Tensor, residua
     def order(t: torch.Tensor) -> torch.Tensor:
         return t.flip(-2) if flip else t
 
-    queries = torch.empty(n_kv, h // n_kv, n, d + 1, dtype=torch.float32, device=q.device)
-    queries[..., :d] = order(key)[:, None]  # [k_j, 1], GQA-expanded in the copy
-    queries[..., d] = 1.0
-    keys = torch.empty(h, n, d + 1, dtype=torch.float32, device=q.device)
-    torch.mul(order(q), cap.scaling, out=keys[..., :d])  # [scale q_i, b_i]
-    keys[..., d] = order(bias[..., None])[..., 0]
-    _, got = attend(queries.view(h, n, d + 1), keys, keys, scale=1.0, spec=spec)
-    if flip:
-        got = got.flip(-1)
+    queries = torch.empty(n_kv, h // n_kv, n, d, dtype=torch.float32, device=q.device)
+    queries[:] = order(key)[:, None]  # k_j, GQA-expanded in the copy
+    keys = torch.mul(order(q).float(), cap.scaling)  # scale q_i
+    got = attend(
+        queries.view(h, n, d), keys, keys, scale=1.0, spec=spec, key_bias=order(bias[..., None])[..., 0]
+    )
+    lse_t = got.lse.flip(-1) if flip else got.lse
     kb = key_bias(cap)  # a key-only bias b_hj is constant along the transposed row j: a factor
-    u = torch.exp(got if kb is None else got + kb)  # (h, key_pos)
+    u = torch.exp(lse_t if kb is None else lse_t + kb)  # (h, key_pos)
     if sink_aware:
         u[:, 0] = 0.0
-    return u.mean(0), r_tilde
+    return u.mean(0), r_tilde, worst(lse_path, got.path)
 
 
 def _dense_transposed(
@@ -239,6 +248,7 @@ def _dense_transposed(
     """Same as `_transposed` from `layer_tensor` rows (exact for any attention; memory one chunk)."""
     n = r.shape[0]
     size = max(1, CHUNK_ELEMENTS // max(1, result.n_heads * n))
+    r = r.to(result.layer_tensor(layer, rows=slice(0, 1), stack=stack).device)  # this layer's device
     u = torch.zeros(n, dtype=torch.float32, device=r.device)
     r_tilde = torch.zeros_like(u)
     for a in range(0, n, size):
@@ -276,9 +286,7 @@ def token_rollout(
         raise AttnvizError(f"token {token} is out of range: this text has positions 0..{n - 1}")
     token = token % n
     n_layers = result.n_layers(stack)
-    first = captured(result, stack, 0)
-    device = first.query.device if first is not None else result.layer_tensor(0, rows=slice(0, 1)).device
-    r = torch.zeros(n, dtype=torch.float32, device=device)
+    r = torch.zeros(n, dtype=torch.float32)
     r[token] = 1.0
     sources = np.zeros((n_layers, n))
     paths: list[str] = [""] * n_layers
@@ -286,8 +294,8 @@ def token_rollout(
         cap = captured(result, stack, layer)
         spec, why = layer_spec(cap, result.layout, layer, stack)
         if computation != "dense" and spec is not None and cap is not None:
-            u, r_tilde = _transposed(cap, spec, r, residual, sink_aware)
-            paths[layer] = "fused"
+            r = r.to(cap.query.device)  # layers may sit on different GPUs (device_map="auto")
+            u, r_tilde, paths[layer] = _transposed(cap, spec, r, residual, sink_aware)
         else:
             u, r_tilde = _dense_transposed(result, layer, stack, r, residual, sink_aware)
             paths[layer] = f"dense: {why if computation != 'dense' else 'asked'}"

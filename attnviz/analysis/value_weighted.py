@@ -78,6 +78,12 @@ def output_weight(model: Any, module_name: str, n_heads: int, head_dim: int) -> 
     return w.float().reshape(w.shape[0], n_heads, head_dim).permute(1, 0, 2)  # (heads, d_model, d_head)
 
 
+def output_bias(model: Any, module_name: str) -> torch.Tensor | None:
+    """b_O of attention ``module_name``'s output projection (None without one)."""
+    bias = getattr(_out_projection(model, module_name)[0], "bias", None)
+    return bias if isinstance(bias, torch.Tensor) else None
+
+
 def key_norms(
     lm: LoadedModel, result: AttentionResult, layer: int, *, stack: Stack | None = None
 ) -> torch.Tensor:

@@ -16,8 +16,10 @@ from typing import Any
 import psutil
 import torch
 
+from ..exact import kernels
 from ..extract import forward_kwargs
 from ..loading import LoadedModel, wrap_model
+from ..loading.files import atomic_write_text
 
 _CLEAR_REFS, _STATUS = Path("/proc/self/clear_refs"), Path("/proc/self/status")
 WORDS = [
@@ -95,15 +97,16 @@ def measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tup
     times, peaks = [], []
     for _ in range(repeats):
         gc.collect()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
+        if kernels.on_cuda(device):
+            cuda = kernels.backend()
+            kernels.synchronize(device)
+            cuda.reset_peak_memory_stats(device)
+            base = cuda.memory_allocated(device)
             t0 = time.perf_counter()
             out = fn()
-            torch.cuda.synchronize()
+            kernels.synchronize(device)
             times.append(time.perf_counter() - t0)
-            peaks.append(torch.cuda.max_memory_allocated() - base)
+            peaks.append(cuda.max_memory_allocated(device) - base)
         else:
             with _PeakRSS() as mem:
                 t0 = time.perf_counter()
@@ -136,8 +139,8 @@ def floor(lm: LoadedModel, ids: list[int]) -> Callable[[], object]:
 
 
 def machine_line(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
+    if kernels.on_cuda(device):
+        return f"{kernels.backend().device_name(device)}, torch {torch.__version__}"
     return (
         f"CPU: {platform.processor() or platform.machine()}, {psutil.cpu_count()} cores, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, torch {torch.__version__}, "
@@ -173,5 +176,4 @@ def replace_section(path: Path, name: str, body: str) -> None:
         new = old[: old.index(start)] + block + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip() + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
+    atomic_write_text(path, new)  # a full disk keeps the old file whole

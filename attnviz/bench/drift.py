@@ -27,6 +27,7 @@ import torch
 from ..exact.eager import eager_probabilities
 from ..extract import extract_ids
 from ..loading import LoadedModel
+from ..loading.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def write_section(path: Path, body: str) -> None:
         text = head + block + rest.split(END, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n## Fast vs eager drift, per layer\n\n" + block + "\n"
-    path.write_text(text, encoding="utf-8")
+    atomic_write_text(path, text)  # a full disk keeps the old file whole
 
 
 def main(argv: list[str] | None = None) -> int:

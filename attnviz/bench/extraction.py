@@ -5,7 +5,8 @@ For each length N on the built-in smollm2-135m:
   (b) eager  - transformers' eager attention with output_attentions=True (what other tools do)
   (c) fast   - attnviz's fast path up to the first layer's probabilities
 and the ratios (c)/(a), (b)/(c), peak-memory (b)/(c). Medians of --repeats runs. On CUDA it also
-runs a Llama-3.2-3B-shaped model (random weights) at 8192 tokens.
+runs a Llama-3.2-3B-shaped model (random weights) at 8192 tokens, and the statistics rows
+(`attnviz.bench.stats`; ``--llama-sizes`` picks that model's lengths on CUDA).
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch
 
+from ..exact import kernels
 from ..extract import extract_ids
+from ..limits import free_bytes
 from ..loading import LoadedModel, load_model, resolve_device
 from ..result import PathName
 from .common import floor, ids_of_length, llama3b_shaped, machine_line, measure, replace_section
 
 log = logging.getLogger(__name__)
+LLAMA_AT = 8192  # CUDA: the Llama-3.2-3B-shaped model's row of this table
 
 
 def _first_layer(lm: LoadedModel, ids: list[int], path: PathName) -> Callable[[], object]:
@@ -43,13 +46,6 @@ def _eager_bytes(lm: LoadedModel, n: int) -> int:
     lay = lm.layout
     elem = torch.finfo(lm.dtype).bits // 8
     return (lay.n_layers + 3) * lay.n_heads * n * n * max(elem, 4)
-
-
-def _available(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info()
-        return free
-    return psutil.virtual_memory().available
 
 
 @dataclass
@@ -66,7 +62,7 @@ class Row:
 
 
 def _eager_fits(lm: LoadedModel, n: int) -> tuple[bool, str]:
-    need, free = _eager_bytes(lm, n), _available(lm.device)
+    need, free = _eager_bytes(lm, n), free_bytes(lm.device)
     if need > 0.6 * free:
         return False, f"skipped: needs ~{need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
     return True, ""
@@ -156,17 +152,17 @@ def run_bench(args) -> int:
         sys.stdout.write(json.dumps(cpu_peaks(lm, sizes)) + "\n")
         return 0
     peaks = None
-    if device.type == "cpu":
+    if kernels.kind(device) == "cpu":
         sys.stdout.write("measuring peak memory in a child process...\n")
         sys.stdout.flush()
         peaks = _cpu_peaks_in_child(sizes)
     sys.stdout.write(f"machine: {machine_line(device)}\n{HEADER}\n")
     rows = bench_model(lm, sizes, args.repeats, peaks)
-    if device.type == "cuda":
-        del lm
-        gc.collect()
-        torch.cuda.empty_cache()
-        rows += bench_model(llama3b_shaped(device), [8192], max(1, args.repeats))
+    del lm  # before the next model (and before the statistics bench loads its own)
+    gc.collect()
+    if kernels.on_cuda(device):
+        kernels.backend().empty_cache()
+        rows += bench_model(llama3b_shaped(device), [LLAMA_AT], max(1, args.repeats))
     if not args.no_write:
         write_markdown(args.out, rows, machine_line(device), sizes)
         readme = args.out.parent.parent / "README.md"
@@ -175,13 +171,15 @@ def run_bench(args) -> int:
         sys.stdout.write(f"wrote {args.out}\n")
     if getattr(args, "no_stats", False):
         return 0
-    from .stats import run_stats_bench  # whole-model answers: statistics, rollout, pooled view
+    from .stats import CUDA_SIZES, run_stats_bench  # whole-model answers: statistics, rollout, pooled view
 
-    del lm
-    gc.collect()
     chosen = getattr(args, "stats_sizes", None)
     stats_sizes = [int(s) for s in str(chosen).split(",") if s.strip()] if chosen else sizes
-    return run_stats_bench(args.device, stats_sizes, args.repeats, None if args.no_write else args.out)
+    llama = getattr(args, "llama_sizes", None)
+    llama_sizes = [int(s) for s in str(llama).split(",") if s.strip()] if llama else CUDA_SIZES
+    return run_stats_bench(
+        args.device, stats_sizes, args.repeats, None if args.no_write else args.out, llama_sizes=llama_sizes
+    )
 
 
 def write_markdown(path: Path, rows: list[Row], machine: str, sizes: list[int]) -> None:

@@ -5,9 +5,9 @@ once with a plain extract (the statistics take a second fused pass per layer) an
 ``extract(statistics=True)`` (L and the expectations kept by the forward itself); rollout of the
 last token (`token_rollout`, on a fresh plain result: its LSE pass included); one pooled view of
 a layer (`pooled`, 256 cells, all heads, after the LSE is known). Medians of ``repeats`` runs.
-CPU: the built-in smollm2-135m; CUDA: also the Llama-3.2-3B-shaped random bf16 model from 1k to
-128k tokens (there the statistics keep the second pass: the forward's flash call is widened on
-the CPU only). ``python -m attnviz.bench.stats --sizes 256,1024,2048`` runs
+CPU: the built-in smollm2-135m; CUDA: also the Llama-3.2-3B-shaped random bf16 model at
+``--llama-sizes`` (default 1k to 128k tokens; there the statistics keep the second pass: the
+forward's flash call is widened on the CPU only). ``python -m attnviz.bench.stats --sizes 256,1024,2048`` runs
 only these rows; ``python -m attnviz bench`` runs them after its own table.
 """
 
@@ -29,6 +29,7 @@ import torch
 
 from ..analysis.pooling import pooled
 from ..analysis.rollout import token_rollout
+from ..exact import kernels
 from ..extract import extract_ids
 from ..loading import LoadedModel, load_model, resolve_device
 from ..metrics import head_metrics
@@ -56,11 +57,6 @@ class StatsRow:
     rollout_cpu_ratio: float = float("nan")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 _CPU: dict[str, list[float]] = {}  # process CPU seconds of the last `_time` calls, by name
 
 
@@ -68,10 +64,10 @@ def _time(fn: Callable[[], object], device: torch.device, name: str = "") -> tup
     """Wall seconds of fn() (and its process CPU seconds into ``_CPU[name]``: on a shared CPU
     the CPU-time ratio is the steadier one)."""
     gc.collect()
-    _sync(device)
+    kernels.synchronize(device)
     c0, t0 = time.process_time(), time.perf_counter()
     out = fn()
-    _sync(device)
+    kernels.synchronize(device)
     wall = time.perf_counter() - t0
     if name:
         _CPU.setdefault(name, []).append(time.process_time() - c0)
@@ -160,18 +156,23 @@ def write_stats_section(path: Path, rows: list[StatsRow], machine: str, sizes: l
 
 
 def run_stats_bench(
-    device_name: str, sizes: list[int], repeats: int, out: Path | None, note: str = ""
+    device_name: str,
+    sizes: list[int],
+    repeats: int,
+    out: Path | None,
+    note: str = "",
+    llama_sizes: list[int] = CUDA_SIZES,
 ) -> int:
     device = resolve_device(device_name)
     lm = load_model("smollm2-135m", device=str(device))
     machine = machine_line(device)
     sys.stdout.write(f"machine: {machine}\n{HEADER}\n")
     rows = stats_rows(lm, sizes, repeats)
-    if device.type == "cuda":  # written for the GPU; not measured where no GPU was available
-        del lm
-        gc.collect()
-        torch.cuda.empty_cache()
-        rows += stats_rows(llama3b_shaped(device), CUDA_SIZES, max(1, repeats))
+    del lm
+    gc.collect()
+    if kernels.on_cuda(device) and llama_sizes:  # the Llama-3.2-3B-shaped rows: CUDA only
+        kernels.backend().empty_cache()
+        rows += stats_rows(llama3b_shaped(device), llama_sizes, max(1, repeats))
     if out is not None:
         write_stats_section(out, rows, machine, sizes, note)
         sys.stdout.write(f"wrote {out}\n")
@@ -186,14 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--note", default="")
+    parser.add_argument(
+        "--llama-sizes", default=",".join(map(str, CUDA_SIZES)),
+        help="CUDA: token counts of the Llama-3.2-3B-shaped rows ('' for none)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        llama = [int(s) for s in args.llama_sizes.split(",") if s.strip()]
     except ValueError:
-        parser.error(f"--sizes must be comma-separated token counts, not {args.sizes!r}")
-    if not sizes or min(sizes) < 2 or args.repeats < 1:
+        parser.error(f"--sizes / --llama-sizes must be comma-separated token counts, not {args.sizes!r}")
+    if not sizes or min(sizes + llama) < 2 or args.repeats < 1:
         parser.error("--sizes must be token counts >= 2 and --repeats >= 1")
-    return run_stats_bench(args.device, sizes, args.repeats, None if args.no_write else args.out, args.note)
+    out = None if args.no_write else args.out
+    return run_stats_bench(args.device, sizes, args.repeats, out, args.note, llama_sizes=llama)
 
 
 if __name__ == "__main__":

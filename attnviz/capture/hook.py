@@ -92,6 +92,21 @@ def _changes_probabilities(name: str, value) -> bool:
 
 
 _ACTIVE: ContextVar[Recorder | None] = ContextVar("attnviz_recorder", default=None)
+# (module, output (1, q_pos, heads, d_head)) -> output: head ablation (attnviz.explain.ablation)
+OutputEdit = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+_EDIT: ContextVar[OutputEdit | None] = ContextVar("attnviz_edit", default=None)
+
+
+@contextlib.contextmanager
+def editing(edit: OutputEdit):
+    """In this context (this thread / task only) every attention call's output, per head
+    (1, q_pos, heads, d_head), passes through ``edit`` before the output projection reads it:
+    the model's own code is unchanged (head ablation; reading the heads' outputs)."""
+    token = _EDIT.set(edit)
+    try:
+        yield
+    finally:
+        _EDIT.reset(token)
 
 
 def active_recorder() -> Recorder | None:
@@ -133,8 +148,8 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
             key,
             scaling=scaling,
             softcap=softcap,
-            position_bias=None if position_bias is None else position_bias[..., rows, :],
-            mask=None if mask is None else mask[..., rows, :],
+            position_bias=_rows_of(position_bias, rows),
+            mask=_rows_of(mask, rows),
             is_causal=is_causal,
             q_offset=shift + start,
         )
@@ -150,6 +165,12 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
     return torch.cat(out, dim=2).transpose(1, 2).contiguous()
 
 
+def _rows_of(t: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """Query rows ``rows`` of a (..., q_pos, key_pos) mask or bias; one that has a single row for
+    every query (a padding mask (1, 1, 1, key_pos), ALiBi) is that row for all of them."""
+    return t if t is None or t.shape[-2] == 1 else t[..., rows, :]
+
+
 def attnviz_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -160,7 +181,24 @@ def attnviz_attention(
     scaling: float | None = None,
     **kwargs,
 ):
-    """Drop-in for transformers' SDPA attention that also records Q and K when asked."""
+    """Drop-in for transformers' SDPA attention that also records Q and K when asked (and
+    passes each head's output through an `editing` function when one is active)."""
+    output, weights = _attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    edit = _EDIT.get()
+    return (output, weights) if edit is None else (edit(module, output), weights)
+
+
+def _attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+):
+    """The attention output (1, q_pos, heads, d_head), recording Q, K and V when asked."""
     softcap = kwargs.get("softcap")
     position_bias = kwargs.get("position_bias")
     sinks = kwargs.get("s_aux")

@@ -10,6 +10,7 @@ with arguments it models; if not, `extract` runs the exact layer-at-a-time path.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from collections import Counter
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import PretrainedConfig
 
 from ..errors import ModelHasNoAttention
 
@@ -54,23 +56,88 @@ class Probe:
         return calls[call] if call < len(calls) else None
 
 
-def probe_inputs(model: Any, encoder_decoder: bool) -> dict:
+def probe_inputs(model: Any, tokenizer: Any, encoder_decoder: bool) -> dict:
+    """The load probe's input, shaped like what `extract` feeds: six ordinary ids between the
+    tokenizer's own special tokens (BOS, [CLS] ... [SEP], ... </s>), and for an encoder-decoder the
+    decoder started from the model's own start token (a pad where that is the pad: T5), shifted
+    right as in `extract` (one token shorter, so the decoder and cross maps differ in shape)."""
     emb = model.get_input_embeddings()
     vocab = int(getattr(emb, "num_embeddings", None) or getattr(model.config, "vocab_size", None) or 10)
-    ids = torch.tensor([[min(3 + 5 * i, vocab - 1) for i in range(6)]], device=_device(model))
-    inputs: dict = {"input_ids": ids}
-    if encoder_decoder:  # shifted right from the decoder start token, as `extract` feeds it
-        start = torch.tensor([[decoder_start(model.config)]], device=ids.device)
-        inputs["decoder_input_ids"] = torch.cat([start, ids[:, :4]], dim=1)
+    prefix, suffix = special_tokens(tokenizer)
+    content = [min(3 + 5 * i, vocab - 1) for i in range(6)]
+    ids = [i for i in (*prefix, *content, *suffix) if 0 <= i < vocab]
+    decoder_ids = [decoder_start(model), *ids[:-2]] if encoder_decoder else None
+    return forward_inputs(model, ids, decoder_ids)
+
+
+def special_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids ``tokenizer(text)`` puts before and after the text's own ids ([], [] if none)."""
+    try:
+        plain = list(tokenizer("attention", add_special_tokens=False)["input_ids"])
+        full = list(tokenizer("attention")["input_ids"])
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot say: probe without special tokens
+        return [], []
+    for start in range(len(full) - len(plain) + 1):
+        if plain and full[start : start + len(plain)] == plain:
+            return full[:start], full[start + len(plain) :]
+    return [], []
+
+
+def decoder_start(model: Any) -> int:
+    """The token the model's own decoder starts from, as `generate` picks it: the generation
+    config's ``decoder_start_token_id``, the config's, the decoder sub-config's decoder start or
+    BOS (T5Gemma keeps its start there: its own shift-right uses ``config.decoder.bos_token_id``),
+    the generation config's BOS (generate's fallback), and only then the pad id (T5's convention)."""
+    config = model.config
+    generation = getattr(model, "generation_config", None)
+    sub = _get(config, "decoder")
+    sub = sub if isinstance(sub, PretrainedConfig) else None
+    for source, name in (
+        (generation, "decoder_start_token_id"),
+        (config, "decoder_start_token_id"),
+        (sub, "decoder_start_token_id"),
+        (sub, "bos_token_id"),
+        (generation, "bos_token_id"),
+        (config, "pad_token_id"),
+        (generation, "pad_token_id"),
+    ):
+        value = _get(source, name)
+        if isinstance(value, list | tuple):
+            value = value[0] if value else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int(value)
+    return 0
+
+
+def _get(source: Any, name: str) -> Any:
+    try:
+        return getattr(source, name, None) if source is not None else None
+    except Exception:  # noqa: BLE001 - a config attribute that raises (per-layer config): absent
+        return None
+
+
+def forward_inputs(model: Any, ids: list[int], decoder_ids: list[int] | None = None) -> dict:
+    """The keyword arguments of every forward attnviz runs on ``ids`` (the fast capture, eager,
+    layer at a time, the load probe), so each builds its masks from the same inputs.
+
+    What ``tokenizer(text)`` gives one unpadded sequence: the ids and an all-ones attention mask;
+    for an encoder-decoder, the decoder ids with an all-ones mask, as generate's decoder sees them.
+    The masks are explicit because a model left to derive one may do it from pad ids, and not
+    always the same way: T5Gemma masks pad ids in its decoder only when it runs without a cache
+    (``use_cache=False``, as attnviz runs) - so a decoder started from the pad token lost key 0,
+    where the model's own default call and generate attend to it."""
+    device = _device(model)
+    params = inspect.signature(model.forward).parameters
+    inputs: dict = {"input_ids": torch.tensor([ids], device=device)}
+    if "attention_mask" in params:
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    if decoder_ids is not None:
+        inputs["decoder_input_ids"] = torch.tensor([decoder_ids], device=device)
+        if "decoder_attention_mask" in params:
+            inputs["decoder_attention_mask"] = torch.ones_like(inputs["decoder_input_ids"])
+    if "use_cache" in params:
+        inputs["use_cache"] = False
     return inputs
-
-
-def decoder_start(config: Any) -> int:
-    """The token an encoder-decoder's decoder starts from (often the pad token)."""
-    start = getattr(config, "decoder_start_token_id", None)
-    if start is None:
-        start = getattr(config, "pad_token_id", None) or 0
-    return int(start)
 
 
 def _device(model: Any) -> torch.device:
@@ -124,7 +191,7 @@ def find_sites(
             handles.append(module.register_forward_hook(hook(name)))
     try:
         with torch.inference_mode():
-            out = model(**inputs, output_attentions=True, **_no_cache(model))
+            out = model(**inputs, output_attentions=True)
     finally:
         for h in handles:
             h.remove()
@@ -162,27 +229,26 @@ def _is_probabilities(t: torch.Tensor, inputs: dict, stack: str) -> bool:
     return bool((t >= 0).all()) and bool((t.sum(-1) <= 1 + 1e-2).all())
 
 
-def _no_cache(model: Any) -> dict:
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return {"use_cache": False} if "use_cache" in params else {}
-
-
 def probe(
-    model: Any, encoder_decoder: bool, capture_ok: bool, names: dict[int, str], switch: bool | None = None
+    model: Any,
+    encoder_decoder: bool,
+    capture_ok: bool,
+    names: dict[int, str],
+    switch: bool | None = None,
+    tokenizer: Any = None,
 ) -> Probe:
     """Find the attention sites (eager) and whether the capture path reproduces them exactly.
 
     ``capture_ok``: the model records its attention calls. ``switch`` (default: ``capture_ok``):
     it runs transformers' attention functions and is switched to eager for the probe and back to
     the capture attention afterwards; adapted eager-only models (attnviz/adapters) run eager
-    whenever no recorder is active, so they are not switched.
+    whenever no recorder is active, so they are not switched. ``tokenizer`` gives the probe input
+    its special tokens (`probe_inputs`).
     """
     from . import hook as capture
 
     switch = capture_ok if switch is None else switch
-    inputs = probe_inputs(model, encoder_decoder)
+    inputs = probe_inputs(model, tokenizer, encoder_decoder)
     if switch:
         model.set_attn_implementation("eager")
     try:
@@ -208,7 +274,7 @@ def probe(
         result.why_not_fast = "its attention does not go through transformers' attention functions"
         return result
     with capture.recording(names) as rec, torch.inference_mode():
-        model(**inputs, **_no_cache(model))
+        model(**inputs)
     counted = Counter(c.module_name for c in rec.calls)
     expected = Counter(s.module_name for found in sites.values() for s in found)
     if rec.unsupported:
@@ -230,10 +296,11 @@ def probe(
     return result
 
 
-# Probe input: 6 tokens. A dropped mask or a missing term is off by ~0.1-1. In bf16/fp16 the
-# hidden states of an SDPA forward and an eager forward drift apart with depth (the kernels
-# round differently), so there only each stack's first layer (same input in both forwards) is
-# compared with the eager forward, and deeper layers with eager's function on the same Q/K.
+# Probe input: 6 ordinary tokens and the tokenizer's special ones. A dropped mask or a missing
+# term is off by ~0.1-1. In bf16/fp16 the hidden states of an SDPA forward and an eager forward
+# drift apart with depth (the kernels round differently), so there only each stack's first layer
+# (same input in both forwards) is compared with the eager forward, and deeper layers with
+# eager's function on the same Q/K.
 PROBE_TOLERANCE = 2e-2
 
 

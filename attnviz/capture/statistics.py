@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention import SDPBackend
 
+from ..exact import kernels
 from ..layout import repeat_kv
 from ..limits import USABLE, free_bytes
 
@@ -56,14 +57,14 @@ def cross_terms(query: torch.Tensor, e_key: torch.Tensor, scale: float, group: i
     n_kv = h // group
     q = query.reshape(n_kv, group, n, d).permute(0, 2, 3, 1)  # (kv_head, q_pos, d, b)
     e = e_key.reshape(n_kv, group, n, d).permute(0, 2, 1, 3)  # (kv_head, q_pos, a, d)
-    c = torch.matmul(e, q)  # (kv_head, q_pos, a, b)
+    c = kernels.matmul_ieee(e, q)  # (kv_head, q_pos, a, b), never TF32
     return c.permute(0, 2, 3, 1).reshape(h, group, n).mul_(scale)
 
 
 def fusable(module, query, key, value, mask, dropout: float, scaling, is_causal: bool, kwargs) -> bool:
     """Whether transformers' SDPA call for this layer would run the CPU flash kernel, in float32,
     on the square prefill the widened call reproduces (else: the layer runs as before)."""
-    if query.device.type != "cpu" or dropout:
+    if kernels.kind(query.device) != "cpu" or dropout:
         return False
     if any(t.dtype != torch.float32 for t in (query, key, value)):
         return False

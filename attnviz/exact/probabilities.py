@@ -91,7 +91,8 @@ def probs_from_capture(
     mask = None
     if cap.mask is not None:
         m = cap.mask[0]
-        mask = (m[head_idx] if m.shape[0] > 1 else m)[:, rows]
+        mask = m[head_idx] if m.shape[0] > 1 else m
+        mask = mask[:, rows] if mask.shape[1] > 1 else mask  # a padding mask: one row for all
     if mask is None and bias is None and cap.sinks is None and cap.is_causal and q.shape[1] > _CAUSAL_BLOCK:
         return _causal_blocks(q, k, cap, start)
     scores = attention_scores(

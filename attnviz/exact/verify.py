@@ -5,16 +5,20 @@ For the fast path the captured query, key and value of one layer go through the 
 ``attn_implementation="eager"``: soft-capping, sinks, position bias included), with the mask in
 eager's additive form. Its probabilities must equal ours: both softmax the same scores; the only
 difference allowed is eager casting its fp32 softmax back to the model dtype (a bf16 rounding).
+One layer of every stack is checked: an encoder-decoder's decoder and cross attention run on other
+inputs than its encoder, and an error there would not show in the encoder.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ..errors import AttnvizError
+from ..layout import Stack
 from ..result import AttentionResult, Check
 from .eager import comparable, eager_probabilities
 
@@ -29,25 +33,34 @@ def tolerance(dtype: torch.dtype) -> float:
     return 1e-5 if dtype == torch.float32 else float(torch.finfo(dtype).eps)
 
 
-def pick_layer(result: AttentionResult, verify: VerifyArg) -> int | None:
-    """Which layer ``verify`` asks for: an int is that layer; True / "auto" the middle one."""
+def pick_layers(result: AttentionResult, verify: VerifyArg) -> dict[Stack, int]:
+    """Which layer of each stack ``verify`` asks for: an int is that layer in every stack; True /
+    "auto" each stack's middle one; False none. An encoder-decoder's encoder, decoder and cross
+    stacks are each checked: they run on different inputs (the decoder on its start token)."""
     if verify is False or verify is None:
-        return None
-    n = result.n_layers()
+        return {}
     if isinstance(verify, bool) or verify in ("auto", "true", "yes", "on"):
-        return n // 2
+        return {stack: result.n_layers(stack) // 2 for stack in result.stacks}
     try:
         layer = int(verify)
     except (TypeError, ValueError):
         raise AttnvizError(f"verify={verify!r}: use True, 'auto' or a layer index") from None
-    if not 0 <= layer < n:
-        raise AttnvizError(f"verify layer {layer} is out of range: this model has layers 0..{n - 1}")
-    return layer
+    for stack in result.stacks:
+        n = result.n_layers(stack)
+        if not 0 <= layer < n:
+            where = "this model has" if len(result.stacks) == 1 else f"the {stack} stack has"
+            raise AttnvizError(f"verify layer {layer} is out of range: {where} layers 0..{n - 1}")
+    return dict.fromkeys(result.stacks, layer)
 
 
-def self_check(model: Any, result: AttentionResult, layer: int) -> Check:
-    """Recompute ``layer`` (first stack) with eager and compare; raises on a mismatch."""
-    stack = result.stacks[0]
+def self_check(model: Any, result: AttentionResult, layers: Mapping[Stack, int]) -> tuple[Check, ...]:
+    """Recompute one layer of each stack in ``layers`` with eager from what the forward captured
+    (a result without captures holds eager's own probabilities) and compare; raises naming the
+    stack and layer on a mismatch."""
+    return tuple(_check_one(model, result, stack, layer) for stack, layer in layers.items())
+
+
+def _check_one(model: Any, result: AttentionResult, stack: Stack, layer: int) -> Check:
     ours = result.layer_tensor(layer, stack=stack)
     dtype = next(model.parameters()).dtype
     cap = result.captured(layer, stack)

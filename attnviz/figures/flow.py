@@ -109,6 +109,13 @@ def flow_map(
         height=min(900, max(240, 14 * n_layers + 140)),
         margin=dict(l=10, r=10, t=56, b=10),
         xaxis=dict(type="category", **token_ticks(x)),
-        yaxis=dict(type="category", autorange="reversed", tickmode="array", tickvals=vals, ticktext=text),
+        yaxis=dict(
+            type="category",
+            autorange="reversed",
+            tickmode="array",
+            tickvals=vals,
+            ticktext=text,
+            title=dict(text="layer (input of)"),
+        ),
     )
     return fig

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from attnviz.figures.bins import GRID_MAX_CELLS, downsample, grid_side
+from attnviz.figures.bins import GRID_MAX_CELLS, GRID_MAX_SIDE, downsample, grid_side
 from attnviz.figures.colour import DIVERGING, _coloraxis, _colour, _max, _weight_hover, resolve_scale
 from attnviz.figures.labels import bin_labels, escape, head_title, token_ticks
 
@@ -32,8 +32,10 @@ def head_grid(
     scale: str | None = None,
     selected: int | None = None,
     pickable: bool = False,
+    max_side: int = GRID_MAX_SIDE,
 ) -> go.Figure:
     """All heads of one layer, one heatmap each, in one figure with a shared colour axis.
+    (``max_side``: bins per facet side at most; the notebook's `head_view` draws up to 256.)
 
     ``layer_probs`` is (heads, query_pos, key_pos), already pooled or not (pooled here to fit
     ``max_cells``). ``kv_heads[i]`` labels each facet "head h · kv g"; with GQA the grid puts
@@ -48,7 +50,7 @@ def head_grid(
     k_labels = q_labels if k_labels is None else k_labels
     n_h = layer_probs.shape[0]
     heads = list(range(n_h)) if heads is None else [int(h) for h in heads]
-    side = grid_side(n_h, max_cells, n_tokens=max(layer_probs.shape[-2:]))
+    side = grid_side(n_h, max_cells, max_side, n_tokens=max(layer_probs.shape[-2:]))
     pooled, re, ce = downsample(layer_probs, side, side, "mean" if diverging else "max")
     ql, kl = bin_labels(q_labels, re), bin_labels(k_labels, ce)
     if cols is None:
@@ -122,29 +124,47 @@ def _axis_name(i: int) -> str:
     return "" if i == 0 else str(i + 1)
 
 
+PICK_LATTICE = 8  # click targets per tile side: any click on a tile lands within ~15 px of one
+
+
 def _add_pickers(
     fig: go.Figure, heads: Sequence[int], titles: Sequence[str], cols: int, x: list[str], y: list[str]
 ) -> None:
-    """One clickable marker per facet, in its top-right cell (masked for causal heads)."""
+    """Make every facet clickable: heatmaps are not selectable in Plotly (a click on a cell is no
+    selection event), so each facet gets a lattice of invisible points covering it (customdata:
+    the head; a click anywhere on the tile lands on one) and a visible square in its top-right
+    cell that says so."""
+    n = PICK_LATTICE
+    xi = sorted({round(i * (len(x) - 1) / (n - 1)) for i in range(n)})
+    yi = sorted({round(i * (len(y) - 1) / (n - 1)) for i in range(n)})
     for i, h in enumerate(heads):
+        where = dict(row=i // cols + 1, col=i % cols + 1)
+        tip = f"{escape(titles[i])}: click to show it big<extra></extra>"
+        fig.add_trace(
+            go.Scatter(
+                x=[x[a] for a in xi for _ in yi],
+                y=[y[b] for _ in xi for b in yi],
+                mode="markers",
+                marker=dict(size=22, opacity=0, color="#fff"),
+                customdata=[[int(h)]] * (len(xi) * len(yi)),
+                name=f"tile {titles[i]}",
+                hovertemplate=tip,
+                showlegend=False,
+            ),
+            **where,
+        )
         fig.add_trace(
             go.Scatter(
                 x=[x[-1]],
                 y=[y[0]],
                 mode="markers",
-                marker=dict(
-                    symbol="square",
-                    size=12,
-                    color="rgba(255,255,255,0.85)",
-                    line=dict(width=1.5, color="#444"),
-                ),
+                marker=dict(symbol="square", size=12, color=_PICK_FILL, line=dict(width=1.5, color="#444")),
                 customdata=[[int(h)]],
                 name=f"pick {titles[i]}",
-                hovertemplate=f"{escape(titles[i])}: click to show it big<extra></extra>",
+                hovertemplate=tip,
                 showlegend=False,
             ),
-            row=i // cols + 1,
-            col=i % cols + 1,
+            **where,
         )
 
 

@@ -62,6 +62,8 @@ class ShownResult(Protocol):
 
 
 SLIDER_MAX_CELLS = 240_000  # every layer's heads in one slider figure (~1.7 MB of JSON)
+FULL_TOKENS = 256  # head_view draws every token up to this many, pools only beyond
+FULL_CELLS = 4_000_000  # ... and the all-layer slider while it stays under this (~21 MB of JSON)
 REPR_MAX_CELLS = 120_000  # the cell display: the slider figure at half that (bundle ~2 MB)
 # The cell display walks every layer only while that is quick (layers x heads x N^2 probabilities
 # computed, ~1 s on 2 cores); past it, one layer, and `head_view(res)` draws the slider on request.
@@ -111,6 +113,20 @@ def _layers(res: ShownResult, layer: int | None, stack: Stack) -> list[int]:
     return [int(layer)]
 
 
+def notebook_side(n_tokens: int, n_tiles: int, max_cells: int | None, *, one_layer: bool) -> int:
+    """Bins per axis of each head's tile: every token up to `FULL_TOKENS` (within `FULL_CELLS` for
+    the all-layer slider, which embeds every layer), pooled only beyond; ``max_cells`` (the
+    figure's whole budget) overrides."""
+    from .. import figures as F
+
+    if max_cells is None and n_tokens <= FULL_TOKENS and (one_layer or n_tiles * n_tokens**2 <= FULL_CELLS):
+        return n_tokens
+    budget = max_cells or (F.GRID_MAX_CELLS if one_layer else SLIDER_MAX_CELLS)
+    if max_cells is None and not one_layer:
+        budget = FULL_CELLS
+    return F.grid_side(n_tiles, budget, max_side=FULL_TOKENS, n_tokens=n_tokens)
+
+
 def head_view(
     result: ShownResult,
     layer: int | None = None,
@@ -126,8 +142,10 @@ def head_view(
 
     ``layer=None`` puts every layer in one figure behind a layer slider, on one colour scale;
     all layers share the cell budget, so long inputs are pooled more than for one layer.
-    ``heads`` picks query heads (default: all). Token axes are ``"(i) token"``; pooled axes name
-    each bin's span, and the title says how far it was pooled. ``heading`` is a first title line.
+    ``heads`` picks query heads (default: all). Every token is drawn up to `FULL_TOKENS` tokens
+    (as BertViz draws every token until it breaks, ~256); past that each head is max-pooled and
+    the title says how far. Token axes are ``"(i) token"``; pooled axes name each bin's span.
+    ``heading`` is a first title line.
     """
     from .. import figures as F
 
@@ -136,8 +154,7 @@ def head_view(
     layers = _layers(result, layer, stack)
     q_tok, k_tok = result.axes(stack)
     n_tokens = max(len(q_tok), len(k_tok))
-    budget = max_cells or (F.GRID_MAX_CELLS if layer is not None else SLIDER_MAX_CELLS)
-    side = F.grid_side(len(layers) * len(chosen), budget, n_tokens=n_tokens)
+    side = notebook_side(n_tokens, len(layers) * len(chosen), max_cells, one_layer=layer is not None)
     grids = [_pooled_layer(result, i, chosen, stack, side) for i in layers]
     zmax = max((float(np.nanmax(g[0])) for g in grids if g[0].size), default=1.0) or 1.0
     kv = _kv_heads(result, stack, chosen)
@@ -155,13 +172,15 @@ def head_view(
                 log=log,
                 zmax=zmax,
                 max_cells=max(cells, 1),
+                max_side=max(side, F.GRID_MAX_SIDE),
             )
         )
     pooled_shape = grids[0][0].shape[1:]
     note = (
         ""
         if pooled_shape == (len(q_tok), len(k_tok))
-        else f" · max-pooled to {pooled_shape[0]}×{pooled_shape[1]}"
+        else f" · max-pooled to {pooled_shape[0]}×{pooled_shape[1]} (every token is drawn up to "
+        f"{FULL_TOKENS} tokens{'' if layer is not None else ' in a one-layer view, head_view(res, layer=i)'})"
     )
     where = f"{result.model_name}" + ("" if stack == "self" else f" · {stack}")
     top = f"{html.escape(heading)}<br>" if heading else ""

@@ -25,7 +25,9 @@ DIRECTIONS: tuple[str, ...] = get_args(Direction)
 LINE_LEVELS = (0.02, 0.1, 0.3, 0.6)  # weight buckets: opacity and width grow with the weight
 _LEVEL_STYLE = ((0.18, 1.0), (0.35, 1.6), (0.6, 2.4), (0.9, 3.4))  # (opacity, width) per bucket
 ROW_PX = 19
-TEXT_MAX_TOKENS = 1500  # coloured text: tokens drawn around the selected one
+TEXT_MAX_TOKENS = 600  # coloured text: tokens drawn around the selected one (~6 lines a 100)
+COLOURBAR_PX = 280  # the coloured text's colour bar: horizontal, under the text
+COLOURBAR_MARGIN = 56  # px under the text for it and its labels
 _NAMES = {"from": ("query", "key", "attends to"), "to": ("key", "query", "is attended by")}
 
 
@@ -51,6 +53,7 @@ def token_lines(
     direction: Direction = "from",
     head_names: Sequence[str] | None = None,
     title: str = "",
+    hover: Sequence[str] | None = None,
 ) -> go.Figure:
     """Lines from each row token (left) to its top-k partners (right), one colour per head.
 
@@ -58,7 +61,8 @@ def token_lines(
     ``row_positions`` over all N keys; for ``"to"`` the columns of the keys at ``row_positions``
     over all N queries (how much each query attends to them), transposed to rows. ``display``:
     the N display tokens. With ``selected`` (a position among ``row_positions``) only that
-    token's lines are drawn. Weights under ``min_weight`` get no line.
+    token's lines are drawn. Weights under ``min_weight`` get no line. ``hover``: what a token's
+    hover says (default its display; `attnviz.tokens.Tokens.hover` lists a split character's pieces).
     """
     rows = np.asarray(rows, dtype=np.float32)
     n_heads, n_rows, n = rows.shape
@@ -138,7 +142,7 @@ def token_lines(
             mode="markers+text",
             # a partner outside the window (past a ⋯) is labelled with its position: where the link goes
             text=[t if p in in_window else f"({p}) {t}" for p, t in zip(positions, tokens, strict=True)],
-            hovertext=tokens,
+            hovertext=[escape(hover[p]) for p in positions] if hover is not None else tokens,
             textposition=f"middle {side}",
             textfont=dict(size=12, color=["#111" if e else "#999" for e in emph]),
             marker=dict(size=7, color=["#e4002b" if p == selected else "#777" for p in positions]),
@@ -213,13 +217,16 @@ def token_text(
     width_chars: int = 96,
     max_tokens: int = TEXT_MAX_TOKENS,
     title: str = "",
+    hover: Sequence[str] | None = None,
 ) -> go.Figure:
     """The text, each token's background coloured by ``weights`` (N,): e.g. how much the
     selected token attends to each token (a row) or how much each attends to it (a column).
 
     Tokens are bars in a wrapped, monospace-like layout; a click selects a token (customdata:
     its position). Long texts draw ``max_tokens`` around ``selected``. ``scale`` "log" or
-    "rank" spreads the small weights of long texts apart.
+    "rank" spreads the small weights of long texts apart. ``hover``: what each token's hover
+    says (default its display). The colour bar lies under the text at a fixed length: beside a
+    one-line text it was squashed to the line's height, its labels on top of each other.
     """
     weights = np.asarray(weights, dtype=np.float32)
     n = len(display)
@@ -259,7 +266,8 @@ def token_text(
                 ),
             ),
             customdata=[[p, float(weights[p])] for p in shown],
-            hovertemplate="(%{customdata[0]}) %{text}<br>weight %{customdata[1]:.4g}<extra></extra>",
+            hovertext=[escape(hover[p] if hover is not None else display[p]) for p in shown],
+            hovertemplate="(%{customdata[0]}) %{hovertext}<br>weight %{customdata[1]:.4g}<extra></extra>",
             width=0.9,
             name="tokens",
         )
@@ -273,10 +281,22 @@ def token_text(
             colorscale=colorscale,
             cmin=cmin,
             cmax=cmax,
-            colorbar=dict(title=dict(text=bar_title), thickness=10),
+            colorbar=dict(
+                title=dict(text=bar_title, side="right"),
+                orientation="h",
+                thickness=12,
+                len=COLOURBAR_PX,
+                lenmode="pixels",
+                x=1,
+                xanchor="right",
+                y=0,
+                yref="container",
+                yanchor="bottom",
+                ypad=8,
+            ),
         ),
-        height=int(min(20_000, n_lines * 24 + TITLE_MARGIN + 30)),
-        margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),
+        height=int(min(20_000, n_lines * 24 + TITLE_MARGIN + 30 + COLOURBAR_MARGIN)),
+        margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10 + COLOURBAR_MARGIN),
         xaxis=dict(range=[0, width_chars], visible=False, fixedrange=True),
         yaxis=dict(range=[n_lines - 0.5, -0.5], visible=False),
         uniformtext=dict(minsize=9, mode="show"),

@@ -5,7 +5,10 @@
 - `model`: `LoadedModel` and preparing a built model (attention implementation, attention layers);
 - `device`: device and dtype choice;
 - `names`: what a model name may be (built-ins, Hub ids, folders);
-- `builtins`: fetching the built-in models' packages.
+- `builtins`: fetching the built-in models' packages;
+- `convert`: the built-in SmolLM2 converted from its GGUF into a verified cache entry;
+- `files`: safe writes for everything attnviz writes (atomic files, manifests, locks, disk-full
+  and read-only messages).
 
 Every public name stays importable from ``attnviz.loading``.
 """
@@ -14,6 +17,7 @@ from .config import attention_layout, auto_class, model_kind
 from .device import is_out_of_memory, resolve_device, resolve_dtype
 from .load import (
     builtin_folder,
+    builtin_source,
     cache_dir,
     classify_spec,
     hub_reachable,
@@ -31,6 +35,7 @@ __all__ = [
     "attention_layout",
     "auto_class",
     "builtin_folder",
+    "builtin_source",
     "cache_dir",
     "check_id",
     "classify_spec",

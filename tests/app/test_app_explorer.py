@@ -115,7 +115,7 @@ def test_bad_link_values_warn_and_fall_back(env):
     assert not at.exception
     warnings = " ".join(w.value for w in at.warning)
     assert "Layer 99 is out of range (0–2); showing layer 2" in warnings
-    assert "`head` value 'x' is not valid" in warnings and "`cmap`" in warnings and "`log`" in warnings
+    assert "`head`: 'x' is not valid" in warnings and "`cmap`" in warnings and "`log`" in warnings
     titled(at, "layer 2 · head 0 ")  # still serving, with valid values
     assert at.query_params["layer"] == "2" and at.query_params["cmap"] == "Viridis"
 
@@ -252,7 +252,9 @@ def test_export_helpers_round_trip():
     csv = export.csv_text(probs, ["(0) a", "(1) <b>"], ["(0) a", "(1) <b>"], "query \\ key")
     assert csv.splitlines()[0] == "query \\ key,(0) a,(1) <b>" and csv.splitlines()[2] == "(1) <b>,0.25,0.75"
     fig = F.head_heatmap(probs, ["(0) a", "(1) b"])
-    page = export.html_bytes(fig)
+    page = export.html_bytes(fig, offline=True)
+    small = export.html_bytes(fig)  # the download button's file: plotly.js from its CDN
+    assert b"cdn.plot.ly" in small and len(small) < 20_000
     assert b"<html>" in page and b"plotly" in page.lower() and len(page) > 1_000_000  # plotly.js inside
 
 
@@ -276,7 +278,7 @@ def test_markdown_in_links_and_model_names_is_shown_literally(env):
     phish = "[log in](http://127.0.0.1:9/phish)"
     at = new_app(model=TINY, text=TEXT, layer=phish).run()
     warning = at.warning[0].value
-    assert f"value `{phish}` is not valid" in warning and "showing '0' instead" in warning
+    assert f"`layer`: `{phish}` is not valid" in warning and "showing '0' instead" in warning
     at = new_app(model=phish, text=TEXT).run()
     error = at.error[0].value
     assert error.startswith(f"`{phish}` is not a built-in model")

@@ -37,6 +37,9 @@ def test_each_step_shows_the_new_tokens_row_per_head(env):
 def test_predicting_position_row_and_layer_means(env):
     at = new_app(PAGE, model=TINY, text=TEXT, k=3, gstep=2, grow="predicting position", layer=1).run()
     ok(at)
+    assert len(specs(at)) == 1  # every layer's means only when asked for
+    at.toggle(key="glayers").set_value(True).run()
+    ok(at)
     res = engine(3)
     q = [i for i, g in enumerate(res.tokens.generated) if g][1] - 1
     trace = heatmaps(specs(at)[0])[0]

@@ -24,8 +24,8 @@ def test_mosaic_statistics_and_finder(env):
     mosaic = charts[0]
     assert len(heatmaps(mosaic)) == 1
     # 3 layers x 4 heads: 4 head rows > 3 layers, so layers are the rows here
-    assert mosaic["layout"]["yaxis"]["ticktext"] == ["L0", "L1", "L2"]
-    assert mosaic["layout"]["xaxis"]["ticktext"] == ["H0", "H1", "H2", "H3"]
+    assert mosaic["layout"]["xaxis"]["ticktext"] == ["L0", "L1", "L2"]  # layers across, every model
+    assert mosaic["layout"]["yaxis"]["ticktext"] == ["H0", "H1", "H2", "H3"]
     titles = [(c["layout"].get("title") or {}).get("text", "") for c in charts[1:]]
     for name in ("entropy", "sink", "previous token", "induction", "GQA coherence"):
         assert any(name in t for t in titles), (name, titles)
@@ -107,11 +107,11 @@ def test_one_colour_scale_control_auto_by_length_and_old_log_links(env):
 
     res = attnviz.extract(tiny.loaded("llama-gqa"), TEXT)
     canvas, n = z_of(heatmaps(specs(at)[0])[0]), res.n_tokens
-    side = (canvas.shape[1] + 1) // 4 - 1  # 3 layers down, 4 heads across, one-pixel gaps
+    side = (canvas.shape[1] + 1) // 3 - 1  # 3 layers across, 4 heads down, one-pixel gaps
     assert side == n  # short text: each tile is the head itself
     for layer in range(3):
         for h in range(4):
-            tile = canvas[layer * (n + 1) : layer * (n + 1) + n, h * (n + 1) : h * (n + 1) + n]
+            tile = canvas[h * (n + 1) : h * (n + 1) + n, layer * (n + 1) : layer * (n + 1) + n]
             np.testing.assert_allclose(tile, log10(res.head(layer, h)), atol=1e-5)
     assert OverviewParams.from_query({"log": "1", "scale": "rank"})[0].scale == "rank"
     assert OverviewParams.from_query({"log": "0"})[0].scale == "auto"

@@ -14,6 +14,7 @@ import urllib.parse
 import pytest
 
 from ui import params as P
+from ui.shell import PAGES
 
 WORDS = [
     "the",
@@ -40,7 +41,8 @@ def prose(n_chars: int, seed: int = 0) -> str:
 
 
 CHOICES = [o for opts in (P.STACKS, P.COLORSCALES, P.METRICS, P.SCRATCH_MODES, P.CHANGES,
-    P.COMPARE_MODES, P.GEN_ROWS, *(v for k, v in vars(P).items() if k.endswith("_CHOICES")),
+    P.COMPARE_MODES, P.GEN_ROWS, P.TOKEN_VIEWS, P.EXPLAIN_VIEWS, P.ABLATION_MODES,
+    *(v for k, v in vars(P).items() if k.endswith("_CHOICES")),
     *(v for k, v in vars(P.attnviz.figures).items() if k.isupper() and isinstance(v, tuple))) for o in opts
     if isinstance(o, str)]  # fmt: skip
 
@@ -70,12 +72,16 @@ def non_default(cls: type[P.Params]) -> P.Params:
             changes[f.name] = "a [link](http://x) *and* ü 🙂\nnew line"
         elif f.name == "wstep":
             changes[f.name] = "scores_raw"
+        elif f.name in ("target", "contrast"):  # Explain's attribution tokens
+            changes[f.name] = " bank" if f.name == "target" else " river"
+        elif f.name == "abl":  # Explain's ablated heads
+            changes[f.name] = "3.1,5.0"
         else:  # a choice: another option that its parser accepts
             changes[f.name] = next(o for o in CHOICES if o != d and _parses(f, o))
     return cls(**changes)
 
 
-@pytest.mark.parametrize("cls", P.PAGE_PARAMS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [e.params for e in PAGES], ids=lambda c: c.__name__)
 def test_every_field_survives_its_link(cls):
     p = non_default(cls)
     assert all(getattr(p, f.name) != f.default for f in dataclasses.fields(cls))

@@ -13,7 +13,15 @@ from ui import params as P
 
 LINKS = {
     "pages/0_Explorer.py": P.ExplorerParams(
-        model=TINY, text=TEXT, stack="self", layer=2, head=1, cmap="Magma", scale="perhead", nosink=True
+        model=TINY,
+        text=TEXT,
+        stack="self",
+        layer=2,
+        head=1,
+        cmap="Magma",
+        scale="perhead",
+        nosink=True,
+        tok=3,
     ),
     "pages/1_Model_overview.py": P.OverviewParams(
         model=TINY, text=TEXT, stack="self", cmap="Blues", scale="rank", metric="sink"
@@ -87,7 +95,9 @@ def test_a_compressed_link_restores_the_exact_view(env):
     from ui.params import ExplorerParams
 
     text = "the bank " * 240  # 2,160 characters, 482 tokens: compressed, and the tiny model runs it
-    view = ExplorerParams(model=TINY, text=text, stack="self", layer=1, head=2, cmap="Magma", scale="linear")
+    view = ExplorerParams(
+        model=TINY, text=text, stack="self", layer=1, head=2, cmap="Magma", scale="linear", tok=7
+    )
     link = view.to_query().params
     assert "tz" in link and "text" not in link and len(link["tz"]) < 200
     at = new_app(**link).run()

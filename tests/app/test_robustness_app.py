@@ -64,9 +64,9 @@ def _oom_patch(ctx: Ctx) -> None:
     model = tiny.model("llama-gqa")
     real = model.forward
 
-    def forward(*args, **kwargs):  # the load's 6-token check passes; the page's longer text runs out
+    def forward(*args, **kwargs):  # the load's short check passes; the page's longer text runs out
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and ids.shape[-1] <= 6:
+        if ids is not None and ids.shape[-1] <= 8:
             return real(*args, **kwargs)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -81,7 +81,7 @@ APP: dict[str, AppCase] = {
     "text-empty": AppCase({"text": ""}, "info", r"Type a text"),
     "text-whitespace": AppCase({"text": " \t\n\u3000 "}, "info", r"Type a text"),
     "text-100k-chars": AppCase(
-        {}, "error", r"limit is 512\. Shorten", demo=True, act=_type_text("bank " * 20_000)
+        {}, "error", r"100,000 characters; the limit is 60,000", demo=True, act=_type_text("bank " * 20_000)
     ),
     "text-control-nul": AppCase({"text": "a\x00b\x07c\x1b[31mred\x7f"}, OK, ""),
     "text-emoji": AppCase({"text": "family 👨‍👩‍👧 thumbs 👍🏽 🙂"}, OK, ""),
@@ -121,7 +121,7 @@ APP: dict[str, AppCase] = {
         {"layer": "99"}, "warning", r"Layer 99 is out of range \(0–2\); showing layer 2"
     ),
     "index-head-high": AppCase({"head": "99"}, "warning", r"Head 99 is out of range \(0–3\); showing head 3"),
-    "index-negative": AppCase({"layer": "-1"}, "warning", r"`layer` value '-1' is not valid"),
+    "index-negative": AppCase({"layer": "-1"}, "warning", r"`layer`: '-1' is not valid"),
     "oom-extract": AppCase(
         {"text": "out of memory here, on a text longer than the load's check"},
         "error",

@@ -69,6 +69,36 @@ def click_point(page, name: str, n: int = 0) -> None:
     page.mouse.click(xy[0], xy[1])
 
 
+TILE_JS = """name => {
+  const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
+  for (const gd of plots) {
+    const t = (gd._fullData || []).find(d => d.name === name || (d.name || '').startsWith(name + ' '));
+    if (!t) continue;
+    const xa = gd._fullLayout[t.xaxis.replace('x', 'xaxis')];
+    const ya = gd._fullLayout[t.yaxis.replace('y', 'yaxis')];
+    const box = gd.querySelector('.main-svg').getBoundingClientRect();
+    return [box.left + xa._offset + xa._length * 0.45, box.top + ya._offset + ya._length * 0.55];
+  }
+  return null;
+}"""
+COLOURBAR_JS = """() => {
+  const bars = Array.from(document.querySelectorAll('.js-plotly-plot g.colorbar'))
+    .map(g => g.getBoundingClientRect()).filter(r => r.width > 0);
+  const last = bars[bars.length - 1];
+  return last ? [last.width, last.height] : null;
+}"""
+
+
+def click_tile(page, name: str) -> None:
+    """Click the middle of the grid facet that holds trace ``name`` (a cell, not a marker)."""
+    index = page.evaluate(CHART_INDEX_JS, name)
+    assert index >= 0, f"no chart with a trace {name!r}"
+    page.locator(".js-plotly-plot").nth(index).scroll_into_view_if_needed()
+    xy = page.evaluate(TILE_JS, name)
+    assert xy, name
+    page.mouse.click(xy[0], xy[1])
+
+
 def screenshot(page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     height = page.evaluate(
@@ -115,17 +145,13 @@ def test_click_a_grid_tile_then_a_token(server, page):
     no_errors(page)
     assert "layer 3 · head 0" in head_title(page)
     with reran(page):
-        click_point(page, "pick head 5")
+        click_tile(page, "tile head 5")  # the middle of the tile, not its corner square
     page.wait_for_function("() => /head=5/.test(location.search)")
     assert "layer 3 · head 5" in head_title(page)
-    # the grid frames the selected head: facet 6 of the grid
-    frame = page.evaluate(
-        """() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(gd =>
-             ((gd._fullLayout || {}).shapes || [])
-               .filter(s => s.name === 'selected head').map(s => s.xref))"""
-    )
-    assert frame == ["x6 domain"], frame
-    page.get_by_role("tab", name=re.compile("Coloured text")).click()
+    with reran(page):
+        page.locator('[data-testid="stButtonGroup"] button', has_text="coloured text").click()
+    bar = page.evaluate(COLOURBAR_JS)  # the coloured text's colour bar: a readable strip
+    assert bar and bar[0] >= 200 and bar[1] >= 10, bar
     with reran(page):
         click_point(page, "tokens", 25)  # the coloured text: token 25
     page.wait_for_function("() => /tok=25/.test(location.search)")
@@ -211,3 +237,30 @@ def test_compare_and_atlas_screens(server, page):
     no_errors(page)
     assert page.locator('[data-testid="stDataFrame"]').count() > 0
     screenshot(page, "views_atlas")
+
+
+MARK_IMAGES_JS = """() => document.querySelectorAll('.js-plotly-plot').forEach((gd, i) =>
+  gd.querySelectorAll('g.heatmaplayer image, g.hm image').forEach(im => { im.__mark = i; }))"""
+KEPT_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+  const ims = Array.from(gd.querySelectorAll('g.heatmaplayer image, g.hm image'));
+  return {title: (gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '',
+          heatmaps: ims.length, kept: ims.filter(im => im.__mark !== undefined).length};
+})"""
+
+
+def test_a_head_change_redraws_the_head_not_the_grid(server, page):
+    """A head change (the Head box) reruns only the big head's fragment: the browser keeps the
+    layer grid's heatmaps as they were drawn and draws the new head."""
+    page.goto(url(server, ExplorerParams(text=TEXT_100, layer=2, head=0)))
+    wait_idle(page, timeout_ms=240_000)
+    no_errors(page)
+    page.evaluate(MARK_IMAGES_JS)
+    with reran(page):
+        page.locator('[data-testid="stSelectbox"]').filter(has_text="Head").first.click()
+        page.get_by_role("option", name="head 4", exact=True).click()
+    page.wait_for_function("() => /head=4/.test(location.search)")
+    charts = page.evaluate(KEPT_JS)
+    grid = next(c for c in charts if c["heatmaps"] > 1)
+    head = next(c for c in charts if "head 4" in c["title"])
+    assert grid["kept"] == grid["heatmaps"], charts  # not one of the grid's heatmaps redrawn
+    assert head["kept"] == 0, charts  # the big head is the new one

@@ -234,7 +234,7 @@ def test_self_check_of_gptj_runs_its_own_attn():
     from attnviz.exact.verify import self_check
 
     with pytest.raises(attnviz.AttnvizError, match="self-check failed"):
-        self_check(lm.model, res, 1)
+        self_check(lm.model, res, {"self": 1})
 
 
 def test_mpt_longer_than_its_alibi_fails_as_eager_does():

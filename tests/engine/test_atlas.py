@@ -78,19 +78,24 @@ def test_fifty_corpus_texts_with_progress_then_cache(cache_in_tmp):
     seen: list[tuple[int, int]] = []
     at = AT.run_atlas(lm, texts, progress=lambda d, t, note: seen.append((d, t)))
     assert at.n_texts == 50 and not at.cancelled and not at.from_cache
+    assert (at.computed, at.reused) == (50, 0)
     assert seen == [(i, 50) for i in range(51)]  # before each text, then done
-    files = list((cache_in_tmp / "atlas").glob("*.npz"))
-    assert len(files) == 1
+    files = list((cache_in_tmp / "atlas").rglob("*.entry"))
+    assert len(files) == 50  # one entry per text, written as it finished
     again = AT.run_atlas(lm, texts)
-    assert again.from_cache and again.texts == at.texts and again.tokens == at.tokens
+    assert again.from_cache and (again.computed, again.reused) == (0, 50)
+    assert again.texts == at.texts and again.tokens == at.tokens
     for s in AT.STATISTICS:
         np.testing.assert_array_equal(again.values[s], at.values[s])
     np.testing.assert_array_equal(again.links, at.links)
-    assert AT.cache_key(lm, texts, None, 512) != AT.cache_key(lm, texts[:-1], None, 512)
-    assert AT.cache_key(lm, texts, None, 512) != AT.cache_key(tiny.loaded("llama-gqa"), texts, None, 512)
+    fewer = AT.run_atlas(lm, texts[:-1])
+    assert (fewer.computed, fewer.reused) == (0, 49)
+    other = AT.run_atlas(tiny.loaded("llama-gqa"), texts[:5])  # another model: its own namespace
+    assert (other.computed, other.reused) == (5, 0)
+    assert AT.cached_count(lm, [*texts, "a new text"]) == (50, 51)
 
 
-def test_cancel_by_event_and_by_callback(cache_in_tmp):
+def test_cancel_keeps_what_finished_and_the_next_run_resumes(cache_in_tmp):
     lm = tiny.loaded("gpt2")
     texts = AT.builtin_corpus()[:10]
     stop = threading.Event()
@@ -100,10 +105,15 @@ def test_cancel_by_event_and_by_callback(cache_in_tmp):
             stop.set()
 
     at = AT.run_atlas(lm, texts, progress=progress, cancel=stop)
-    assert at.cancelled and at.n_texts == 3
-    assert not list((cache_in_tmp / "atlas").glob("*.npz"))  # partial runs are not cached
-    at2 = AT.run_atlas(lm, texts, progress=lambda d, t, n: d < 2)
-    assert at2.cancelled and at2.n_texts == 2
+    assert at.cancelled and at.n_texts == 3 and at.texts == tuple(texts[:3])
+    assert len(list((cache_in_tmp / "atlas").rglob("*.entry"))) == 3  # finished texts are saved
+    at2 = AT.run_atlas(lm, texts, progress=lambda d, t, n: d < 5)
+    assert at2.cancelled and at2.n_texts == 5 and (at2.computed, at2.reused) == (2, 3)
+    full = AT.run_atlas(lm, texts)
+    assert not full.cancelled and (full.computed, full.reused) == (5, 5)
+    fresh = AT.run_atlas(lm, texts, use_cache=False)
+    for s in AT.STATISTICS:
+        np.testing.assert_array_equal(full.values[s], fresh.values[s])
 
 
 def test_long_texts_are_skipped_with_a_reason():

@@ -1,36 +1,15 @@
 """CLI and loading: outputs, one-line errors, offline behaviour, device/dtype choice (CLI in-process)."""
 
-import contextlib
-import io
 import re
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import tiny
 import torch
+from cli_run import run_cli
 
 import attnviz
-from attnviz import cli, loading
-
-
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_cli(*args: str) -> Ran:
-    """`python -m attnviz ARGS` in this process (the same `main`; a real process is spawned once,
-    in test_cli_args.py): exit code, stdout and stderr. An uncaught exception propagates."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cli.main(list(args))
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 1
-    return Ran(code, out.getvalue(), err.getvalue())
+from attnviz import loading
 
 
 def test_extract_npz_from_local_folder(tiny_folder, tmp_path):
@@ -121,7 +100,7 @@ def test_info_prints_layout(tiny_folder):
         (["info"], "required"),
         (["nonsense"], "invalid choice"),
         (["extract", "--model", "x", "--text", "t", "--out", "o.npz", "--path", "slow"], "invalid choice"),
-        (["info", "--model", "/no/such/folder"], "does not exist"),
+        (["info", "--model", "/no/such/folder"], "does not exist (or is not a folder)"),
         (["info", "--model", "bad id!!"], "not a built-in model"),
     ],
 )

@@ -251,3 +251,19 @@ def test_progress_hears_every_attention_layer_and_can_stop_the_forward():
         attnviz.extract(lm, TEXT, progress=stop_after_one)
     again = attnviz.extract(lm, TEXT)  # the lock was released: the next run works and is exact
     np.testing.assert_allclose(again.layer(1), res.layer(1), atol=1e-6)
+
+
+def test_a_padding_mask_of_one_row_serves_any_rows_slice():
+    """A model that hands its attention a padding mask (1, 1, 1, key_pos) - one row for every query
+    (LayoutLM builds one from the attention mask) - answers any rows slice with those rows of the
+    full layer (rows 1:2 once asked that mask for its missing second row and crashed)."""
+    import archs
+
+    model, _ = archs.build("layoutlm", "masked")
+    lm = attnviz.wrap_model(model, archs.tokenizer(), spec="tiny-layoutlm")
+    res = attnviz.extract_ids(lm, [3 + (i * 37) % 300 for i in range(12)])
+    cap_mask = res.captured(0).mask
+    assert res.method == "fast exact" and cap_mask is not None and tuple(cap_mask.shape) == (1, 1, 1, 12)
+    full = res.layer(1)
+    for rows in (slice(0, 1), slice(1, 2), slice(5, 9), slice(11, 12)):
+        np.testing.assert_allclose(res.layer(1, rows=rows), full[:, rows], atol=1e-6)

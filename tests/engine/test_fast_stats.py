@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import tiny
 import torch
+from product_checks import TOL
 from sharp_models import FUSED, TEXT, assert_same, sharp
 
 import attnviz
 from attnviz import metrics as M
 from attnviz.capture.records import CapturedAttention
-from attnviz.exact import lse
+from attnviz.exact import fused, lse
 
 
 @pytest.mark.parametrize("arch", tiny.ARCHS)
@@ -69,13 +70,14 @@ def test_fused_kernel_lse_and_expectations_equal_a_dense_softmax():
         s = lse.scores_tile(q, k, 0.3, spec, 0, 0)
         want_l = torch.logsumexp(s, -1)
         want_o = torch.softmax(s, -1) @ v
-        out, got_l = lse.attend(q, k, v, scale=0.3, spec=spec)
+        out, got_l, path = lse.attend(q, k, v, scale=0.3, spec=spec)
+        assert path == "fused"
         assert torch.allclose(got_l, want_l, atol=1e-5), spec
         assert torch.allclose(out, want_o, atol=1e-5), spec
-        out_b, l_b = lse._blocked(q, k, v, 0.3, spec, 0)
+        out_b, l_b = fused.blocked(q, k, v, 0.3, spec, 0)
         assert torch.allclose(l_b, want_l, atol=1e-5) and torch.allclose(out_b, want_o, atol=1e-5)
     # rows of a rectangular causal block at an offset
-    out, got_l = lse.attend(q[:, 40:], k, v, scale=0.3, spec=lse.MaskSpec(True), q_offset=40)
+    out, got_l, _ = lse.attend(q[:, 40:], k, v, scale=0.3, spec=lse.MaskSpec(True), q_offset=40)
     want_l = torch.logsumexp(lse.scores_tile(q[:, 40:], k, 0.3, lse.MaskSpec(True), 40, 0), -1)
     assert torch.allclose(got_l, want_l, atol=1e-5)
 
@@ -157,8 +159,8 @@ def test_bf16_inputs_differences_are_measured():
 
 
 @pytest.mark.slow
-def test_smollm2_fast_equals_dense():
-    lm = attnviz.load_model("smollm2-135m")
+def test_smollm2_fast_equals_dense(smollm):
+    lm = smollm  # the CPU float32 fixture: what this asserts (device="auto" is CUDA bf16 on a GPU)
     res = attnviz.extract(lm, TEXT * 3)
     fast = M.head_metrics(res)
     dense = M.head_metrics(res, computation="dense")
@@ -167,6 +169,24 @@ def test_smollm2_fast_equals_dense():
     print("smollm2 float32 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})
     probe = M.induction_probe(lm, length=50)
     assert np.abs(M.head_induction(probe) - M.head_induction(probe, dense=True)).max() < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_smollm2_fast_equals_dense_on_cuda_bf16():
+    """The built-in model as a GPU machine loads it (CUDA, bf16): bf16 tolerances (product_checks.py)."""
+    lm = attnviz.load_model("smollm2-135m")
+    assert lm.device.type == "cuda" and lm.dtype == torch.bfloat16
+    res = attnviz.extract(lm, TEXT * 3)
+    fast, dense = M.head_metrics(res), M.head_metrics(res, computation="dense")
+    assert fast.paths == ("fused",) * 30
+    errs = assert_same(fast, dense, TOL[torch.bfloat16][0])
+    print("smollm2 CUDA bf16 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})
+    probe = M.induction_probe(lm, length=50)
+    assert (
+        np.abs(M.head_induction(probe) - M.head_induction(probe, dense=True)).max() < TOL[torch.bfloat16][2]
+    )
 
 
 @pytest.mark.parametrize("model_type", ["gpt_oss", "falcon", "jamba", "gemma3_text", "phi3", "olmo2", "gptj"])

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tiny
 import torch
+from product_checks import TOL
 from sharp_models import TEXT, assert_same, sharp
 
 import attnviz
@@ -167,8 +168,8 @@ def test_rollout_and_induction_use_the_forwards_lse():
 
 
 @pytest.mark.slow
-def test_smollm2_statistics_from_the_forward():
-    lm = attnviz.load_model("smollm2-135m")
+def test_smollm2_statistics_from_the_forward(smollm):
+    lm = smollm  # the CPU float32 fixture: what this asserts (device="auto" is CUDA bf16 on a GPU)
     res = attnviz.extract(lm, TEXT * 3, statistics=True)
     fast = M.head_metrics(res)
     assert fast.paths == ("forward",) * 30
@@ -180,3 +181,18 @@ def test_smollm2_statistics_from_the_forward():
     diff = float((plain - with_stats).abs().max())
     print(f"smollm2 max |logits with statistics - plain| {diff:.1e}")
     assert diff <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_smollm2_statistics_on_cuda_bf16():
+    """On CUDA the forward keeps its own SDPA call (no widened CPU flash): statistics=True changes
+    nothing there, and the second fused pass equals the dense definitions within bf16 drift."""
+    lm = attnviz.load_model("smollm2-135m", device="cuda", dtype="bfloat16")
+    res = attnviz.extract(lm, TEXT * 3, statistics=True)
+    assert all(res.captured(i).forward is None for i in range(res.n_layers()))
+    fast = M.head_metrics(res)
+    assert fast.paths == ("fused",) * 30
+    errs = assert_same(fast, M.head_metrics(res, computation="dense"), TOL[torch.bfloat16][0])
+    print("smollm2 CUDA bf16 max |fast - dense|:", {k: f"{v:.1e}" for k, v in errs.items()})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from product_checks import TOL
 from sharp_models import TEXT, sharp
 
 import attnviz
@@ -74,8 +75,8 @@ def test_token_rollout_rejects_bad_input():
 
 
 @pytest.mark.slow
-def test_smollm2_token_rollout_equals_dense():
-    lm = attnviz.load_model("smollm2-135m")
+def test_smollm2_token_rollout_equals_dense(smollm):
+    lm = smollm  # the CPU float32 fixture: what this asserts (device="auto" is CUDA bf16 on a GPU)
     res = attnviz.extract(lm, TEXT * 3)
     for sink_aware in (False, True):
         fast = R.token_rollout(res, sink_aware=sink_aware)
@@ -84,3 +85,18 @@ def test_smollm2_token_rollout_equals_dense():
         err = np.abs(fast.sources - dense.sources).max()
         print(f"smollm2 rollout sink_aware={sink_aware}: max |fast - dense| {err:.1e}")
         assert err < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_smollm2_token_rollout_on_cuda_bf16():
+    lm = attnviz.load_model("smollm2-135m")  # auto on a GPU machine: CUDA, bf16
+    res = attnviz.extract(lm, TEXT * 3)
+    for sink_aware in (False, True):
+        fast = R.token_rollout(res, sink_aware=sink_aware)
+        dense = R.token_rollout(res, sink_aware=sink_aware, computation="dense")
+        assert fast.paths == ("fused",) * 30
+        err = np.abs(fast.sources - dense.sources).max()
+        print(f"smollm2 CUDA bf16 rollout sink_aware={sink_aware}: max |fast - dense| {err:.1e}")
+        assert err < TOL[torch.bfloat16][1]

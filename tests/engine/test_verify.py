@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import archs
@@ -39,6 +40,143 @@ def _eager(eager, ids=IDS, **inputs) -> list[np.ndarray]:
     with torch.inference_mode():
         out = eager(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False, **inputs)
     return [a[0].float().numpy() for a in out.attentions if a is not None]
+
+
+@functools.cache
+def _t5gemma():
+    """A tiny T5Gemma as its checkpoints have it: pad 0, BOS 1, EOS 2 (pad != BOS), sliding and full
+    layers, soft-capping 5.0, fp32; and the same weights loaded separately in eager."""
+    module = dict(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        attn_logit_softcapping=5.0, final_logit_softcapping=30.0,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    cfg = tf.T5GemmaConfig(encoder=dict(module), decoder=dict(module), vocab_size=512)
+    torch.manual_seed(0)
+    model = tf.T5GemmaForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # sharper attention than random init gives
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(3.0)
+    eager = tf.T5GemmaForConditionalGeneration._from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    eager.load_state_dict(model.state_dict())
+    return attnviz.wrap_model(model, _tok(), spec="tiny-t5gemma"), eager.eval()
+
+
+def _stacks(out) -> dict[str, tuple]:
+    return {
+        "encoder": out.encoder_attentions,
+        "decoder": out.decoder_attentions,
+        "cross": out.cross_attentions,
+    }
+
+
+def _worst(res, out) -> dict[str, float]:
+    """max |Δ| per stack between a result and an eager output (every layer)."""
+    worst = {}
+    for stack, ref in _stacks(out).items():
+        assert len(ref) == res.n_layers(stack)
+        worst[stack] = max(
+            float(np.abs(res.layer(i, stack=stack) - t[0].numpy()).max()) for i, t in enumerate(ref)
+        )
+    return worst
+
+
+def test_t5gemma_every_stack_equals_a_separate_eager_load():
+    """The decoder starts from the model's own start token (its decoder's BOS, not the pad), and
+    every layer of every stack equals a separate eager load given the same decoder ids - called
+    with the model's defaults and without a cache (T5Gemma masks pad ids only then)."""
+    lm, eager = _t5gemma()
+    res = attnviz.extract_ids(lm, IDS, verify=True)
+    dec = list(res.decoder_tokens.ids)
+    x = torch.tensor([IDS])
+    with torch.inference_mode():
+        shifted = eager.prepare_decoder_input_ids_from_labels(labels=x)[0].tolist()  # its training shift
+        first = int(eager.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=1)[0, 0])
+    assert dec == shifted and dec[0] == first == 1 != lm.model.config.pad_token_id
+    for kwargs in ({}, {"use_cache": False}):
+        with torch.inference_mode():
+            out = eager(input_ids=x, decoder_input_ids=torch.tensor([dec]), output_attentions=True, **kwargs)
+        worst = _worst(res, out)
+        assert max(worst.values()) <= 1e-5, (kwargs, worst)
+    assert res.method == "fast exact"
+    assert [(c.stack, c.layer) for c in res.checks] == [("encoder", 1), ("decoder", 1), ("cross", 1)]
+    assert all(c.max_abs_diff <= 1e-5 and c.dtype == "float32" for c in res.checks)
+
+
+def test_t5gemma_pad_ids_are_masked_as_in_the_models_own_call():
+    """Pad ids in the text (encoder) and so in the decoder: attnviz gives the model the masks of
+    ``tokenizer(text)`` (all ones), as generate does; eager called that way on the same ids gives
+    the same numbers in every stack, and the pad keys keep their weight."""
+    lm, eager = _t5gemma()
+    ids = [*IDS[:4], 0, *IDS[4:8], 0, *IDS[8:]]
+    res = attnviz.extract_ids(lm, ids, verify=True)
+    dec = list(res.decoder_tokens.ids)
+    assert dec[0] == 1 and 0 in dec
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = eager(
+            input_ids=x,
+            attention_mask=torch.ones_like(x),
+            decoder_input_ids=torch.tensor([dec]),
+            output_attentions=True,
+        )
+    worst = _worst(res, out)
+    assert max(worst.values()) <= 1e-5, worst
+    assert (res.layer(1, stack="encoder")[:, :, 4] > 0).all()  # the pad key is attended
+
+
+def test_the_self_check_covers_every_stack(monkeypatch):
+    """A planted bug in the decoder's self-attention only (key 0 loses its weight: the T5Gemma
+    symptom) passes a check of the encoder; checking one layer of every stack catches it."""
+    import attnviz.result as result
+
+    lm, _ = _t5gemma()
+    real = result.probs_from_capture
+
+    def decoder_loses_key_0(cap, heads=None, rows=None):
+        p = real(cap, heads, rows)
+        if ".decoder." in cap.module_name and "self_attn" in cap.module_name:
+            p = p.clone()
+            p[..., 0] = 0
+            p = torch.nan_to_num(p / p.sum(-1, keepdim=True))
+        return p
+
+    monkeypatch.setattr(result, "probs_from_capture", decoder_loses_key_0)
+    with pytest.raises(AttnvizError, match=r"self-check failed: layer 1 \(decoder\) differs"):
+        attnviz.extract_ids(lm, IDS, verify=True)
+    with pytest.raises(AttnvizError, match=r"self-check failed: layer 0 \(decoder\) differs"):
+        attnviz.extract_ids(lm, IDS, verify=0)
+
+
+def test_verify_layer_out_of_range_names_the_stack():
+    lm, _ = _t5gemma()
+    with pytest.raises(AttnvizError, match=r"verify layer 3 is out of range: the encoder stack has"):
+        attnviz.extract_ids(lm, IDS, verify=3)
+
+
+def test_load_probe_input_is_shaped_like_real_input():
+    """The probe runs what extract runs: the tokenizer's special tokens around its ids, all-ones
+    masks, and a decoder from the model's own start token (a pad where that is the pad: T5)."""
+    from attnviz.capture.sites import decoder_start, probe_inputs
+
+    bart = tiny.loaded("bart")
+    inputs = probe_inputs(bart.model, bart.tokenizer, True)
+    eos = bart.tokenizer.eos_token_id
+    ids, dec = inputs["input_ids"][0].tolist(), inputs["decoder_input_ids"][0].tolist()
+    assert ids[-1] == eos and dec[0] == decoder_start(bart.model) == 2 and dec[1:] == ids[:-2]
+    assert inputs["attention_mask"].all() and inputs["decoder_attention_mask"].all()
+    assert inputs["use_cache"] is False
+    t5 = tiny.loaded("t5")
+    t5_dec = probe_inputs(t5.model, t5.tokenizer, True)["decoder_input_ids"][0].tolist()
+    assert t5_dec[0] == t5.model.config.pad_token_id == 0  # T5 starts its decoder from the pad
+    llama = tiny.loaded("llama-gqa")
+    first = probe_inputs(llama.model, llama.tokenizer, False)["input_ids"][0, 0]
+    assert first == llama.tokenizer.bos_token_id
+    lm, _ = _t5gemma()
+    assert probe_inputs(lm.model, lm.tokenizer, True)["decoder_input_ids"][0, 0] == 1
 
 
 def test_verify_records_max_diff_and_dtype():

@@ -1,7 +1,8 @@
-"""The Dockerfile: hadolint-clean, same install script as `make test`, non-root, health-checked.
+"""The Dockerfile and the README's Docker commands, read (fast tier): hadolint-clean, same
+install script as `make test`, non-root, health-checked; the health check command itself is run
+against the app's real Streamlit server (tests/server.py).
 
-There is no Docker engine here, so the image is checked by reading the Dockerfile; the health
-check command itself is run against the app's real Streamlit server (tests/server.py).
+The image is built, started and used for real in test_docker_image.py (`make test-docker`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from docker_readme import readme_commands, readme_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
-HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
+HADOLINT = Path(sys.executable).parent / "hadolint"  # the venv running the tests
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -68,10 +70,24 @@ def test_install_step_runs_the_same_script_as_make_test():
     assert "--cuda)" in install and "TORCH_INDEX" in install
 
 
-def test_build_argument_chooses_cpu_or_cuda_torch():
-    assert any(a.split("=")[0] == "TORCH" for a in args_of("ARG"))
+def test_build_argument_chooses_cpu_cuda_or_wheel_torch():
+    assert "TORCH=cpu" in args_of("ARG")
     runs = " ".join(args_of("RUN"))
-    assert "--cuda" in runs and "download.pytorch.org/whl/cpu" in runs
+    assert "--cuda" in runs and "download.pytorch.org/whl/cpu" in runs and "TORCH_WHEEL=" in runs
+    assert "TORCH_WHEEL" in (ROOT / "scripts" / "install.sh").read_text()
+    # wheels/ is git-ignored, sent with the build context, and copied only when it exists
+    assert "/wheels/" in (ROOT / ".gitignore").read_text().split()
+    ignored = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if not line.startswith("#")]
+    assert not [line for line in ignored if "wheel" in line], ignored
+    assert any(re.search(r"\bwheel\[s\]", a) for a in args_of("COPY"))
+
+
+def test_base_image_is_a_build_argument_defaulting_to_python_slim():
+    """`docker build -t attnviz .` is unchanged on a normal machine; BASE_IMAGE swaps the base
+    (scripts/docker-base.sh makes one where no registry answers)."""
+    assert instructions()[0] == ("ARG", "BASE_IMAGE=python:3.11-slim")
+    froms = args_of("FROM")
+    assert froms[0] == "${BASE_IMAGE} AS deps" and froms[-1] == "${BASE_IMAGE}", froms
 
 
 def test_runs_as_uid_1000():
@@ -187,3 +203,44 @@ def test_the_warmup_the_image_runs_exists(capsys):
         cli.main(["--help"])  # the same main `python -m attnviz` runs
     assert stop.value.code == 0
     assert re.search(r"\bwarmup\b", capsys.readouterr().out)
+
+
+# -- the README's Docker commands: each one is run by tests/test_docker_image.py or checked here -----
+PLAIN_BUILD = "docker build -t attnviz ."
+OFFLINE_BUILD = (
+    "docker build --network host --build-arg BASE_IMAGE=attnviz-base --build-arg TORCH=wheel -t attnviz ."
+)
+PLAIN_RUN = "docker run -p 8501:8501 -v attnviz-data:/data attnviz"
+# Each README command and what runs or checks it (test_docker_image.py unless "here").
+COVERED = [
+    (re.escape(PLAIN_BUILD), "here: the offline build is this one plus the base and network"),
+    (r"docker build -t attnviz --build-arg TORCH=cuda \.", "test_cuda_build_runs_the_cuda_install"),
+    (re.escape(PLAIN_RUN), "the app fixture: page, health, uid, docker stop"),
+    (r"docker run -p 8501:8501 -v attnviz-data:/data -e ATTNVIZ_DEMO=1 attnviz", "test_demo_mode_..."),
+    (r"docker run --gpus all -p 8501:8501 -v attnviz-data:/data -e HF_TOKEN attnviz", "here: run + GPU"),
+    (r"docker run --rm -v attnviz-data:/data attnviz attnviz extract .*", "test_extract_runs_inside_..."),
+    (r"scripts/docker-base\.sh attnviz-base", "the image fixture runs it"),
+    (r"mkdir -p wheels && cp \S+\.whl wheels/", "the image fixture links the find-links torch wheel"),
+    (re.escape(OFFLINE_BUILD), "the image fixture runs it"),
+    (r"docker compose up -d", "test_compose_up_serves_the_app_on_its_named_volume"),
+    (r"docker compose -f compose\.yaml -f compose\.gpu\.yaml up -d", "test_compose_...: the merged config"),
+    (r"docker compose down", "test_compose_...: the volume stays"),
+]
+
+
+def test_every_readme_docker_command_is_run_or_checked():
+    lines = readme_lines()
+    for line in lines:
+        assert [p for p, _ in COVERED if re.fullmatch(p, line)], f"a README command nobody tests: {line}"
+    for pattern, _ in COVERED:
+        assert [line for line in lines if re.fullmatch(pattern, line)], f"README lost: {pattern}"
+
+
+def test_offline_build_and_gpu_run_differ_from_the_plain_ones_only_by_their_additions():
+    lines = readme_lines()
+    assert PLAIN_BUILD in lines and OFFLINE_BUILD in lines and PLAIN_RUN in lines
+    plain, offline, run = shlex.split(PLAIN_BUILD), shlex.split(OFFLINE_BUILD), shlex.split(PLAIN_RUN)
+    extra = ["--network", "host", "--build-arg", "BASE_IMAGE=attnviz-base", "--build-arg", "TORCH=wheel"]
+    assert offline == [*plain[:2], *extra, *plain[2:]]
+    gpu = next(c for c in readme_commands() if "--gpus" in c)
+    assert gpu == [*run[:2], "--gpus", "all", *run[2:-1], "-e", "HF_TOKEN", run[-1]]

@@ -34,8 +34,9 @@ def test_notebook_executes_without_errors():
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     figures = [o for o in outputs if PLOTLY_MIME in o.get("data", {})]
-    # the result's own display, the head view, the model view and the statistics heatmap
-    assert len(figures) == 4
+    # the result's own display, the head view, the model view, the statistics heatmap, the routes
+    # and the logit lens
+    assert len(figures) == 6
     for o in figures:
         assert len(json.dumps(dict(o["data"]))) < 5_000_000
     summary = figures[0]["data"]["text/plain"]

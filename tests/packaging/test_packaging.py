@@ -118,6 +118,9 @@ def test_build_makes_sdist_and_wheel_with_the_app_inside(dist, wheel):
     assert "Provides-Extra: app" in meta and any(
         r.startswith("streamlit") and "extra == 'app'" in r for r in requires
     )
+    assert "Provides-Extra: ray" in meta and any(
+        r.startswith("ray[data]") and "extra == 'ray'" in r for r in requires
+    )
     entry = zipfile.ZipFile(wheel).read(f"{info}/entry_points.txt").decode()
     assert "attnviz = attnviz.cli:main" in entry
 
@@ -157,6 +160,24 @@ def test_extract_from_a_folder_outside_the_checkout(venv, tmp_path):
     assert "financial" in str(data["tokens"][1]) and data["input_ids"].shape == (n,)
     np.testing.assert_allclose(data["attentions"].sum(-1), 1, atol=1e-4)
     assert np.triu(data["attentions"][0, 0], 1).max() == 0  # causal
+
+
+def test_atlas_from_a_folder_outside_the_checkout(venv, tmp_path):
+    """`attnviz atlas` from the installed package, on the local engine and on a local Ray (whose
+    workers import attnviz from the same site-packages): the same table, one line of summary."""
+    from atlas_helpers import save_tiny
+
+    folder = save_tiny(tmp_path / "tiny-gpt2")
+    (tmp_path / "c.txt").write_text("the bank of the river\nhello world\n" + "word " * 600 + "\n")
+    tables = {}
+    for engine in ("local", "ray"):
+        argv = ["atlas", "--model", folder, "--corpus", "c.txt", "--out", f"{engine}.csv", "--engine", engine]
+        proc = run([venv / "bin" / "attnviz", *argv], tmp_path, ATTNVIZ_CACHE=str(tmp_path / engine))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "2 texts ran, 1 skipped; 3 computed, 0 from the cache;" in proc.stdout
+        assert f"{engine} engine x1" in proc.stdout
+        tables[engine] = (tmp_path / f"{engine}.csv").read_text()
+    assert tables["local"] == tables["ray"] and len(tables["local"].splitlines()) == 1 + 12
 
 
 def test_bad_argument_from_the_console_script(venv, tmp_path):

@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 
 import attnviz
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TINY = "tiny:llama-gqa"
 TEXT = "the bank of the river"
 TIMEOUT = 120
@@ -80,3 +80,10 @@ def labels(text: str, arch: str = "llama-gqa") -> list[str]:
 
     res = attnviz.extract(tiny.loaded(arch), text)
     return [html.escape(s, quote=False) for s in res.tokens.labels]
+
+
+def vals(v) -> np.ndarray:
+    """A 1-D figure array as numbers (Plotly writes numpy arrays as base64 without a shape)."""
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+    return np.asarray(v, dtype=float)

@@ -1,0 +1,41 @@
+"""Explain a prediction: information-flow routes, logit lens, direct logit attribution, head
+ablation and rotary frequency bands, all readable from one traced forward pass (`trace`).
+
+    tr = attnviz.explain.trace(lm, text)          # one forward, the residual stream per block
+    attnviz.information_flow(lm, tr)             # routes to the last token's prediction
+    attnviz.logit_lens(lm, tr)                   # what each layer would predict
+    attnviz.logit_attribution(lm, tr)            # every head's and MLP's share of the logit
+    attnviz.ablate_heads(lm, tr, [(3, 1)])       # the prediction without head 1 of layer 3
+
+Every function also takes the text itself (and then runs its own forward).
+"""
+
+from .ablation import MODES, Ablation, ablate_heads
+from .attribution import Attribution, logit_attribution
+from .lens import LogitLens, logit_lens
+from .residual import Trace, Unsupported, trace
+from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
+from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "EDGE_KINDS",
+    "MODES",
+    "Ablation",
+    "Attribution",
+    "Edge",
+    "FlowGraph",
+    "LogitLens",
+    "Node",
+    "RotaryBands",
+    "RotarySpec",
+    "Trace",
+    "Unsupported",
+    "ablate_heads",
+    "bands",
+    "information_flow",
+    "logit_attribution",
+    "logit_lens",
+    "rotary_bands",
+    "trace",
+]

@@ -1,0 +1,68 @@
+"""The atlas page keeps serving when its disk cache cannot take results, resumes a stopped run
+with a button that says how far it got, and offers the Ray cluster only when the server names one
+(the Ray run itself: test_atlas_ray.py)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from apptest import TINY, new_app, ok, prepare
+
+from attnviz import atlas as AT
+from attnviz.atlas import cache as C
+
+ATLAS = "pages/5_Head_atlas.py"
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNVIZ_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATTNVIZ_RAY_ADDRESS", raising=False)
+    return prepare(monkeypatch)
+
+
+def test_a_full_disk_is_a_warning_and_the_page_shows_the_atlas(env, monkeypatch, tmp_path):
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(C.os, "fsync", full)
+    at = new_app(ATLAS, model=TINY, ntexts=4).run()
+    ok(at)
+    at.button(key="atlas_run").click().run()
+    ok(at)
+    assert len(at.warning) == 1 and "is full" in at.warning[0].value and str(tmp_path) in at.warning[0].value
+    assert len(at.dataframe[0].value) == 12  # the result of the run is shown all the same
+
+
+def test_a_stopped_run_resumes_from_a_button_that_says_how_far_it_got(env, monkeypatch):
+    import tiny
+
+    from attnviz.atlas import local
+
+    AT.run_atlas(tiny.loaded("llama-gqa"), AT.builtin_corpus()[:3])  # as if a run stopped after 3
+    at = new_app(ATLAS, model=TINY, ntexts=5).run()
+    ok(at)
+    button = at.button(key="atlas_run")
+    assert button.label == "Resume the atlas (3 of 5 texts done)"
+    assert "atlas_engine" not in engine_keys(at)  # no ATTNVIZ_RAY_ADDRESS: no choice of engine
+    ran, real = [], local.compute_entry
+    monkeypatch.setattr(local, "compute_entry", lambda *a, **kw: ran.append(a[2]) or real(*a, **kw))
+    button.click().run()
+    ok(at)
+    assert ran == AT.builtin_corpus()[3:5]  # only the two missing texts ran
+    assert any(c.value.startswith("5 texts, 2 computed in") for c in at.caption)  # this run, not the cache
+
+
+def engine_keys(at) -> list[str]:
+    return [w.key for w in at.get("button_group")]
+
+
+def test_the_engine_choice_appears_when_the_server_names_a_ray_cluster(env, monkeypatch):
+    monkeypatch.setenv("ATTNVIZ_RAY_ADDRESS", "head-node:6379")
+    at = new_app(ATLAS, model=TINY, ntexts=5).run()
+    ok(at)
+    assert at.segmented_control(key="atlas_engine").options == ["this server", "Ray cluster"]
+    assert at.segmented_control(key="atlas_engine").value == "this server"
+    assert "atlas_engine" in engine_keys(at)

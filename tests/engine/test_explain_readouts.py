@@ -1,0 +1,180 @@
+"""Logit lens, direct logit attribution and head ablation against independent computations."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import tiny_explain as TE
+import torch
+
+import attnviz
+from attnviz import AttnvizError
+from attnviz.explain import ablate_heads, logit_attribution, logit_lens, trace
+from attnviz.explain.ablation import ablated_logits
+
+READOUT_MODELS = ("llama-gqa", "gpt2", "gemma2", "olmo2", "gpt_neox-parallel", "falcon")
+
+
+def tiered(names, fast):
+    """``names`` as parameters, those outside ``fast`` marked slow (the fast tier stays quick)."""
+    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+OUT_PROJ = ("o_proj", "dense", "c_proj", "out_proj")
+
+
+def out_proj(lm, layer: int):
+    attn = lm.model.get_submodule(lm.probe.sites["self"][layer].module_name)
+    return next(getattr(attn, n) for n in OUT_PROJ if hasattr(attn, n))
+
+
+def model_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+
+
+@pytest.mark.parametrize("name", tiered(READOUT_MODELS, ("llama-gqa", "gemma2")))
+def test_logit_lens_reads_the_models_own_hidden_states(name):
+    """Rows 0 .. L-1 equal unembed(final norm(h)) of transformers' own output_hidden_states; the
+    last row is the model's prediction (rank 0) with its own probabilities."""
+    lm = TE.loaded(name)
+    tr = trace(lm, TE.TEXT)
+    lens = logit_lens(lm, tr, positions=[0, 5, -1], k=3)
+    ids = list(tr.tokens.ids)
+    with torch.inference_mode():
+        out = lm.model(input_ids=torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+        head, norm = lm.model.get_output_embeddings(), attnviz.explain.residual.final_norm(lm)[1]
+        cap = getattr(lm.model.config, "final_logit_softcapping", None)
+        for layer in range(tr.n_layers):
+            logits = head(norm(out.hidden_states[layer][:, list(lens.positions)]))[0].float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            top = torch.softmax(logits, -1).topk(3)
+            assert np.array_equal(top.indices.numpy(), lens.top_ids[layer]), layer
+            assert np.allclose(top.values.numpy(), lens.top_probs[layer], atol=1e-5), layer
+    final = torch.softmax(out.logits[0, list(lens.positions)].float(), -1)
+    assert np.array_equal(final.argmax(-1).numpy(), lens.predicted)
+    assert (lens.rank[-1] == 0).all()
+    assert np.allclose(final.max(-1).values.numpy(), lens.prob[-1], atol=1e-5)
+    assert lens.top_tokens[-1][2][0] == lens.predicted_tokens[2]
+    assert len(lens.to_frame()) == (tr.n_layers + 1) * 3 * 3
+
+
+@pytest.mark.parametrize("name", tiered(READOUT_MODELS, ("llama-gqa", "gemma2", "gpt_neox-parallel")))
+def test_attribution_parts_sum_to_the_logit_and_match_the_heads_own_outputs(name):
+    """embedding + heads + MLPs + rest = logit(target) − logit(contrast) (1e-4 relative), and each
+    head's share equals r · W_O^h z^h with z the input the model's own output projection read."""
+    lm = TE.loaded(name)
+    tr = trace(lm, TE.TEXT)
+    t = tr.n_tokens - 3
+    att = logit_attribution(lm, tr, token=t, contrast=7)
+    logits = model_logits(lm.model, list(tr.tokens.ids))[t]
+    cap = getattr(lm.model.config, "final_logit_softcapping", None)
+    raw = (cap * torch.atanh(logits / cap)) if cap else logits  # the logits before the soft-cap
+    want = float(raw[att.target] - raw[7])
+    assert att.target == int(logits.argmax()) and att.contrast == 7
+    assert abs(att.logit - want) <= 1e-4 * max(1.0, abs(want))
+    total = att.embedding + att.heads.sum() + att.mlps.sum() + att.rest
+    assert abs(total - att.logit) <= 1e-4 * max(1.0, abs(att.logit)) and abs(att.error) <= 1e-4
+    assert np.abs(att.heads).max() > 1e-3  # the heads do contribute something
+    # each head: the model's own concatenated heads (input of W_O) at row t
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [
+        out_proj(lm, layer).register_forward_pre_hook(
+            lambda _m, a, layer=layer: seen.__setitem__(layer, a[0][0, t])
+        )
+        for layer in range(tr.n_layers)
+    ]
+    try:
+        model_logits(lm.model, list(tr.tokens.ids))
+    finally:
+        for h in hooks:
+            h.remove()
+    from attnviz.explain.attribution import readout
+
+    r, _ = readout(lm, tr, t, att.target, 7)
+    for layer in range(tr.n_layers):
+        z = seen[layer].float().reshape(tr.n_heads, -1)
+        w_o = tr.w_o(lm, layer)
+        for h in range(tr.n_heads):
+            vec = w_o[h] @ z[h]
+            norm = tr.attn_norm[layer]
+            vec = vec if norm is None else norm.apply(vec[None], t)[0]
+            assert abs(float(vec @ r) - att.heads[layer, h]) <= 1e-4, (layer, h)
+    assert att.ranking(3)[0][3] == max((p[3] for p in att.ranking()), key=abs)
+
+
+def by_hand(lm, layer: int, head: int, mean: torch.Tensor | None):
+    """A copy of the model whose W_O columns for ``head`` are 0 (and, for mean ablation, whose
+    output bias adds W_O^h · mean): the head's output replaced without attnviz."""
+    model = copy.deepcopy(lm.model)
+    lm2 = attnviz.wrap_model(model, lm.tokenizer, spec="by-hand")
+    proj = out_proj(lm2, layer)
+    d = lm.layout.head_dim
+    with torch.no_grad():
+        w = proj.weight  # (d_model, heads * d_head), or (in, out) for GPT-2's Conv1D
+        cols = slice(head * d, (head + 1) * d)
+        conv = type(proj).__name__ == "Conv1D"
+        block = (w[cols].T if conv else w[:, cols]).clone()
+        (w[cols] if conv else w[:, cols]).zero_()
+        if mean is not None:
+            extra = block @ mean
+            if proj.bias is None:
+                proj.bias = torch.nn.Parameter(extra)
+            else:
+                proj.bias += extra
+    return model
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [
+        ("llama-gqa", "zero"),
+        ("gpt_neox-parallel", "mean"),
+        *[
+            pytest.param(n, m, marks=pytest.mark.slow)
+            for n, m in (
+                ("llama-gqa", "mean"),
+                ("gpt_neox-parallel", "zero"),
+                ("gemma2", "zero"),
+                ("gemma2", "mean"),
+                ("gpt2", "zero"),
+                ("gpt2", "mean"),
+            )
+        ],
+    ],
+)
+def test_ablation_equals_a_run_with_the_head_replaced_by_hand(name, mode):
+    lm = TE.loaded(name)
+    tr = trace(lm, TE.TEXT)
+    layer, head, t = 1, 2, tr.n_tokens - 2
+    mean = None
+    if mode == "mean":  # the head's mean output over the positions, from the model's own W_O input
+        seen = []
+        hook = out_proj(lm, layer).register_forward_pre_hook(lambda _m, a: seen.append(a[0][0]))
+        model_logits(lm.model, list(tr.tokens.ids))
+        hook.remove()
+        d = lm.layout.head_dim
+        mean = seen[0][:, head * d : (head + 1) * d].float().mean(0)
+    want = model_logits(by_hand(lm, layer, head, mean), list(tr.tokens.ids))[t]
+    got = ablated_logits(lm, tr, ((layer, head),), mode, t)
+    assert float((got - want).abs().max()) <= 1e-5
+    clean = model_logits(lm.model, list(tr.tokens.ids))[t]
+    assert float((got - clean).abs().max()) > 1e-3  # the ablation changed something
+    ab = ablate_heads(lm, tr, [(layer, head)], mode, token=t)
+    assert ab.logit_after == pytest.approx(float(want[ab.target]), abs=1e-5)
+    assert ab.logit_before == pytest.approx(float(clean[ab.target]), abs=1e-5)
+    assert ab.kl > 0 and ab.top_before[0][0] == ab.target
+    if mode == "zero":  # the direct effect of removing a head is minus its direct attribution
+        att = logit_attribution(lm, tr, token=t, target=ab.target)
+        assert ab.direct[(layer, head)] == pytest.approx(-att.heads[layer, head], abs=1e-5)
+
+
+def test_ablation_is_refused_where_the_model_runs_its_own_attention():
+    lm = TE.loaded("gptj")
+    with pytest.raises(AttnvizError, match=r"own eager code|adapter"):
+        ablate_heads(lm, TE.TEXT, [(0, 0)])
+    with pytest.raises(AttnvizError, match="out of range"):
+        ablate_heads(TE.loaded("llama-gqa"), TE.TEXT, [(9, 0)])

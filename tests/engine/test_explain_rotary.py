@@ -1,0 +1,105 @@
+"""Rotary bands: the model's own pairing and frequencies, and terms that add up to the score."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tiny_explain as TE
+import torch
+
+import attnviz
+from attnviz import AttnvizError
+from attnviz.explain import rotary_bands, trace
+from attnviz.explain.rotary import RotarySpec, spec_from_config, spec_from_tables
+
+
+def rotate(x: torch.Tensor, spec: RotarySpec, positions: torch.Tensor) -> torch.Tensor:
+    """x (N, d_head) turned by position × θ in each of the spec's pairs (the rest unchanged)."""
+    out = x.clone()
+    ang = positions[:, None].double() * torch.tensor(spec.theta, dtype=torch.float64)
+    c, s = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
+    for m, (a, b) in enumerate(spec.pairs):
+        out[:, a] = x[:, a] * c[:, m] - x[:, b] * s[:, m]
+        out[:, b] = x[:, b] * c[:, m] + x[:, a] * s[:, m]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "pairing", "rotated"),
+    [("llama-gqa", "half", 8), ("gpt_neox-parallel", "half", None), ("gptj", "interleaved", 4)],
+)
+def test_the_pairs_are_the_models_own_rotation(name, pairing, rotated):
+    """Turning random vectors by the spec's pairs and θ equals the model's own rotary function."""
+    lm = TE.loaded(name)
+    tr = trace(lm, TE.TEXT)
+    d = lm.layout.head_dim
+    x = torch.randn(tr.n_tokens, d, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(tr.n_tokens)
+    if name == "gptj":
+        from transformers.models.gptj import modeling_gptj as M
+
+        spec = spec_from_config(lm.model.config, d)
+        sincos = M.create_sinusoidal_positions(tr.n_tokens, spec.head_dim - len(spec.rest))
+        sin, cos = torch.split(sincos[None], sincos.shape[-1] // 2, dim=-1)
+        rot = len(spec.pairs) * 2
+        theirs = torch.cat(
+            [M.apply_rotary_pos_emb(x[None, :, None, :rot], sin, cos)[0, :, 0], x[:, rot:]], -1
+        )
+    else:
+        module = __import__(type(lm.model).__module__, fromlist=["apply_rotary_pos_emb"])
+        cos, sin = tr.rotary[0]
+        spec = spec_from_tables(cos, sin, d)
+        theirs, _ = module.apply_rotary_pos_emb(x[None, None], x[None, None], cos, sin)
+        theirs = theirs[0, 0]
+    assert spec.pairing == pairing
+    if rotated is not None:
+        assert 2 * len(spec.pairs) == rotated and len(spec.rest) == d - rotated
+    else:  # NeoX: rotary_pct of the head
+        assert 0 < len(spec.pairs) * 2 < d
+    assert float((rotate(x, spec, pos) - theirs).abs().max()) <= 1e-5
+    assert float((rotate(x, spec, pos) - x).abs().max()) > 1e-2  # it does rotate
+
+
+@pytest.mark.parametrize("name", ("llama-gqa", "gpt_neox-parallel", "gptj", "falcon"))
+def test_band_terms_add_up_to_the_score_the_softmax_saw(name):
+    """Σ bands + unrotated rest = scaling · q · k, and differences of it between two keys equal
+    the differences of log α from the model's own eager attention (no soft-cap in these)."""
+    lm = TE.loaded(name)
+    tr = trace(lm, TE.TEXT)
+    layer, head, i = 1, 2, tr.n_tokens - 1
+    eager = attnviz.extract_ids(lm, list(tr.tokens.ids), path="eager").head(layer, head)[i]
+    scores = []
+    for j in (0, 3, i):
+        b = rotary_bands(lm, tr, layer, head, query=i, key=j)
+        assert b.pair_terms.sum() + b.rest_term == pytest.approx(b.score, abs=1e-6)
+        scores.append(b.score)
+    logs = np.log(eager[[0, 3, i]].astype(np.float64))
+    assert np.allclose(np.diff(scores), np.diff(logs), atol=1e-4)
+    assert len(b.carries) == len(b.spec.pairs) == len(b.spread) == len(b.position_spread)
+    assert np.all(b.spread >= 0) and np.all(np.isfinite(b.content_spread))
+
+
+def test_bands_are_refused_without_rotary_and_keys_after_the_query():
+    with pytest.raises(AttnvizError, match="no rotary embedding"):
+        rotary_bands(TE.loaded("gpt2"), TE.TEXT, 0, 0)
+    lm = TE.loaded("llama-gqa")
+    with pytest.raises(AttnvizError, match="comes after"):
+        rotary_bands(lm, TE.TEXT, 0, 0, query=2, key=5)
+
+
+def test_a_pure_position_band_is_called_position():
+    """A band whose keys all carry the same content varies only with distance: "position"; one
+    whose keys differ and sit at the query's position varies only with content."""
+    spec = RotarySpec("half", ((0, 2), (1, 3)), (1.0, 1e-4), (), 4)
+    n = 32
+    k = torch.zeros(n, 4, dtype=torch.float64)
+    k[:, 0] = 1.0  # band 0: the same key content everywhere
+    k[:, 1] = torch.linspace(-2, 2, n)  # band 1: content changes from key to key
+    k = rotate(k, spec, torch.arange(n))
+    q = rotate(torch.ones(n, 4, dtype=torch.float64), spec, torch.arange(n))
+    from attnviz.explain import bands
+
+    b = bands(q, k, spec, 1.0, i=n - 1, j=0)
+    assert b.carries == ["position", "content"]
+    assert b.content_spread[0] < 1e-12  # band 0: one content for every key, distance removed: constant
+    assert b.position_spread[1] < 1e-12  # band 1: the average key content there is 0

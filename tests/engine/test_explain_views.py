@@ -1,0 +1,39 @@
+"""The notebook views of the explanations are Plotly figures that show the engine's numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import tiny_explain as TE
+
+import attnviz
+from attnviz.explain import trace
+
+
+def test_every_view_is_a_figure_of_the_results_numbers():
+    lm = TE.loaded("llama-gqa")
+    tr = trace(lm, TE.TEXT)
+    graph = attnviz.information_flow(lm, tr, threshold=0.02)
+    fig = attnviz.flow_view(graph)
+    assert isinstance(fig, go.Figure)
+    handles = next(t for t in fig.data if t.name == "attention edge (click)")
+    attention = [e for e in graph.edges if e.kind == "attention"]
+    assert len(handles.customdata) == len(attention) > 0
+    for data, e in zip(handles.customdata, attention, strict=True):
+        assert list(data) == [e.layer, int(np.argmax(e.heads)), e.source.token, e.target.token]
+    lens = attnviz.logit_lens(lm, tr, k=3)
+    heat = attnviz.lens_view(lens).data[0]
+    assert np.allclose(np.asarray(heat.z), lens.top_probs[:, :, 0])
+    att = attnviz.logit_attribution(lm, tr)
+    fig = attnviz.attribution_view(att, top=10)
+    assert np.allclose(np.asarray(fig.data[0].z), att.heads)
+    bars = fig.data[1]
+    assert sorted(np.abs(bars.x)) == sorted(abs(p[3]) for p in att.ranking(10))
+    ab = attnviz.ablate_heads(lm, tr, [(1, 2)])
+    before = attnviz.ablation_view(ab).data[0]
+    assert max(before.x) == ab.top_before[0][2]
+    b = attnviz.rotary_bands(lm, tr, 1, 0)
+    terms = next(t for t in attnviz.rotary_view(b).data if t.name == "term")
+    assert sum(terms.y) == np.float64(b.pair_terms.sum() + b.rest_term).round(12) or np.isclose(
+        sum(terms.y), b.score
+    )

@@ -1,0 +1,268 @@
+"""The Explain page's views: routes, logit lens, attribution and ablation, over one cached trace.
+
+Every view reads one `attnviz.explain.Trace` (one forward of the text, cached per model / text),
+so switching views or options never reruns the model, except the ablation, which is a forward of
+its own. Waits show a progress bar with a Cancel button (a click stops the work at the next layer
+and keeps nothing). A clicked head (an edge's strongest head, a ranked head) opens in the explorer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import streamlit as st
+
+from attnviz import AttnvizError, LoadedModel
+from attnviz import explain as X
+from attnviz.figures import explain as FX
+from attnviz.figures import figure_name
+from ui import export, models, shell, state, views
+from ui.params import ExplainParams, ExplorerParams
+from ui.text import guarded, md
+
+_CANCELLED = "_explain_cancelled"
+
+
+def _cancel(key: str) -> None:
+    st.session_state[_CANCELLED] = key
+
+
+@contextmanager
+def staged(what: str, key: Hashable) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar and a Cancel button; yields ``progress(done, total)`` (layers)."""
+    mark = repr(key)
+    holder = st.empty()
+    with holder.container():
+        bar = st.progress(0.0, text=f"{what}…")
+        st.button("Cancel", key=f"explain_cancel_{abs(hash(mark))}", on_click=_cancel, args=(mark,))
+    started = time.perf_counter()
+
+    def report(done: int, total: int) -> None:
+        spent = time.perf_counter() - started
+        left = f", about {spent / done * (total - done):.0f} s left" if done else ""
+        bar.progress(
+            min(done / max(total, 1), 1.0), text=f"{what}: layer {done} of {total} · {spent:.0f} s{left}"
+        )
+
+    yield report
+    holder.empty()
+
+
+def cancelled(key: Hashable) -> bool:
+    """True (said, with a button to run it again) when this work was cancelled."""
+    if st.session_state.get(_CANCELLED) != repr(key):
+        return False
+    st.info("Cancelled: nothing was kept.", icon=":material/cancel:")
+    st.button("Run again", key="explain_rerun", on_click=lambda: st.session_state.pop(_CANCELLED, None))
+    return True
+
+
+def computed(name: str, key: tuple, what: str, build: Callable[[Callable[[int, int], None]], Any]) -> Any:
+    """``build(progress)`` once per key (bounded cache); while it runs a bar and Cancel show.
+    None when this work was cancelled."""
+    full = (name, *key)
+    if cancelled(full):
+        return None
+
+    def run() -> Any:
+        with staged(what, full) as report:
+            return build(report)
+
+    return models.cached(name, key, run, nbytes=lambda v: getattr(v, "nbytes", 1 << 20))
+
+
+def load_trace(
+    lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool
+) -> tuple[X.Trace | None, tuple]:
+    """The trace of the sidebar's text (one forward, cached), or None after an error / a cancel."""
+    key = (lm.spec, models.token_key(token), p.text, chat)
+    tr = None
+    with guarded(f"tracing {md(lm.spec)} on the text", token, (lm.spec, p.text)):
+        max_tokens = models.config().max_tokens
+        tr = computed(
+            "explain_trace",
+            key,
+            f"Running {md(lm.spec)} on the text (keeping the residual stream)",
+            lambda report: X.trace(lm, p.text, chat=chat, max_tokens=max_tokens, progress=report),
+        )
+    return tr, key
+
+
+def open_in_explorer(p: ExplainParams, layer: int, head: int, token: int, label: str, key: str) -> None:
+    """A button that opens ``layer``/``head`` of this text in the explorer (query row ``token``)."""
+    if st.button(label, key=key, icon=":material/open_in_new:", type="primary"):
+        state.commit()
+        target = ExplorerParams(model=p.model, text=p.text, chat=p.chat, layer=layer, head=head, tok=token)
+        st.switch_page(shell.PAGES[0].file, query_params=target.to_query().params)
+
+
+def position_picker(tr: X.Trace) -> int:
+    """The explained position: the last token unless the link / the picker says otherwise."""
+    n = tr.n_tokens
+    options = list(range(n - 1, -1, -1))
+    if int(state.get("pos")) not in (-1, *options):
+        state.put("pos", -1)
+    choice = st.selectbox(
+        "Explain the prediction at",
+        [-1, *options],
+        key="pos",
+        format_func=lambda i: (
+            f"the last token ({n - 1}) {tr.tokens.display[-1]}"
+            if i == -1
+            else f"({i}) {tr.tokens.display[i]}"
+        ),
+        help="Whose next-token prediction is explained: its routes, attribution and ablation.",
+    )
+    return tr.position(int(choice))
+
+
+def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
+    thr = st.slider(
+        "Threshold",
+        0.0,
+        0.5,
+        key="thr",
+        step=0.01,
+        help="Edges whose importance (renormalised, as in LLM-TT) is above this are kept; only "
+        "their tokens are followed further down. Lower: a bigger graph.",
+    )
+    graph = computed(
+        "explain_routes",
+        (*key, pos, float(thr)),
+        "Building the routes",
+        lambda report: X.information_flow(lm, tr, token=pos, threshold=float(thr), progress=report),
+    )
+    if graph is None:
+        return
+    fig = FX.flow_view(graph)
+    event = export.chart(fig, figure_name(lm.spec, "routes", pos), key="routes_chart", on_select=True)
+    picked = views.clicked(event, "routes_chart")
+    if picked:
+        st.session_state["explain_edge"] = picked
+    edge = st.session_state.get("explain_edge")
+    n_attn = sum(e.kind == "attention" for e in graph.edges)
+    st.caption(
+        f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "
+        f"{graph.expanded} block rows computed for {tr.n_tokens} tokens. Grey: the residual stream; blue: "
+        "attention (width = importance); orange squares: the FFN's share. Click a blue dot to pick its head; "
+        "lower the threshold for weaker routes." + (f" {graph.notes[0]}" if graph.notes else "")
+    )
+    if edge and len(edge) >= 4 and 0 <= int(edge[0]) < tr.n_layers:
+        layer, head, src, dst = (int(x) for x in edge[:4])
+        open_in_explorer(
+            p,
+            layer,
+            head,
+            dst,
+            f"Open layer {layer}, head {head} (token {dst} → {src}) in the explorer",
+            "routes_open",
+        )
+    with st.expander("Edges as a table"):
+        df = graph.to_frame()
+        st.dataframe(df, hide_index=True, height=300)
+        st.download_button("⬇ CSV", df.to_csv(index=False), file_name=f"{figure_name(lm.spec, 'routes')}.csv")
+
+
+def lens(lm: LoadedModel, tr: X.Trace, key: tuple) -> None:
+    c1, c2 = st.columns(2)
+    most = min(64, tr.n_tokens)
+    if int(state.get("lpos")) > most:  # a short text has fewer positions than the default 16
+        state.put("lpos", most)
+    n_pos = c1.slider("Positions (the last ones)", 1, most, key="lpos") if most > 1 else 1
+    k = c2.slider("Top k in the hover", 1, 20, key="k")
+    positions = list(range(tr.n_tokens - int(n_pos), tr.n_tokens))
+    result = computed(
+        "explain_lens",
+        (*key, int(n_pos), int(k)),
+        "Reading every layer",
+        lambda _r: X.logit_lens(lm, tr, positions, int(k)),
+    )
+    if result is None:
+        return
+    export.chart(FX.lens_view(result), figure_name(lm.spec, "lens"), key="lens_chart")
+    st.caption(
+        "Each cell: the stream after that layer read by the model's own final norm and unembedding "
+        "(top token, its probability as colour); the last row is the model's prediction. Hover for the "
+        "top k and the rank of the final prediction."
+    )
+
+
+def attribution(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
+    c1, c2 = st.columns(2)
+    target = c1.text_input("Token (empty: the prediction)", key="target", max_chars=64)
+    contrast = c2.text_input("Minus the logit of (optional)", key="contrast", max_chars=64)
+    att = None
+    with guarded("attributing the logit", None, (target, contrast)):
+        att = models.cached(
+            "explain_dla",
+            (*key, pos, target, contrast),
+            lambda: X.logit_attribution(lm, tr, token=pos, target=target or None, contrast=contrast or None),
+            nbytes=lambda _a: 1 << 16,
+        )
+    if att is None:
+        return
+    export.chart(FX.attribution_view(att), figure_name(lm.spec, "dla", pos), key="dla_chart")
+    st.caption(
+        f"Each head's and MLP's own write to the stream, read through the final norm frozen at its scale: "
+        f"they and the rest ({att.rest:.3g}: biases and norm constants) add up to the logit "
+        f"{att.logit:.4g} (rounding {abs(att.error):.1e}). Pick a head in the table to open it."
+    )
+    ranked = [r for r in att.ranking(40)]
+    table = {
+        "part": [
+            f"L{r[1]} H{r[2]}" if r[0] == "head" else (f"MLP {r[1]}" if r[0] == "mlp" else r[0])
+            for r in ranked
+        ],
+        "contribution": [round(r[3], 4) for r in ranked],
+    }
+    picked = st.dataframe(
+        table, key="dla_table", on_select="rerun", selection_mode="single-row", hide_index=True, height=300
+    )
+    rows = list(picked.selection.rows) if picked is not None and picked.selection else []
+    if rows and ranked[rows[0]][0] == "head":
+        _, layer, head, _ = ranked[rows[0]]
+        open_in_explorer(p, layer, head, pos, f"Open layer {layer}, head {head} in the explorer", "dla_open")
+
+
+def ablation(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
+    names = [f"{layer}.{head}" for layer in range(tr.n_layers) for head in range(tr.n_heads)]
+    chosen = [h for h in (p.abl.split(",") if p.abl else []) if h in names]
+    c1, c2 = st.columns([3, 1])
+    picked = c1.multiselect(
+        "Heads to ablate (layer.head)", names, default=chosen, key="abl_pick", max_selections=64
+    )
+    state.put("abl", ",".join(picked))
+    mode = c2.segmented_control("Replace by", list(X.MODES), key="amode", required=True)
+    if not picked:
+        st.info("Pick heads to ablate: the model runs again with their outputs replaced.")
+        return
+    heads = [(int(a), int(b)) for a, _, b in (h.partition(".") for h in picked)]
+    ab = None
+    with guarded("ablating heads", None, ()):
+        ab = computed(
+            "explain_ablation",
+            (*key, pos, tuple(heads), str(mode)),
+            "Running the model with the heads replaced",
+            lambda _r: X.ablate_heads(lm, tr, heads, str(mode), token=pos),  # type: ignore[arg-type]
+        )
+    if ab is None:
+        return
+    m = st.columns(4)
+    m[0].metric(f"p(“{ab.target_token}”)", f"{ab.prob_after:.3f}", f"{ab.prob_after - ab.prob_before:+.3f}")
+    m[1].metric("KL(before ‖ after)", f"{ab.kl:.4f}")
+    m[2].metric("logit change (total effect)", f"{ab.total_effect:+.3f}")
+    m[3].metric("direct effect", f"{ab.direct_effect:+.3f}" if ab.direct else "n/a")
+    export.chart(FX.ablation_view(ab), figure_name(lm.spec, "ablation", pos), key="ablation_chart")
+    st.caption(
+        "Total effect: the change of the token's logit when the heads are replaced (zero, or their mean "
+        "output over this text) and the model runs again. Direct effect: what their own writes to the "
+        "stream changed in that logit, through the final norm frozen before the ablation; the difference "
+        "is what later layers did with them."
+    )
+
+
+def when_unsupported(err: AttnvizError) -> None:
+    st.error(str(err), icon=":material/block:")

@@ -1,0 +1,34 @@
+"""Long texts in a link: deflated and URL-safe base64 (the ``tz`` parameter), decoded with a
+bound on the output so a small link cannot expand into gigabytes."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import zlib
+
+MAX_TEXT_CHARS = 60_000  # the longest text the app accepts
+
+
+def pack_text(text: str) -> str:
+    """Deflate + URL-safe base64 (no padding): what a compressed ``tz`` parameter holds."""
+    return base64.urlsafe_b64encode(zlib.compress(text.encode("utf-8"), 9)).decode().rstrip("=")
+
+
+def unpack_text(raw: str) -> str:
+    """The inverse of `pack_text`; a ValueError for anything that is not one (or decodes to
+    more than `MAX_TEXT_CHARS` characters: the output is bounded before it is decoded)."""
+    try:
+        packed = base64.urlsafe_b64decode(raw.strip() + "=" * (-len(raw.strip()) % 4))
+        inflate = zlib.decompressobj()
+        data = inflate.decompress(packed, 4 * MAX_TEXT_CHARS + 1)
+        if inflate.unconsumed_tail or len(data) > 4 * MAX_TEXT_CHARS:
+            raise ValueError(f"the text is longer than {MAX_TEXT_CHARS} characters")
+        if not inflate.eof:
+            raise ValueError("the compressed text is cut off (copy the whole link)")
+        text = data.decode("utf-8")
+        if len(text) > MAX_TEXT_CHARS:
+            raise ValueError(f"at most {MAX_TEXT_CHARS} characters")
+        return text
+    except (binascii.Error, zlib.error, UnicodeDecodeError):
+        raise ValueError("not a compressed text (copy the whole link)") from None
