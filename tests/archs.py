@@ -18,10 +18,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from arch_configs import EXTRA, HEADER, NOT_TEXT, NOTES, SINK_AFTER_SOFTMAX, SMALL, VISION_LANGUAGE
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architectures.md"
-
-from arch_configs import EXTRA, NOT_TEXT, NOTES, SINK_AFTER_SOFTMAX, SMALL, VISION_LANGUAGE  # noqa: E402 - archs.EXTRA etc. stay importable
 
 
 @dataclass
@@ -292,39 +292,6 @@ def quiet_check(model_type: str) -> Row:
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         return check(model_type)
-
-
-HEADER = """# Architectures
-
-Every text architecture in transformers {version}'s causal-LM, masked-LM and seq2seq mappings,
-plus the vision-language models llava, llava_next, mistral3, qwen2_vl, qwen2_5_vl, qwen3_vl,
-paligemma and idefics3 (loaded whole; their language model runs on text alone), as a tiny
-random model (hidden 32, 2-4 layers, fp32, built from the architecture's own config
-class), run through attnviz's default path and compared layer by layer with a SEPARATE eager load
-of the same weights (`output_attentions=True`, the same ids and all-ones masks as `tokenizer(text)`
-gives, teacher-forced without a cache): every attention layer of every stack agrees within 1e-4
-(measured: 2.6e-6 or less, in Gemma 4's deeper layers, whose inputs come from an SDPA forward in
-one model and an eager one in the other; 8e-7 or less in every other architecture); any rows
-slice (the first row alone included) of any heads equals those rows of the full layer; the
-self-check (`extract(..., verify=True)`) passes on one layer of every stack; and an
-encoder-decoder (tiny configs with pad 0, BOS 1, decoder start 2 where the config has one) starts
-its decoder from the token the model's own `generate` starts from.
-
-- **fast exact**: captured queries and keys, probabilities computed on demand (long inputs work).
-- **eager exact (one layer at a time)**: the model's own eager attention module is run again on
-  one layer's recorded input when that layer is asked for; never all layers' (heads, N, N) at once.
-- **refused**: attnviz says why, in the sentence shown.
-- **skipped**: not a text model (the reason).
-- **not covered**: no tiny model could be built here from the config class with small sizes (the
-  error); not a statement about the model.
-
-Hybrids list the blocks that have attention; the other blocks are recurrent / state-space and have
-no attention map. Regenerate with `python tests/archs.py --write` (tests/engine/test_architectures.py
-fails when this table and the code disagree).
-
-| architecture | attnviz | notes |
-|---|---|---|
-"""
 
 
 def render(rows: list[Row]) -> str:
