@@ -109,9 +109,9 @@ def test_overview_mosaic_is_pooled_on_the_device(env):
     for layer in range(n_l):
         want = dense_pooled(res, layer, list(range(n_h)), side, "mean")
         want = np.clip(np.log10(np.maximum(want, 10.0**F.LOG_FLOOR_EXP)), F.LOG_FLOOR_EXP, 0.0)
-        for h in range(n_h):  # layers down, heads across (more heads than layers)
+        for h in range(n_h):  # heads down, layers across (for every model: the page's caption)
             tile = canvas[
-                layer * (side + 1) : layer * (side + 1) + side, h * (side + 1) : h * (side + 1) + side
+                h * (side + 1) : h * (side + 1) + side, layer * (side + 1) : layer * (side + 1) + side
             ]
             assert np.abs(tile - want[h]).max() <= 1e-4, (layer, h)  # log10 of a 1e-5 match
     assert payload(at) < F.PAYLOAD_LIMIT

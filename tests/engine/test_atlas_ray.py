@@ -118,8 +118,8 @@ def test_a_worker_that_cannot_load_the_model_is_one_line(cluster, tmp_path):
     with pytest.raises(AttnvizError) as err:
         AT.run_atlas(str(missing), TEXTS[:3], engine="ray", workers=1)
     assert str(err.value) == (
-        f"the Ray run failed: a worker could not start: local folder {str(missing)!r} does not exist "
-        "(or is not a folder)"
+        f"the Ray run failed: a worker could not start: {str(missing)!r} is not a model folder "
+        "(a model folder holds config.json, .safetensors weights and tokenizer files)"
     )
 
 

