@@ -66,3 +66,34 @@ def test_the_engine_choice_appears_when_the_server_names_a_ray_cluster(env, monk
     assert at.segmented_control(key="atlas_engine").options == ["this server", "Ray cluster"]
     assert at.segmented_control(key="atlas_engine").value == "this server"
     assert "atlas_engine" in engine_keys(at)
+
+
+@pytest.mark.slow  # a fresh interpreter that imports torch, transformers and Streamlit
+def test_the_app_never_imports_ray_unless_a_cluster_is_named(tmp_path):
+    """The whole app (home page, then the atlas page running a corpus) in a fresh interpreter
+    without ATTNVIZ_RAY_ADDRESS: Ray stays out of sys.modules."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    script = (
+        "import sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "import tiny; tiny.register()\n"
+        "from streamlit.testing.v1 import AppTest\n"
+        "at = AppTest.from_file('app.py', default_timeout=240)\n"
+        "at.query_params['model'] = 'tiny:llama-gqa'; at.query_params['ntexts'] = '3'\n"
+        "at.run(); assert not at.exception, at.exception\n"
+        "at.switch_page('pages/5_Head_atlas.py'); at.run()\n"
+        "at.button(key='atlas_run').click().run(); assert not at.exception, at.exception\n"
+        "assert len(at.dataframe[0].value) == 12\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ATTNVIZ_RAY_ADDRESS"}
+    env.update(PYTHONPATH=str(root), ATTNVIZ_CACHE=str(tmp_path), HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
