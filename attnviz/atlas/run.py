@@ -117,13 +117,20 @@ class _Run:
     """The sink both engines report to: progress, cancel, and the write of each entry."""
 
     def __init__(self, cache: AtlasCache | None, total: int, done: int, progress, cancel, model: str, fresh):
-        self.cache, self.total, self.done, self.fresh = cache, total, done, fresh
+        self.cache, self.total, self.before_run, self.fresh = cache, total, done, fresh
         self.progress, self.cancel, self.model = progress, cancel, model
         self.entries: dict[str, Entry] = {}
         self.computed = 0
         self.cache_error = ""
         self.stopped = False
         self.weights = ""  # the fingerprint every entry of this run must carry
+        self.writing = ""  # the key being written: Ctrl-C may land after its rename, before it counts
+
+    @property
+    def done(self) -> int:
+        """Texts finished: those found in the cache and those this run finished (one dict store
+        counts an entry, so an interrupt never leaves it half counted)."""
+        return self.before_run + len(self.entries)
 
     def before(self) -> bool:
         note = f"text {self.done + 1} of {self.total}"
@@ -149,6 +156,7 @@ class _Run:
                     self.cache.write_manifest(
                         {"model": self.model, "fingerprint": entry.fingerprint, "stack": entry.stack}
                     )
+                self.writing = entry.key
                 self.cache.put(entry, remaining=self.total - self.done - 1)
             except CacheWriteError as err:
                 self.cache_error = str(err)
@@ -156,8 +164,14 @@ class _Run:
                 self.cache = None  # the rest of the run stays in memory
         self.entries[entry.key] = replace(entry, encoded=b"")  # counted once saved, held without its bytes
         self.computed += 1
-        self.done += 1
         return True
+
+    def saved(self) -> int:
+        """Texts finished and on disk when a run is interrupted: ``done``, plus the entry whose
+        write the interrupt cut short if its rename had already happened."""
+        if not self.writing or self.writing in self.entries or self.cache is None:
+            return self.done
+        return self.done + self.cache.entry_path(self.writing).exists()
 
 
 class AtlasInterrupted(KeyboardInterrupt):
@@ -229,7 +243,7 @@ def run_atlas(
                 session.run(plan, pending, stack=stack, max_tokens=max_tokens, sink=run)
         except KeyboardInterrupt as err:
             saved = cache.folder if cache is not None and not run.cache_error else None
-            raise AtlasInterrupted(run.done, run.total, saved) from err
+            raise AtlasInterrupted(run.saved(), run.total, saved) from err
     finally:
         if session is not None:
             session.close()

@@ -213,6 +213,28 @@ def test_an_interrupted_run_resumes_without_recomputing(folder, cache_in_tmp, mo
     same(resumed, AT.run_atlas(str(folder), TEXTS, use_cache=False))
 
 
+def test_ctrl_c_just_after_an_entry_lands_counts_it(folder, cache_in_tmp, monkeypatch):
+    """Ctrl-C between an entry's rename and its count: the message counts what is on disk (the
+    race CI once hit, planted here at its worst moment: in the folder fsync after the rename)."""
+    import stat
+
+    real, fired = os.fsync, []
+
+    def interrupted_after_the_third_rename(fd):
+        real(fd)
+        folder_synced = stat.S_ISDIR(os.fstat(fd).st_mode)
+        if folder_synced and not fired and len(entry_files(cache_in_tmp)) == 3:
+            fired.append(fd)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted_after_the_third_rename)
+    with pytest.raises(AT.AtlasInterrupted) as stop:
+        AT.run_atlas(str(folder), TEXTS)
+    on_disk = len(entry_files(cache_in_tmp))
+    assert stop.value.done == on_disk == 3
+    assert AT.run_atlas(str(folder), TEXTS).reused == 3
+
+
 def test_bad_texts_are_recorded_with_the_reason_and_the_run_goes_on(folder, cache_in_tmp, monkeypatch):
     texts = ["short one", "word " * 100, "  ", "lone \ud800 surrogate", "another short one"]
     at = AT.run_atlas(str(folder), texts, max_tokens=64)
