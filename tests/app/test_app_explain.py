@@ -137,7 +137,8 @@ def test_a_share_link_opens_every_setting(env):
     assert lens["data"][0]["customdata"][0][0].count("<br>") == 2  # top 2 + the prediction's line
     at = new_app(PAGE, model=TINY, text=TEXT, view="ablation", abl="1.2", amode="mean").run()
     ok(at)
-    assert any("without L1 H2" in t for t in titles(at))
+    ablated = next(s for s in specs(at) if "without L1 H2" in (s["layout"].get("title") or {})["text"])
+    assert [t["name"] for t in ablated["data"]] == ["before", "mean-ablated"]  # the rerun replaced by means
     assert at.segmented_control(key="amode").value == "mean"
     assert at.query_params["amode"] == "mean"
 
@@ -158,9 +159,12 @@ def test_ablation_shows_direct_beside_total_effect_and_the_attribution(env):
 
 
 def test_a_post_norm_model_says_its_norm_is_frozen(env):
-    """Gemma 2 puts a norm between the heads and the stream: the routes view says its per-token
-    scale is frozen and the parts still add up exactly."""
+    """Gemma 2 puts a norm between the heads and the stream: the routes and attribution views say
+    its per-token scale is frozen and the parts still add up exactly."""
     at = new_app(PAGE, model="tiny:gemma2", text=TEXT, thr="0.02").run()
+    ok(at)
+    assert any("frozen at its actual value" in c.value for c in at.caption), [c.value for c in at.caption]
+    at.segmented_control(key="view").set_value("attribution").run()
     ok(at)
     assert any("frozen at its actual value" in c.value for c in at.caption), [c.value for c in at.caption]
     at = new_app(PAGE, model=TINY, text=TEXT).run()
