@@ -3,8 +3,8 @@ URL carries the view, a clicked edge or ranked head opens in the explorer, refus
 
 from __future__ import annotations
 
-import pytest
 import numpy as np
+import pytest
 from apptest import TEXT, TINY, new_app, ok, prepare, specs, z_of
 
 PAGE = "pages/6_Explain.py"
