@@ -121,22 +121,37 @@ def open_in_explorer(p: ExplainParams, layer: int, head: int, token: int, label:
         st.switch_page(shell.PAGES[0].file, query_params=target.to_query().params)
 
 
+PICKER_OPTIONS = 512  # longer texts pick the position by number (a selectbox would send every token)
+
+
 def position_picker(tr: X.Trace) -> int:
     """The explained position: the last token unless the link / the picker says otherwise."""
     n = tr.n_tokens
-    options = list(range(n - 1, -1, -1))
-    if int(state.get("pos")) not in (-1, *options):
+    if not -1 <= int(state.get("pos")) < n:
         state.put("pos", -1)
+    help_text = "Whose next-token prediction is explained: its routes, attribution and ablation."
+    if n > PICKER_OPTIONS:
+        choice = st.number_input(
+            f"Explain the prediction at position (0 .. {n - 1}; -1: the last token)",
+            min_value=-1,
+            max_value=n - 1,
+            step=1,
+            key="pos",
+            help=help_text,
+        )
+        at = tr.position(int(choice))
+        st.caption(f"Position {at}: {md(tr.tokens.display[at])}")
+        return at
     choice = st.selectbox(
         "Explain the prediction at",
-        [-1, *options],
+        [-1, *range(n - 1, -1, -1)],
         key="pos",
         format_func=lambda i: (
             f"the last token ({n - 1}) {tr.tokens.display[-1]}"
             if i == -1
             else f"({i}) {tr.tokens.display[i]}"
         ),
-        help="Whose next-token prediction is explained: its routes, attribution and ablation.",
+        help=help_text,
     )
     return tr.position(int(choice))
 

@@ -170,3 +170,14 @@ def test_a_post_norm_model_says_its_norm_is_frozen(env):
     at = new_app(PAGE, model=TINY, text=TEXT).run()
     ok(at)
     assert not any("frozen at its actual value" in c.value for c in at.caption)
+
+
+def test_a_long_text_picks_the_position_by_number(env):
+    """Past 512 tokens the position is a number input (a selectbox would send every token), read
+    from the link like the short one."""
+    long_text = " ".join([TEXT] * 150)
+    at = new_app(PAGE, model=TINY, text=long_text, pos=600).run()
+    ok(at)
+    assert "pos" not in [s.key for s in at.selectbox] and at.number_input(key="pos").value == 600
+    assert any(t.startswith("Routes to the prediction at (600)") for t in titles(at)), titles(at)
+    assert any(c.value.startswith("Position 600:") for c in at.caption)

@@ -145,3 +145,23 @@ def test_routes_and_lens_at_2000_tokens(server, page):
     no_errors(page)
     assert any(t.startswith("Direct logit attribution") for t in chart_titles(page)), chart_titles(page)
     screenshot(page, "explain_n2000_attribution")
+
+
+def test_cancel_stops_a_long_trace_and_run_again_finishes_it(server, page):
+    """A click on Cancel while the ~4,000-token trace runs stops it at the next layer: the page
+    says it was cancelled and draws nothing; "Run again" then draws the routes."""
+    text = (SENTENCE * 120).rstrip()
+    page.goto(url(server, ExplainParams(text=text)))
+    cancel = page.get_by_role("button", name="Cancel")
+    cancel.wait_for(timeout=240_000)
+    with reran(page, timeout_ms=LONG_MS):
+        cancel.click()
+    wait_idle(page, timeout_ms=LONG_MS)
+    page.get_by_text("Cancelled: nothing was kept.").wait_for(timeout=60_000)
+    assert not any(t.startswith("Routes") for t in chart_titles(page)), chart_titles(page)
+    screenshot(page, "explain_cancelled")
+    with reran(page, timeout_ms=LONG_MS):
+        page.get_by_role("button", name="Run again").click()
+    wait_idle(page, timeout_ms=LONG_MS)
+    no_errors(page)
+    assert any(t.startswith("Routes to the prediction") for t in chart_titles(page)), chart_titles(page)
