@@ -177,9 +177,11 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
     fig = FX.flow_view(graph)
     event = export.chart(fig, figure_name(lm.spec, "routes", pos), key="routes_chart", on_select=True)
     picked = views.clicked(event, "routes_chart")
+    graph_key = (*key, pos, float(thr))
     if picked:
-        st.session_state["explain_edge"] = picked
-    edge = st.session_state.get("explain_edge")
+        st.session_state["explain_edge"] = (graph_key, picked)
+    kept = st.session_state.get("explain_edge")
+    edge = kept[1] if kept and kept[0] == graph_key else None  # an edge of this very graph only
     n_attn = sum(e.kind == "attention" for e in graph.edges)
     st.caption(
         f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "

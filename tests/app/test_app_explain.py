@@ -57,6 +57,11 @@ def test_a_clicked_edge_opens_its_head_in_the_explorer(env):
     ok(at)
     button = at.button(key="routes_open")
     assert f"layer {layer}, head {head}" in button.label
+    at.slider(key="thr").set_value(0.3).run()  # another graph: the picked edge is not offered
+    ok(at)
+    assert "routes_open" not in [b.key for b in at.button]
+    at.slider(key="thr").set_value(0.01).run()
+    button = at.button(key="routes_open")
     button.click().run()
     ok(at)
     assert at.query_params["layer"] == str(layer) and at.query_params["head"] == str(head)
