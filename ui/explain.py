@@ -283,30 +283,41 @@ def attribution(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos:
 def ablation(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
     names = [f"{layer}.{head}" for layer in range(tr.n_layers) for head in range(tr.n_heads)]
     chosen = [h for h in (p.abl.split(",") if p.abl else []) if h in names]
-    c1, c2 = st.columns([3, 1])
+    c1, c2, c3 = st.columns([3, 1, 1.3])
     picked = c1.multiselect(
         "Heads to ablate (layer.head)", names, default=chosen, key="abl_pick", max_selections=64
     )
     state.put("abl", ",".join(picked))
     mode = c2.segmented_control("Replace by", list(X.MODES), key="amode", required=True)
+    target = c3.text_input("Token (empty: the prediction)", key="target", max_chars=64)
     if not picked:
         st.info("Pick heads to ablate: the model runs again with their outputs replaced.")
         return
     heads = [(int(a), int(b)) for a, _, b in (h.partition(".") for h in picked)]
     ab = None
-    with guarded("ablating heads", None, ()):
+    with guarded("ablating heads", None, (target,)):
         ab = computed(
             "explain_ablation",
-            (*key, pos, tuple(heads), str(mode)),
+            (*key, pos, tuple(heads), str(mode), target),
             "Running the model with the heads replaced",
-            lambda report: X.ablate_heads(lm, tr, heads, str(mode), token=pos, progress=report),  # type: ignore[arg-type]
+            lambda report: X.ablate_heads(
+                lm,
+                tr,
+                heads,
+                str(mode),  # type: ignore[arg-type]
+                token=pos,
+                target=target or None,
+                progress=report,
+            ),
         )
     if ab is None:
         return
     m = st.columns(4)
     m[0].metric(f"p(“{ab.target_token}”)", f"{ab.prob_after:.3f}", f"{ab.prob_after - ab.prob_before:+.3f}")
     m[1].metric("KL(before ‖ after)", f"{ab.kl:.4f}")
-    m[2].metric("logit change (total effect)", f"{ab.total_effect:+.3f}")
+    m[2].metric(
+        f"logit(“{ab.target_token}”): total effect", f"{ab.logit_after:.3f}", f"{ab.total_effect:+.3f}"
+    )
     m[3].metric("direct effect", f"{ab.direct_effect:+.3f}" if ab.direct else "n/a")
     export.chart(FX.ablation_view(ab), figure_name(lm.spec, "ablation", pos), key="ablation_chart")
     st.caption(

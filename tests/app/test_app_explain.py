@@ -158,9 +158,14 @@ def test_ablation_shows_direct_beside_total_effect_and_the_attribution(env):
     attribution = float(table["direct attribution"][0])
     assert abs(attribution) > 1e-4
     assert float(table["direct effect of the zero ablation"][0]) == pytest.approx(-attribution, abs=2e-4)
-    metrics = {m.label: m.value for m in at.metric}
-    assert float(metrics["direct effect"]) == pytest.approx(-attribution, abs=2e-3)
-    assert "logit change (total effect)" in metrics
+    metrics = {m.label: m for m in at.metric}
+    assert float(metrics["direct effect"].value) == pytest.approx(-attribution, abs=2e-3)
+    total = next(m for label, m in metrics.items() if label.endswith("total effect"))
+    assert float(total.delta) != 0.0  # the rerun moved the logit
+    at.text_input(key="target").set_value("river").run()  # another token's logit, same heads
+    ok(at)
+    assert any(m.label == "p(“river”)" for m in at.metric), [m.label for m in at.metric]
+    assert list(at.dataframe[0].value["head"]) == ["L1 H2"]
 
 
 def test_a_post_norm_model_says_its_norm_is_frozen(env):
