@@ -283,7 +283,7 @@ def attribution(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos:
 def ablation(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
     names = [f"{layer}.{head}" for layer in range(tr.n_layers) for head in range(tr.n_heads)]
     chosen = [h for h in (p.abl.split(",") if p.abl else []) if h in names]
-    c1, c2, c3 = st.columns([3, 1, 1.3])
+    c1, c2, c3 = st.columns([2.5, 1.2, 1.6])
     picked = c1.multiselect(
         "Heads to ablate (layer.head)", names, default=chosen, key="abl_pick", max_selections=64
     )
