@@ -191,3 +191,27 @@ def test_a_long_text_picks_the_position_by_number(env):
     assert "pos" not in [s.key for s in at.selectbox] and at.number_input(key="pos").value == 600
     assert any(t.startswith("Routes to the prediction at (600)") for t in titles(at)), titles(at)
     assert any(c.value.startswith("Position 600:") for c in at.caption)
+
+
+def test_one_trace_serves_every_view_even_when_it_is_large(env):
+    """Switching views and options never reruns the model: a trace the size of a long text's
+    (300 MB, past the shared derived-values budget) is kept in a cache of its own, not pushed out
+    by the graph drawn from it."""
+    import attnviz.explain as X
+
+    calls = []
+    real = X.trace
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    env.setattr(X, "trace", counted)
+    env.setattr(X.Trace, "nbytes", property(lambda _self: 300 * 2**20))
+    at = new_app(PAGE, model=TINY, text=TEXT).run()
+    ok(at)
+    at.slider(key="thr").set_value(0.02).run()
+    for view in ("logit lens", "attribution", "routes"):
+        at.segmented_control(key="view").set_value(view).run()
+        ok(at)
+    assert len(calls) == 1
