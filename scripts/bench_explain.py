@@ -19,6 +19,7 @@ moves less with other people's load). Results go into docs/benchmarks.md between
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -106,12 +107,17 @@ def bench(lm, n: int, repeats: int) -> dict:
     return {"n": n, "ratios": med, "floor_s": statistics.median(floors), **info}
 
 
-def markdown(rows: list[dict], repeats: int, sizes: list[int]) -> str:
+def load() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def markdown(rows: list[dict], repeats: int, sizes: list[int], loads: tuple[str, str]) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (
-        f"Measured {when} on CPU: {platform.machine()}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}; `python scripts/bench_explain.py --sizes {','.join(map(str, sizes))} "
-        f"--repeats {repeats}`, smollm2-135m. "
+        f"Measured {when} on CPU: {platform.machine()}, {os.cpu_count()} shared cores, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}; load average (1 / 5 / 15 min) "
+        f"{loads[0]} at the start, {loads[1]} at the end; `python scripts/bench_explain.py --sizes "
+        f"{','.join(map(str, sizes))} --repeats {repeats}`, smollm2-135m. "
         "Each cell: wall-time ratio to one plain SDPA forward of the same ids measured in the same repeat "
         "(median of the repeats), CPU-time ratio in brackets.\n\n"
         "| N | forward (floor) | trace | routes from a trace | routes total (target ≤ 2) "
@@ -148,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     lm = attnviz.load_model("smollm2-135m")
+    start = load()
+    print(f"load average at the start: {start}", flush=True)
     rows = [bench(lm, n, args.repeats) for n in sizes]
-    body = markdown(rows, args.repeats, sizes)
+    body = markdown(rows, args.repeats, sizes, (start, load()))
     print(body)
     if not args.no_write:
         write(body)

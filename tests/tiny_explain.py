@@ -15,7 +15,6 @@ import re
 import torch
 
 import attnviz
-from attnviz.explain.routes import threshold_renormalise
 
 TEXT = "the financial bank is located on river bank; a quick brown fox jumps over the lazy dog"
 
@@ -92,6 +91,20 @@ def loaded(name: str) -> attnviz.LoadedModel:
 def l1_importance(whole: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
     """max(‖whole‖₁ − ‖whole − part‖₁, 0) over the last dim; whole broadcasts against parts."""
     return (whole.abs().sum(-1) - (whole - parts).abs().sum(-1)).clamp(min=0)
+
+
+def threshold_renormalise(c_attn: torch.Tensor, c_single: torch.Tensor, threshold: float):
+    """LLM-TT's `apply_threshold_and_renormalize`, written out for the oracle (not the engine's):
+    per row, contributions at or below the threshold become 0, the rest are divided by their sum
+    (a row with nothing left stays 0). c_attn (N, heads, keys), c_single (N, S)."""
+    a = torch.where(c_attn > threshold, c_attn, torch.zeros_like(c_attn))
+    s = torch.where(c_single > threshold, c_single, torch.zeros_like(c_single))
+    for t in range(s.shape[0]):
+        total = float(a[t].sum()) + float(s[t].sum())
+        if total > 0:
+            a[t] /= total
+            s[t] /= total
+    return a, s
 
 
 def dense_parts(lm, tr, layer: int, probs: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,15 @@ from ui.params import ExplainParams, ExplorerParams
 from ui.text import guarded, md
 
 _CANCELLED = "_explain_cancelled"
+TRACE_ENTRIES = 2  # traces kept per process (one is ~0.6 GiB at 2,048 tokens on smollm2-135m)
+TRACE_BYTES = 3 * 2**30
+
+
+@st.cache_resource(show_spinner=False)
+def _traces() -> models.ResultCache:
+    """Traces in a cache of their own: one is larger than the shared derived-values budget, so
+    there it would push out every other page's values and then be pushed out by its own graph."""
+    return models.ResultCache(TRACE_ENTRIES, TRACE_BYTES)
 
 
 def _cancel(key: str) -> None:
@@ -60,9 +69,15 @@ def cancelled(key: Hashable) -> bool:
     return True
 
 
-def computed(name: str, key: tuple, what: str, build: Callable[[Callable[[int, int], None]], Any]) -> Any:
-    """``build(progress)`` once per key (bounded cache); while it runs a bar and Cancel show.
-    None when this work was cancelled."""
+def computed(
+    name: str,
+    key: tuple,
+    what: str,
+    build: Callable[[Callable[[int, int], None]], Any],
+    store: models.ResultCache | None = None,
+) -> Any:
+    """``build(progress)`` once per key (bounded cache: ``store``, else the shared derived
+    values); while it runs a bar and Cancel show. None when this work was cancelled."""
     full = (name, *key)
     if cancelled(full):
         return None
@@ -71,7 +86,13 @@ def computed(name: str, key: tuple, what: str, build: Callable[[Callable[[int, i
         with staged(what, full) as report:
             return build(report)
 
-    return models.cached(name, key, run, nbytes=lambda v: getattr(v, "nbytes", 1 << 20))
+    if store is None:
+        return models.cached(name, key, run, nbytes=lambda v: getattr(v, "nbytes", 1 << 20))
+    hit = store.get(full)
+    if hit is None:
+        hit = run()
+        store.put(full, hit, int(getattr(hit, "nbytes", 1 << 20)))
+    return hit
 
 
 def load_trace(
@@ -87,6 +108,7 @@ def load_trace(
             key,
             f"Running {md(lm.spec)} on the text (keeping the residual stream)",
             lambda report: X.trace(lm, p.text, chat=chat, max_tokens=max_tokens, progress=report),
+            _traces(),
         )
     return tr, key
 
@@ -99,22 +121,37 @@ def open_in_explorer(p: ExplainParams, layer: int, head: int, token: int, label:
         st.switch_page(shell.PAGES[0].file, query_params=target.to_query().params)
 
 
+PICKER_OPTIONS = 512  # longer texts pick the position by number (a selectbox would send every token)
+
+
 def position_picker(tr: X.Trace) -> int:
     """The explained position: the last token unless the link / the picker says otherwise."""
     n = tr.n_tokens
-    options = list(range(n - 1, -1, -1))
-    if int(state.get("pos")) not in (-1, *options):
+    if not -1 <= int(state.get("pos")) < n:
         state.put("pos", -1)
+    help_text = "Whose next-token prediction is explained: its routes, attribution and ablation."
+    if n > PICKER_OPTIONS:
+        choice = st.number_input(
+            f"Explain the prediction at position (0 .. {n - 1}; -1: the last token)",
+            min_value=-1,
+            max_value=n - 1,
+            step=1,
+            key="pos",
+            help=help_text,
+        )
+        at = tr.position(int(choice))
+        st.caption(f"Position {at}: {md(tr.tokens.display[at])}")
+        return at
     choice = st.selectbox(
         "Explain the prediction at",
-        [-1, *options],
+        [-1, *range(n - 1, -1, -1)],
         key="pos",
         format_func=lambda i: (
             f"the last token ({n - 1}) {tr.tokens.display[-1]}"
             if i == -1
             else f"({i}) {tr.tokens.display[i]}"
         ),
-        help="Whose next-token prediction is explained: its routes, attribution and ablation.",
+        help=help_text,
     )
     return tr.position(int(choice))
 
@@ -140,9 +177,11 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
     fig = FX.flow_view(graph)
     event = export.chart(fig, figure_name(lm.spec, "routes", pos), key="routes_chart", on_select=True)
     picked = views.clicked(event, "routes_chart")
+    graph_key = (*key, pos, float(thr))
     if picked:
-        st.session_state["explain_edge"] = picked
-    edge = st.session_state.get("explain_edge")
+        st.session_state["explain_edge"] = (graph_key, picked)
+    kept = st.session_state.get("explain_edge")
+    edge = kept[1] if kept and kept[0] == graph_key else None  # an edge of this very graph only
     n_attn = sum(e.kind == "attention" for e in graph.edges)
     st.caption(
         f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "
@@ -204,13 +243,16 @@ def attribution(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos:
         )
     if att is None:
         return
-    export.chart(FX.attribution_view(att), figure_name(lm.spec, "dla", pos), key="dla_chart")
+    event = export.chart(
+        FX.attribution_view(att), figure_name(lm.spec, "dla", pos), key="dla_chart", on_select=True
+    )
     st.caption(
         f"Each head's and MLP's own write to the stream, read through the final norm frozen at its scale: "
         f"they and the rest ({att.rest:.3g}: biases and norm constants) add up to the logit "
-        f"{att.logit:.4g} (rounding {abs(att.error):.1e}). Pick a head in the table to open it."
+        f"{att.logit:.4g} (rounding {abs(att.error):.1e}). Click a head (a cell or a bar) or pick it in "
+        "the table to open it in the explorer." + (f" {tr.notes[0]}" if tr.notes else "")
     )
-    ranked = [r for r in att.ranking(40)]
+    ranked = att.ranking(40)
     table = {
         "part": [
             f"L{r[1]} H{r[2]}" if r[0] == "head" else (f"MLP {r[1]}" if r[0] == "mlp" else r[0])
@@ -221,47 +263,84 @@ def attribution(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos:
     picked = st.dataframe(
         table, key="dla_table", on_select="rerun", selection_mode="single-row", hide_index=True, height=300
     )
+    clicked = views.clicked(event, "dla_chart")
+    if clicked and len(clicked) >= 2 and int(clicked[1]) >= 0:
+        st.session_state["explain_dla_head"] = (int(clicked[0]), int(clicked[1]))
     rows = list(picked.selection.rows) if picked is not None and picked.selection else []
-    if rows and ranked[rows[0]][0] == "head":
-        _, layer, head, _ = ranked[rows[0]]
-        open_in_explorer(p, layer, head, pos, f"Open layer {layer}, head {head} in the explorer", "dla_open")
+    row = ranked[rows[0]] if rows else None
+    points = [{"customdata": [row[1], row[2]]}] if row is not None and row[0] == "head" else []
+    if views.clicked({"selection": {"points": points}}, "dla_table"):  # a new pick in the table
+        st.session_state["explain_dla_head"] = (row[1], row[2])  # type: ignore[index]
+    chosen = st.session_state.get("explain_dla_head")
+    if chosen and 0 <= chosen[0] < tr.n_layers and 0 <= chosen[1] < tr.n_heads:
+        layer, head = chosen
+        share = float(att.heads[layer, head])
+        open_in_explorer(
+            p, layer, head, pos, f"Open layer {layer}, head {head} ({share:+.3f}) in the explorer", "dla_open"
+        )
 
 
 def ablation(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
     names = [f"{layer}.{head}" for layer in range(tr.n_layers) for head in range(tr.n_heads)]
     chosen = [h for h in (p.abl.split(",") if p.abl else []) if h in names]
-    c1, c2 = st.columns([3, 1])
+    c1, c2, c3 = st.columns([2.5, 1.2, 1.6])
     picked = c1.multiselect(
         "Heads to ablate (layer.head)", names, default=chosen, key="abl_pick", max_selections=64
     )
     state.put("abl", ",".join(picked))
     mode = c2.segmented_control("Replace by", list(X.MODES), key="amode", required=True)
+    target = c3.text_input("Token (empty: the prediction)", key="target", max_chars=64)
     if not picked:
         st.info("Pick heads to ablate: the model runs again with their outputs replaced.")
         return
     heads = [(int(a), int(b)) for a, _, b in (h.partition(".") for h in picked)]
     ab = None
-    with guarded("ablating heads", None, ()):
+    with guarded("ablating heads", None, (target,)):
         ab = computed(
             "explain_ablation",
-            (*key, pos, tuple(heads), str(mode)),
+            (*key, pos, tuple(heads), str(mode), target),
             "Running the model with the heads replaced",
-            lambda _r: X.ablate_heads(lm, tr, heads, str(mode), token=pos),  # type: ignore[arg-type]
+            lambda report: X.ablate_heads(
+                lm,
+                tr,
+                heads,
+                str(mode),  # type: ignore[arg-type]
+                token=pos,
+                target=target or None,
+                progress=report,
+            ),
         )
     if ab is None:
         return
     m = st.columns(4)
     m[0].metric(f"p(“{ab.target_token}”)", f"{ab.prob_after:.3f}", f"{ab.prob_after - ab.prob_before:+.3f}")
     m[1].metric("KL(before ‖ after)", f"{ab.kl:.4f}")
-    m[2].metric("logit change (total effect)", f"{ab.total_effect:+.3f}")
+    m[2].metric(
+        f"logit(“{ab.target_token}”): total effect", f"{ab.logit_after:.3f}", f"{ab.total_effect:+.3f}"
+    )
     m[3].metric("direct effect", f"{ab.direct_effect:+.3f}" if ab.direct else "n/a")
     export.chart(FX.ablation_view(ab), figure_name(lm.spec, "ablation", pos), key="ablation_chart")
     st.caption(
         "Total effect: the change of the token's logit when the heads are replaced (zero, or their mean "
         "output over this text) and the model runs again. Direct effect: what their own writes to the "
         "stream changed in that logit, through the final norm frozen before the ablation; the difference "
-        "is what later layers did with them."
+        f"({ab.total_effect - ab.direct_effect:+.3f}) is what later layers did with them."
     )
+    if ab.direct:
+        att = models.cached(
+            "explain_dla_id",
+            (*key, pos, ab.target),
+            lambda: X.logit_attribution(lm, tr, token=pos, target=ab.target),
+            nbytes=lambda _a: 1 << 16,
+        )
+        st.dataframe(
+            {
+                "head": [f"L{layer} H{head}" for layer, head in ab.heads],
+                "direct attribution": [round(float(att.heads[h]), 4) for h in ab.heads],
+                f"direct effect of the {ab.mode} ablation": [round(ab.direct[h], 4) for h in ab.heads],
+            },
+            hide_index=True,
+        )
 
 
 def when_unsupported(err: AttnvizError) -> None:

@@ -15,7 +15,7 @@ The difference is what later layers did with those heads' outputs (the indirect 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -94,9 +94,15 @@ def _replacements(
 
 
 def ablated_logits(
-    lm: LoadedModel, tr: Trace, heads: tuple[tuple[int, int], ...], mode: Mode, position: int
+    lm: LoadedModel,
+    tr: Trace,
+    heads: tuple[tuple[int, int], ...],
+    mode: Mode,
+    position: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
-    """The model's own logits at ``position`` (float32 (vocab,)) with ``heads`` ablated."""
+    """The model's own logits at ``position`` (float32 (vocab,)) with ``heads`` ablated.
+    ``progress(done, n_layers)`` hears each attention layer of the rerun (raising stops it)."""
     if not lm.supports_capture:
         how = "attnviz's adapter" if lm.adapted else "its own eager code"
         raise AttnvizError(
@@ -105,9 +111,13 @@ def ablated_logits(
         )
     plan = _replacements(tr, heads, mode)
     layer_of = {name: i for i, name in enumerate(tr.attn_modules)}
+    calls = [0]
 
     def edit(module: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
         layer = layer_of.get(lm.module_names.get(id(module), ""))
+        calls[0] += 1
+        if progress is not None:
+            progress(min(calls[0], tr.n_layers), tr.n_layers)  # may raise to cancel the rerun
         if layer not in plan:
             return out
         hs, means = plan[layer]
@@ -139,9 +149,11 @@ def ablate_heads(
     target: int | str | None = None,
     k: int = DEFAULT_K,
     chat: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Ablation:
     """Ablate ``heads`` ((layer, head) pairs) together and compare the prediction at ``token``
-    (default: the last) for ``target`` (default: the unablated prediction)."""
+    (default: the last) for ``target`` (default: the unablated prediction). ``progress(done,
+    n_layers)`` hears each layer of the rerun; an exception it raises stops the rerun."""
     if mode not in MODES:
         raise AttnvizError(f"unknown ablation {mode!r}; use one of {MODES}")
     tr = text if isinstance(text, Trace) else trace(lm, text, chat=chat)
@@ -149,7 +161,7 @@ def ablate_heads(
     t = tr.position(token)
     with torch.inference_mode():
         before = tr.logits if t == tr.n_tokens - 1 else unembed(lm, tr.stream[-1][t : t + 1])[0]
-    after = ablated_logits(lm, tr, chosen, mode, t)
+    after = ablated_logits(lm, tr, chosen, mode, t, progress)
     tgt = token_id(lm, target, int(before.argmax()))
     assert tgt is not None
     log_p, log_q = torch.log_softmax(before, -1), torch.log_softmax(after, -1)

@@ -113,18 +113,23 @@ def logit_lens(
         for a in range(0, n_rows * n_pos, LENS_ROWS):
             rows = slice(a, a + LENS_ROWS)
             logits = unembed(lm, x[rows])  # (rows, vocab)
-            p = torch.softmax(logits, dim=-1)
-            top = p.topk(k, dim=-1)
-            ids_flat[rows], probs_flat[rows] = top.indices.cpu().numpy(), top.values.cpu().numpy()
+            lse = torch.logsumexp(
+                logits, dim=-1, keepdim=True
+            )  # p = exp(logit − lse): no (rows, vocab) softmax
+            top = logits.topk(k, dim=-1)
+            ids_flat[rows] = top.indices.cpu().numpy()
+            probs_flat[rows] = (top.values - lse).exp_().cpu().numpy()
             mine = logits.gather(1, want[rows])  # (rows, 1)
             rank_flat[rows] = (logits > mine).sum(dim=-1).cpu().numpy()
-            prob_flat[rows] = p.gather(1, want[rows])[:, 0].cpu().numpy()
+            prob_flat[rows] = (mine - lse)[:, 0].exp_().cpu().numpy()
     top_ids, top_probs = ids_flat.reshape(n_rows, n_pos, k), probs_flat.reshape(n_rows, n_pos, k)
     rank, prob = rank_flat.reshape(n_rows, n_pos), prob_flat.reshape(n_rows, n_pos)
-    shown = _displays(lm, top_ids)
+    pred = predicted.cpu().numpy()
+    # one display build for the top tokens and the predictions (each build reads the tokenizer)
+    everything = _displays(lm, np.concatenate([top_ids.reshape(-1), pred]))
+    shown, pred_shown = everything[: top_ids.size], everything[top_ids.size :]
     per_cell = [tuple(shown[i : i + k]) for i in range(0, len(shown), k)]
     per_row = [tuple(per_cell[r * n_pos : (r + 1) * n_pos]) for r in range(n_rows)]
-    pred = predicted.cpu().numpy()
     return LogitLens(
         model_name=tr.model_name,
         tokens=tr.tokens,
@@ -133,7 +138,7 @@ def logit_lens(
         top_probs=top_probs,
         top_tokens=tuple(per_row),
         predicted=pred,
-        predicted_tokens=tuple(_displays(lm, pred)),
+        predicted_tokens=tuple(pred_shown),
         rank=rank,
         prob=prob,
     )

@@ -113,7 +113,7 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             mode="markers",
             showlegend=False,
             hoverinfo="skip",
-            marker=dict(size=5, color="#444"),
+            marker=dict(size=3, color="#777"),  # small: a column of 60 nodes must not read as a dotted bar
         )
     )
     fig.add_trace(
@@ -292,7 +292,7 @@ def ablation_view(ab: Ablation, *, height: int = 380) -> go.Figure:
     shown = {t[0]: t[1] for t in (*ab.top_before, *ab.top_after)}
     before = {t[0]: t[2] for t in ab.top_before}
     after = {t[0]: t[2] for t in ab.top_after}
-    names = [escape(f"{shown[i]}") + ("  ◀" if i == ab.target else "") for i in ids]
+    names = [escape(f"“{shown[i]}”") + ("  ◀" if i == ab.target else "") for i in ids]  # "." stays visible
     fig = go.Figure()
     fig.add_trace(go.Bar(y=names, x=[before.get(i, 0.0) for i in ids], orientation="h", name="before"))
     fig.add_trace(

@@ -3,8 +3,9 @@ URL carries the view, a clicked edge or ranked head opens in the explorer, refus
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from apptest import TEXT, TINY, new_app, ok, prepare, specs
+from apptest import TEXT, TINY, new_app, ok, prepare, specs, z_of
 
 PAGE = "pages/6_Explain.py"
 
@@ -56,6 +57,11 @@ def test_a_clicked_edge_opens_its_head_in_the_explorer(env):
     ok(at)
     button = at.button(key="routes_open")
     assert f"layer {layer}, head {head}" in button.label
+    at.slider(key="thr").set_value(0.3).run()  # another graph: the picked edge is not offered
+    ok(at)
+    assert "routes_open" not in [b.key for b in at.button]
+    at.slider(key="thr").set_value(0.01).run()
+    button = at.button(key="routes_open")
     button.click().run()
     ok(at)
     assert at.query_params["layer"] == str(layer) and at.query_params["head"] == str(head)
@@ -100,3 +106,112 @@ def test_a_cancelled_trace_keeps_nothing_and_runs_again_on_request(env):
     at.button(key="explain_rerun").click().run()
     ok(at)
     assert any(t.startswith("Routes to the prediction") for t in titles(at))
+
+
+def test_a_clicked_attribution_head_opens_in_the_explorer(env):
+    """A click on a head of the DLA chart (a cell of the layers × heads map) offers that head with
+    its share of the logit; the button opens it in the explorer at the explained position."""
+    at = new_app(PAGE, model=TINY, text=TEXT, view="attribution", pos=3).run()
+    ok(at)
+    dla = next(s for s in specs(at) if "Direct logit attribution" in (s["layout"].get("title") or {})["text"])
+    z = z_of(next(t for t in dla["data"] if t.get("type") == "heatmap"))
+    layer, head = (int(x) for x in np.unravel_index(np.abs(z).argmax(), z.shape))
+    at.session_state["dla_chart"] = {
+        "selection": {"points": [{"customdata": [layer, head]}], "point_indices": [0]}
+    }
+    at.run()
+    ok(at)
+    button = at.button(key="dla_open")
+    assert f"layer {layer}, head {head} ({z[layer, head]:+.3f})" in button.label, button.label
+    button.click().run()
+    ok(at)
+    assert at.query_params["layer"] == str(layer) and at.query_params["head"] == str(head)
+    assert at.query_params["tok"] == "3"
+
+
+def test_a_share_link_opens_every_setting(env):
+    """The link's threshold, position, lens size, top k, target token and ablation mode are what
+    the page draws with (one parameters object read from the URL)."""
+    at = new_app(PAGE, model=TINY, text=TEXT, thr="0.02", pos=2).run()
+    ok(at)
+    assert any(t.startswith("Routes to the prediction at (2)") and "threshold 0.02" in t for t in titles(at))
+    at = new_app(PAGE, model=TINY, text=TEXT, view="logit lens", lpos=3, k=2).run()
+    ok(at)
+    lens = next(s for s in specs(at) if "Logit lens" in (s["layout"].get("title") or {})["text"])
+    assert len(lens["layout"]["xaxis"]["tickvals"]) == 3
+    assert lens["data"][0]["customdata"][0][0].count("<br>") == 2  # top 2 + the prediction's line
+    at = new_app(PAGE, model=TINY, text=TEXT, view="ablation", abl="1.2", amode="mean").run()
+    ok(at)
+    ablated = next(s for s in specs(at) if "without L1 H2" in (s["layout"].get("title") or {})["text"])
+    assert [t["name"] for t in ablated["data"]] == ["before", "mean-ablated"]  # the rerun replaced by means
+    assert at.segmented_control(key="amode").value == "mean"
+    assert at.query_params["amode"] == "mean"
+
+
+def test_ablation_shows_direct_beside_total_effect_and_the_attribution(env):
+    """Zero-ablating a head: its direct effect is minus its direct attribution, shown side by side
+    with the total effect of the rerun."""
+    at = new_app(PAGE, model=TINY, text=TEXT, view="ablation", abl="1.2").run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert list(table["head"]) == ["L1 H2"]
+    attribution = float(table["direct attribution"][0])
+    assert abs(attribution) > 1e-4
+    assert float(table["direct effect of the zero ablation"][0]) == pytest.approx(-attribution, abs=2e-4)
+    metrics = {m.label: m for m in at.metric}
+    assert float(metrics["direct effect"].value) == pytest.approx(-attribution, abs=2e-3)
+    total = next(m for label, m in metrics.items() if label.endswith("total effect"))
+    assert float(total.delta) != 0.0  # the rerun moved the logit
+    at.text_input(key="target").set_value("river").run()  # another token's logit, same heads
+    ok(at)
+    assert any(m.label == "p(“river”)" for m in at.metric), [m.label for m in at.metric]
+    assert list(at.dataframe[0].value["head"]) == ["L1 H2"]
+
+
+def test_a_post_norm_model_says_its_norm_is_frozen(env):
+    """Gemma 2 puts a norm between the heads and the stream: the routes and attribution views say
+    its per-token scale is frozen and the parts still add up exactly."""
+    at = new_app(PAGE, model="tiny:gemma2", text=TEXT, thr="0.02").run()
+    ok(at)
+    assert any("frozen at its actual value" in c.value for c in at.caption), [c.value for c in at.caption]
+    at.segmented_control(key="view").set_value("attribution").run()
+    ok(at)
+    assert any("frozen at its actual value" in c.value for c in at.caption), [c.value for c in at.caption]
+    at = new_app(PAGE, model=TINY, text=TEXT).run()
+    ok(at)
+    assert not any("frozen at its actual value" in c.value for c in at.caption)
+
+
+def test_a_long_text_picks_the_position_by_number(env):
+    """Past 512 tokens the position is a number input (a selectbox would send every token), read
+    from the link like the short one."""
+    long_text = " ".join([TEXT] * 150)
+    at = new_app(PAGE, model=TINY, text=long_text, pos=600).run()
+    ok(at)
+    assert "pos" not in [s.key for s in at.selectbox] and at.number_input(key="pos").value == 600
+    assert any(t.startswith("Routes to the prediction at (600)") for t in titles(at)), titles(at)
+    assert any(c.value.startswith("Position 600:") for c in at.caption)
+
+
+def test_one_trace_serves_every_view_even_when_it_is_large(env):
+    """Switching views and options never reruns the model: a trace the size of a long text's
+    (300 MB, past the shared derived-values budget) is kept in a cache of its own, not pushed out
+    by the graph drawn from it."""
+    import attnviz.explain as X
+
+    calls = []
+    real = X.trace
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    env.setattr(X, "trace", counted)
+    env.setattr(X.Trace, "nbytes", property(lambda _self: 300 * 2**20))
+    at = new_app(PAGE, model=TINY, text=TEXT).run()
+    ok(at)
+    at.slider(key="thr").set_value(0.02).run()
+    for view in ("logit lens", "attribution", "routes"):
+        at.segmented_control(key="view").set_value(view).run()
+        ok(at)
+    assert len(calls) == 1

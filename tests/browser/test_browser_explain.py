@@ -21,7 +21,7 @@ SENTENCE = (
     "The old lighthouse keeper walked down to the river bank every morning, counted the boats, "
     "wrote the same line in his log and went back up the hill before the bank opened. "
 )
-TEXT_2000 = SENTENCE * 60  # ~2000 tokens
+TEXT_2000 = (SENTENCE * 60).rstrip()  # ~2000 tokens, ending on a word (not on a lone space token)
 LONG_MS = 900_000  # a trace + routes of ~2000 tokens on a shared 2-core machine
 
 
@@ -103,6 +103,7 @@ def test_click_a_graph_edge_opens_its_head_in_the_explorer(server, page):
         page.mouse.click(xy[0], xy[1])
     button = page.get_by_role("button", name=re.compile(r"Open layer \d+, head \d+"))
     label = button.inner_text()
+    screenshot(page, "explain_seed_edge_picked")
     layer, head = (int(x) for x in re.search(r"layer (\d+), head (\d+)", label).groups())
     button.click()
     page.get_by_role("heading", name="Attention explorer").wait_for(timeout=240_000)
@@ -139,3 +140,28 @@ def test_routes_and_lens_at_2000_tokens(server, page):
     wait_idle(page, timeout_ms=LONG_MS)
     no_errors(page)
     screenshot(page, "explain_n2000_lens")
+    page.goto(url(server, ExplainParams(text=TEXT_2000, view="attribution")))
+    wait_idle(page, timeout_ms=LONG_MS)
+    no_errors(page)
+    assert any(t.startswith("Direct logit attribution") for t in chart_titles(page)), chart_titles(page)
+    screenshot(page, "explain_n2000_attribution")
+
+
+def test_cancel_stops_a_long_trace_and_run_again_finishes_it(server, page):
+    """A click on Cancel while the ~4,000-token trace runs stops it at the next layer: the page
+    says it was cancelled and draws nothing; "Run again" then draws the routes."""
+    text = (SENTENCE * 120).rstrip()
+    page.goto(url(server, ExplainParams(text=text)))
+    cancel = page.get_by_role("button", name="Cancel")
+    cancel.wait_for(timeout=240_000)
+    with reran(page, timeout_ms=LONG_MS):
+        cancel.click()
+    wait_idle(page, timeout_ms=LONG_MS)
+    page.get_by_text("Cancelled: nothing was kept.").wait_for(timeout=60_000)
+    assert not any(t.startswith("Routes") for t in chart_titles(page)), chart_titles(page)
+    screenshot(page, "explain_cancelled")
+    with reran(page, timeout_ms=LONG_MS):
+        page.get_by_role("button", name="Run again").click()
+    wait_idle(page, timeout_ms=LONG_MS)
+    no_errors(page)
+    assert any(t.startswith("Routes to the prediction") for t in chart_titles(page)), chart_titles(page)

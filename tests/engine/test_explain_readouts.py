@@ -178,3 +178,38 @@ def test_ablation_is_refused_where_the_model_runs_its_own_attention():
         ablate_heads(lm, TE.TEXT, [(0, 0)])
     with pytest.raises(AttnvizError, match="out of range"):
         ablate_heads(TE.loaded("llama-gqa"), TE.TEXT, [(9, 0)])
+
+
+class Stop(Exception):
+    pass
+
+
+def test_progress_hears_every_layer_and_a_raise_cancels_cleanly():
+    """The trace, the routes and the ablation's rerun report each layer (the page's progress bar);
+    an exception raised from the report stops the work, and the model runs unedited afterwards."""
+    lm = TE.loaded("llama-gqa")
+    heard: list[tuple[int, int]] = []
+    tr = trace(lm, TE.TEXT, progress=lambda d, n: heard.append((d, n)))
+    n = tr.n_layers
+    assert heard == [(i, n) for i in range(1, n + 1)]
+    heard.clear()
+    attnviz.information_flow(lm, tr, progress=lambda d, n: heard.append((d, n)))
+    assert heard == [(i, n) for i in range(1, n + 1)]
+    heard.clear()
+    ab = ablate_heads(lm, tr, [(1, 2)], progress=lambda d, n: heard.append((d, n)))
+    assert heard == [(i, n) for i in range(1, n + 1)] and ab.kl > 0
+
+    def stop(done: int, _total: int) -> None:
+        if done == 1:
+            raise Stop
+
+    for work in (
+        lambda: trace(lm, TE.TEXT, progress=stop),
+        lambda: attnviz.information_flow(lm, tr, progress=stop),
+        lambda: ablate_heads(lm, tr, [(1, 2)], progress=stop),
+    ):
+        with pytest.raises(Stop):
+            work()
+    clean = model_logits(lm.model, list(tr.tokens.ids))[-1]
+    assert float((clean - tr.logits).abs().max()) <= 1e-5  # no edit or hook left behind
+    assert ablate_heads(lm, tr, [(1, 2)]).logit_after == pytest.approx(ab.logit_after, abs=1e-6)

@@ -103,3 +103,17 @@ def test_a_pure_position_band_is_called_position():
     assert b.carries == ["position", "content"]
     assert b.content_spread[0] < 1e-12  # band 0: one content for every key, distance removed: constant
     assert b.position_spread[1] < 1e-12  # band 1: the average key content there is 0
+
+
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+def test_tables_of_either_pairing_and_a_partial_rotary_are_read_as_such(pairing):
+    """cos / sin tables built the two ways (halves: Llama, NeoX; neighbours: GPT-J style tables)
+    over the first 6 of 10 dims give back the pairing, θ and the 4 unrotated dims."""
+    theta = torch.tensor([1.0, 0.1, 0.01])
+    angles = torch.arange(5.0)[:, None] * theta  # (positions, pairs)
+    per_dim = torch.cat([angles, angles], -1) if pairing == "half" else angles.repeat_interleave(2, -1)
+    spec = spec_from_tables(torch.cos(per_dim)[None], torch.sin(per_dim)[None], 10)
+    assert spec.pairing == pairing
+    want = ((0, 3), (1, 4), (2, 5)) if pairing == "half" else ((0, 1), (2, 3), (4, 5))
+    assert spec.pairs == want and spec.rest == (6, 7, 8, 9)
+    assert np.allclose(spec.theta, theta.numpy(), rtol=1e-5)
