@@ -45,7 +45,7 @@ def cancelled(run_key: Hashable) -> bool:
 def stage_text(what: str, done: int, total: int, elapsed: float) -> str:
     """The bar's line: the stage, the time so far and, once a layer is done, the time left."""
     if done >= total:
-        return f"{what}: forward pass done · checking one layer against eager and drawing"
+        return f"{what}: forward pass done · checking one layer of each stack against eager and drawing"
     line = f"{what}: forward pass, attention layer {done} of {total} · {elapsed:.0f} s"
     if done:
         line += f", about {elapsed / done * (total - done):.0f} s left"

@@ -13,7 +13,7 @@ missing ones, so an interrupted run resumes where it stopped.
 What a reader and a fault test can rely on:
 
 - **Atomic writes.** `AtlasCache.put` writes a temporary file in the entry's own folder
-  (``.<key>.<pid>.<thread>.tmp``), flushes and fsyncs it, then renames it over the entry with
+  (``.<key>.entry.<random>.tmp``), flushes and fsyncs it, then renames it over the entry with
   `os.replace`. A reader sees a whole entry or none; a writer killed half-way leaves at most a
   stray ``.tmp`` file, which no reader opens.
 - **Damage is detected, never read.** An entry is the line ``attnviz-atlas-entry 1``, the SHA-256
@@ -42,9 +42,6 @@ import hashlib
 import io
 import json
 import logging
-import os
-import shutil
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +51,7 @@ import numpy as np
 
 from ..errors import AttnvizError
 from ..loading import cache_dir
+from ..loading.files import free_bytes, replace_file, size_text
 from .ranking import STATISTICS
 
 log = logging.getLogger(__name__)
@@ -159,31 +157,16 @@ def decode(data: bytes, key: str) -> Entry:
     )
 
 
-def _free_bytes(folder: Path) -> int | None:
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return None
-
-
-def size_text(n: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # not reached
-
-
-def write_error(err: OSError, folder: Path, size: int, remaining: int) -> CacheWriteError:
+def write_error(
+    err: OSError, folder: Path, size: int, remaining: int, what: str = "this text"
+) -> CacheWriteError:
     """A one-line message for a failed cache write: the folder, why, and the space it needs."""
-    need = f"this text needs {size_text(size)}"
+    need = f"{what} needs {size_text(size)}"
     if remaining:
         need += f", the other {remaining} texts about {size_text(size * remaining)}"
     where = "set ATTNVIZ_CACHE to a folder on another disk"
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = _free_bytes(folder)
+        free = free_bytes(folder)
         left = f" ({size_text(free)} free)" if free is not None else ""
         why = f"the disk of the atlas cache {str(folder)!r} is full{left}"
         return CacheWriteError(f"{why}: {need}; free some space or {where}")
@@ -196,19 +179,10 @@ def write_error(err: OSError, folder: Path, size: int, remaining: int) -> CacheW
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and os.replace."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` through a temporary file in the same folder, fsync and rename
+    (`attnviz.loading.files.replace_file`); an OSError passes through for `write_error`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(path, lambda f: f.write(data))
 
 
 class AtlasCache:
@@ -264,7 +238,7 @@ class AtlasCache:
         try:
             atomic_write(self.folder / "model.json", data)
         except OSError as err:
-            raise write_error(err, self.folder, len(data), 0) from None
+            raise write_error(err, self.folder, len(data), 0, what="the manifest model.json") from None
 
     def check_fingerprint(self, fingerprint: str, model: str) -> None:
         """Refuse when the manifest names other weights than ``fingerprint`` (see the module doc)."""

@@ -34,6 +34,7 @@ from .._version import __version__
 from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
 from ..layout import AttentionLayout
+from ..loading.files import atomic_write
 from ..result import AttentionResult
 from ..tokens import Tokens
 
@@ -109,9 +110,8 @@ def save_npz(result: AttentionResult, file: FileLike, *, format: str = "auto") -
     arrays["format"] = np.array(fmt)
     arrays["meta"] = np.array(json.dumps(meta))
     save = np.savez_compressed if fmt == "dense" else np.savez
-    if isinstance(file, str | Path):
-        with open(file, "wb") as f:
-            save(f, **arrays)  # type: ignore[arg-type]
+    if isinstance(file, str | Path):  # a temporary file renamed over ``file``: never half a file
+        atomic_write(Path(file), lambda f: save(f, **arrays), what=repr(Path(file).name))  # type: ignore[arg-type]
     else:
         save(file, **arrays)  # type: ignore[arg-type]
     return fmt

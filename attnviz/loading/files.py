@@ -176,7 +176,7 @@ def _remove_stale(folder: Path, pattern: str) -> None:
                 log.info("removed %s, left by a writer that stopped", old)
 
 
-def _replace_file(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+def replace_file(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """The raw atomic write (OSErrors pass through): temporary file beside ``path``, fsync, rename."""
     folder = path.parent
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
@@ -212,7 +212,7 @@ def atomic_write(
     with writing(folder, what=what or repr(path.name), needed=needed, hint=hint, up_to=up_to):
         folder.mkdir(parents=True, exist_ok=True)
         _remove_stale(folder, f".{path.name}.*.tmp")
-        _replace_file(path, write)
+        replace_file(path, write)
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, what: str | None = None, hint: str = "") -> None:
@@ -249,7 +249,7 @@ def write_manifest(folder: Path, *, version: str, source: str, name: str = MANIF
         "files": files,
     }
     data = (json.dumps(manifest, indent=1) + "\n").encode("utf-8")
-    _replace_file(folder / name, lambda f: f.write(data))
+    replace_file(folder / name, lambda f: f.write(data))
     return manifest
 
 

@@ -11,7 +11,6 @@ import pytest
 from apptest import TINY, new_app, ok, prepare
 
 from attnviz import atlas as AT
-from attnviz.atlas import cache as C
 
 ATLAS = "pages/5_Head_atlas.py"
 
@@ -27,7 +26,7 @@ def test_a_full_disk_is_a_warning_and_the_page_shows_the_atlas(env, monkeypatch,
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(C.os, "fsync", full)
+    monkeypatch.setattr(os, "fsync", full)
     at = new_app(ATLAS, model=TINY, ntexts=4).run()
     ok(at)
     at.button(key="atlas_run").click().run()

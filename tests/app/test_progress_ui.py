@@ -9,7 +9,7 @@ def test_stage_text_counts_layers_and_estimates_what_is_left():
     assert stage_text("Running m", 10, 30, 20.0) == (
         "Running m: forward pass, attention layer 10 of 30 · 20 s, about 40 s left"
     )
-    assert "checking one layer against eager" in stage_text("Running m", 30, 30, 61.0)
+    assert "checking one layer of each stack against eager" in stage_text("Running m", 30, 30, 61.0)
 
 
 def test_a_cancelled_run_stays_cancelled_until_run_again(monkeypatch):

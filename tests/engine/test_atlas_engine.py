@@ -153,18 +153,18 @@ def test_a_full_or_read_only_disk_is_one_message_and_the_run_goes_on(
 
     def fsync(fd):
         calls[0] += 1
-        if calls[0] > 2:  # the manifest and the first entry fit, then the disk is "full"
+        if calls[0] > 4:  # the manifest and the first entry fit (file + folder each), then "full"
             raise OSError(code, os.strerror(code))
         return real_fsync(fd)
 
-    monkeypatch.setattr(C.os, "fsync", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
     at = AT.run_atlas(str(folder), TEXTS)
     assert at.n_texts == len(TEXTS) and at.computed == len(TEXTS)  # nothing lost from this run
     assert words in at.cache_error and str(cache_in_tmp) in at.cache_error
     assert "this text needs" in at.cache_error and f"the other {len(TEXTS) - 2} texts about" in at.cache_error
     assert "\n" not in at.cache_error and "ATTNVIZ_CACHE" in at.cache_error
     assert len(entry_files(cache_in_tmp)) == 1 and not list(cache_in_tmp.rglob("*.tmp"))
-    monkeypatch.setattr(C.os, "fsync", real_fsync)
+    monkeypatch.setattr(os, "fsync", real_fsync)
     same(AT.run_atlas(str(folder), TEXTS), at)
 
 

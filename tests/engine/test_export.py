@@ -104,3 +104,27 @@ def test_a_foreign_npz_is_refused_with_what_to_do():
     buf.seek(0)
     with pytest.raises(attnviz.AttnvizError, match=r"read its arrays with numpy\.load"):
         attnviz.load_npz(buf)
+
+
+def test_saving_to_a_path_never_leaves_half_a_file(tmp_path, monkeypatch):
+    """A write that fails half-way (here: a full disk after the first bytes) keeps the old file
+    whole and says what happened in one line; no temporary is left beside it."""
+    import errno
+
+    from attnviz.errors import CannotWrite
+
+    live = attnviz.extract(tiny.loaded("llama-gqa"), TEXT)
+    path = tmp_path / "attn.npz"
+    attnviz.save_npz(live, path, format="compact")
+    before = path.read_bytes()
+
+    def full(file, **arrays):
+        file.write(b"PK\x03\x04 half a zip")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.raises(CannotWrite, match=r"cannot write 'attn.npz' to .*: the disk is full"):
+        attnviz.save_npz(live, path, format="compact")
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["attn.npz"]
+    assert_same_heads(live, attnviz.load_npz(path))
