@@ -59,3 +59,23 @@ def test_a_widget_change_pools_only_the_view_it_changes(env, monkeypatch):
     at.switch_page("pages/0_Explorer.py").run()
     ok(at)
     assert pooled == [] and len(extracts) == 1  # back to a computed result: nothing recomputed
+
+
+@pytest.mark.slow
+def test_a_long_texts_overview_rolls_out_when_asked(env, monkeypatch):
+    """The rollout (below the fold, ~half a forward at 1,500 tokens) runs past 1,024 tokens only
+    when its toggle is on; a short text still shows it at once."""
+    from ui import flow
+
+    calls = []
+    real = flow.token_rollout
+    monkeypatch.setattr(flow, "token_rollout", lambda *a, **k: calls.append(1) or real(*a, **k))
+    at = new_app(OVERVIEW, model=TINY, text=LONG, induction=0).run()
+    ok(at)
+    assert calls == [] and not [c for c in at.get("plotly_chart") if "flow into" in c.proto.spec]
+    at.toggle(key="rollout_on").set_value(True).run()
+    ok(at)
+    assert calls == [1] and [c for c in at.get("plotly_chart") if "flow into" in c.proto.spec]
+    short = new_app(OVERVIEW, model=TINY, text="the bank of the river", induction=0).run()
+    ok(short)
+    assert calls == [1, 1]
