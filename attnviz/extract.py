@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .capture import layerwise
+from .capture.generation import captured_generate
 from .capture.hook import IMPLEMENTATION, recording
 from .capture.layerwise import LayerInput
 from .capture.records import CapturedAttention
@@ -227,18 +228,24 @@ def extract_ids(
         with lm.lock, torch.inference_mode():
             dec_ids: list[int] | None = None
             generated = [False] * len(ids)
+            calls: list[CapturedAttention] | None = None  # captured while generating
             if generate:
+                gen_kwargs = {
+                    "attention_mask": torch.ones_like(input_ids),
+                    "max_new_tokens": generate,
+                    **(sampling.kwargs() if sampling is not None else {"do_sample": False}),
+                    "pad_token_id": _pad_id(tok),
+                    **({"decoder_start_token_id": start} if enc_dec else {}),
+                }
                 with torch.random.fork_rng(devices=[]):  # a seeded draw leaves the global RNG alone
                     if sampling is not None:
                         torch.manual_seed(sampling.seed)
-                    out = model.generate(
-                        input_ids,
-                        attention_mask=torch.ones_like(input_ids),
-                        max_new_tokens=generate,
-                        **(sampling.kwargs() if sampling is not None else {"do_sample": False}),
-                        pad_token_id=_pad_id(tok),
-                        **({"decoder_start_token_id": start} if enc_dec else {}),
-                    )[0].tolist()
+                    if path == "fast" and lm.fast_exact and not enc_dec and not statistics:
+                        out, calls = captured_generate(
+                            model, input_ids, lm.module_names, gen_kwargs, forward_kwargs(lm)
+                        )
+                    else:
+                        out = model.generate(input_ids, **gen_kwargs)[0].tolist()
                 if enc_dec:
                     dec_ids = out
                 else:
@@ -256,10 +263,13 @@ def extract_ids(
             if path == "fast" and lm.fast_exact:
                 total = sum(lm.layout.layers_in(st) for st in lm.layout.stacks)
                 tell = _teller(progress, total)
-                with recording(lm.module_names, on_call=tell, statistics=statistics) as rec:
-                    model(**inputs)
-                grouped = _group(lm, rec.calls)
-                if grouped is not None and not rec.unsupported:
+                unsupported: set[str] = set()
+                if calls is None:
+                    with recording(lm.module_names, on_call=tell, statistics=statistics) as rec:
+                        model(**inputs)
+                    calls, unsupported = rec.calls, rec.unsupported
+                grouped = _group(lm, calls)
+                if grouped is not None and not unsupported:
                     captured, method = grouped, FAST_METHOD
                 else:  # never silently wrong: this input took a path the capture does not model
                     log.warning("%s: the capture did not match the attention layers; exact eager", lm.spec)

@@ -12,7 +12,6 @@ escape them.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -69,9 +68,9 @@ def byte_level(tokenizer: Any) -> bool:
     slow tokenizer's ``byte_decoder``) maps each character of a token back to one byte."""
     if getattr(tokenizer, "byte_decoder", None):
         return True
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    try:
-        return '"ByteLevel"' in json.dumps(json.loads(backend.to_str()).get("decoder")) if backend else False
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    try:  # the decoder's own JSON (the whole tokenizer's, vocabulary included, took ~0.1 s a text)
+        return decoder is not None and b'"ByteLevel"' in decoder.__getstate__()
     except Exception:  # noqa: BLE001 - an unusual tokenizer: decode token by token instead
         return False
 

@@ -14,6 +14,9 @@ from ui.params import SCALE_CHOICES, ExplorerParams, OverviewParams
 from ui.text import guarded, md
 
 SHORT = {"previous_token": "prev. token", "diagonal": "self", "gqa_coherence": "GQA coherence"}
+# Past this many tokens the rollout (below the fold; ~0.4-0.6x a forward at 1,500 tokens) runs
+# when asked, not on every first view of the page.
+ROLLOUT_AUTO_TOKENS = 1024
 
 frame = shell.begin(OverviewParams)
 
@@ -47,7 +50,13 @@ def main() -> None:
     if hm is None:
         shell.stop()
     head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
-    flow.rollout_section(lm.spec, res, ref.key, stack, cmap, frame.token)
+    if res.n_tokens <= ROLLOUT_AUTO_TOKENS or st.toggle(
+        "Attention rollout",
+        key="rollout_on",
+        help=f"Where a token's information comes from, layer by layer. Past {ROLLOUT_AUTO_TOKENS:,} "
+        "tokens it runs when asked: about half a forward pass of work.",
+    ):
+        flow.rollout_section(lm.spec, res, ref.key, stack, cmap, frame.token)
     state.share_box()
 
 

@@ -18,12 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psutil  # noqa: E402
+from bench_ui_common import forward_once, texts  # noqa: E402
+from bench_ui_pages import run_pages  # noqa: E402
 from browser_page import chromium, script_runs, wait_idle  # noqa: E402
 from server import streamlit_server  # noqa: E402
 
 import attnviz  # noqa: E402
-from attnviz.bench.common import floor, ids_of_length, replace_section  # noqa: E402
-from attnviz.extract import tokenize  # noqa: E402
+from attnviz.bench.common import ids_of_length, replace_section  # noqa: E402
 
 # Before the submit: remember every chart's current figure and its largest heatmap.
 MARK_JS = """() => {
@@ -60,31 +61,6 @@ def extraction_seconds(log: str, n: int) -> float:
     with the self-check, which runs up to 1,024 tokens, inside it)."""
     found = re.findall(rf"extract model=\S+ tokens={n} path=\S+ seconds=([0-9.]+)", log)
     return float(found[-1]) if found else float("nan")
-
-
-def texts(lm: attnviz.LoadedModel, n: int, repeats: int) -> list[tuple[str, int]]:
-    """``repeats`` different texts of at most ``n`` tokens as the app counts them (a different
-    first words: no cache hit) and those counts."""
-    out = []
-    for i in range(repeats):
-        prefix, cut = f"Run {i + 1}.", 2
-        while True:
-            text = f"{prefix} {lm.tokenizer.decode(ids_of_length(lm, n - cut))}"
-            count = len(tokenize(lm, text)[0])
-            if count <= n:
-                break
-            cut += count - n
-        out.append((text, count))
-    return out
-
-
-def forward_once(lm: attnviz.LoadedModel, text: str) -> tuple[float, float]:
-    """(wall, CPU) seconds of one plain SDPA forward of ``text`` as the app tokenizes it (no
-    capture; CPU = this process, every thread)."""
-    run = floor(lm, list(tokenize(lm, text)[0]))
-    t0, c0 = time.perf_counter(), time.process_time()
-    run()
-    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def cpu_seconds(proc: psutil.Process) -> float:
@@ -149,8 +125,6 @@ def run_browser(
             sys.stdout.flush()
             lines.append(line)
         if pages:
-            from bench_ui_pages import run_pages
-
             run_pages(page, lm, pages, repeats, out, no_write, version)
         page.context.close()
     if not no_write and lines:

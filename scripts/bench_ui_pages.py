@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_ui_browser import forward_once, texts
+from bench_ui_common import forward_once, texts
 from browser_page import script_runs, wait_idle
 
 import attnviz

@@ -50,18 +50,19 @@ def applies(res: Any, view: attention.View, ax: attention.Axes) -> bool:
 
 
 def device_pooled(
-    res: AttentionResult, key: tuple, layer: int, stack, heads: list[int] | None, side: int
+    res: AttentionResult, key: tuple, layer: int, stack, heads: list[int] | None, side: int, how: str
 ) -> pooling.PooledView:
-    """`pooling.pooled` of ``heads`` (None: all) on `F.bin_edges` bins of at most ``side`` per
-    axis; cached per result, layer and bins (one entry holds both the mean and the max)."""
+    """`pooling.pooled` of ``heads`` (None: all) on bins of one width, at most ``side`` per axis
+    (`pooling.equal_edges`: pooled by reshapes), only the ``how`` pool ("max" or "mean");
+    cached per result, layer, heads, bins and pool."""
     n_q, n_k = (len(t) for t in res.axes(stack))
-    re, ce = F.bin_edges(n_q, side), F.bin_edges(n_k, side)
+    re, ce = pooling.equal_edges(n_q, side), pooling.equal_edges(n_k, side)
     hs = None if heads is None else tuple(heads)
     return models.cached(
         "pooled",
-        (key, layer, stack, hs, side),
-        lambda: pooling.pooled(res, layer, heads, stack=stack, row_edges=re, col_edges=ce),
-        nbytes=lambda v: v.mean.nbytes + v.max.nbytes,
+        (key, layer, stack, hs, side, how),
+        lambda: pooling.pooled(res, layer, heads, stack=stack, row_edges=re, col_edges=ce, pools=[how]),
+        nbytes=lambda v: v.values(how).nbytes,
     )
 
 
@@ -74,8 +75,8 @@ def layer_image(
     n_q, n_k = len(ax.q_idx), len(ax.k_idx)
     fits = len(F.bin_edges(n_q, side)) == n_q and len(F.bin_edges(n_k, side)) == n_k
     if not fits and applies(res, view, ax):
-        pv = device_pooled(res, key, layer, view.stack, None, side)
-        z = pv.max if how == "max" else pv.mean
+        pv = device_pooled(res, key, layer, view.stack, None, side, how)
+        z = pv.values(how)
         return Image(
             z,
             F.bin_labels(ax.q_labels, pv.row_edges),
@@ -112,8 +113,8 @@ def head_image(
 ) -> Image:
     """One head of a text too long to draw whole, pooled on the device to at most
     `HEAD_SIDE` × `HEAD_SIDE` (call only where `applies`)."""
-    pv = device_pooled(res, key, layer, view.stack, [head_], HEAD_SIDE)
-    z = (pv.max if how == "max" else pv.mean)[0]
+    pv = device_pooled(res, key, layer, view.stack, [head_], HEAD_SIDE, how)
+    z = pv.values(how)[0]
     return Image(
         z,
         F.bin_labels(ax.q_labels, pv.row_edges),

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import hmac
 import logging
@@ -41,6 +42,19 @@ from ui import progress
 from ui.text import guarded, literal, md
 
 log = logging.getLogger("attnviz.ui")
+
+
+def _freeze_imports() -> None:
+    """Streamlit collects garbage after every script run (``runner.postScriptGC``): a full
+    collection walks every object the process holds, ~400,000 once torch, transformers and
+    plotly are imported, ~0.2 s of every rerun on 2 shared cores (holding the GIL). Those live
+    as long as the process: `gc.freeze` takes them out of the collector's walk, once, when this
+    module is first imported (by the first script run, before any model or result exists).
+    Objects made later are collected as before."""
+    gc.freeze()
+
+
+_freeze_imports()
 
 MAX_MODELS = 2
 RESULT_CACHE_BYTES = env.integer("ATTNVIZ_RESULT_CACHE_MB", 1536) * 2**20

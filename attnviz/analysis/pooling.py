@@ -4,6 +4,10 @@
 (about ``cells`` blocks per axis) and returns each block's mean and max probability, computed on
 the model's device tile by tile: p_ij = exp(s_ij - L_i) with L from the fused kernels
 (attnviz.exact.lse), so a tile needs only its own scores; causal tiles above the diagonal are skipped.
+Bins of one width (`equal_edges`, the default blocks) pool by reshapes over query-row chunks
+that skip the keys a causal chunk never sees, and the max needs no exponential of the tile:
+max_ij exp(s_ij - L_i) = exp(max_i (max_j s_ij - L_i)) (exp is increasing); other bins pool by
+scatters. Only the pools asked for (``pools``) are computed.
 Layers whose scores are not standard (soft-capping, a position bias, ...) pool exact
 `layer_tensor` row chunks instead. `region` gives one rectangle at full resolution (zoom).
 """
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +31,9 @@ from ..result import AttentionResult
 log = logging.getLogger(__name__)
 
 TILE_ELEMENTS = 1 << 24  # float32 elements of one (heads, rows, cols) tile
+CHUNK_ROWS = 256  # query rows per chunk of the reshape path (whole bins): small enough to skip
+# most of a causal layer's masked half, large enough to keep the per-chunk overhead small
+POOLS = ("mean", "max")
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,9 +51,42 @@ class PooledView:
     n_keys: int
     row_edges: np.ndarray
     col_edges: np.ndarray
-    mean: np.ndarray
-    max: np.ndarray
+    mean: np.ndarray | None  # None when not asked for (``pools``)
+    max: np.ndarray | None
     path: str  # "fused", "blocked: <why>" (L from the exact blocked softmax) or "dense: <why>"
+
+    def values(self, how: str) -> np.ndarray:
+        """The ``how`` ("mean" or "max") pool; an error when this view was not asked for it."""
+        got = self.max if how == "max" else self.mean if how == "mean" else None
+        if got is None:
+            raise AttnvizError(f"this pooled view has no {how!r} pool; ask pooled(..., pools=[{how!r}])")
+        return got
+
+
+def equal_edges(n: int, max_bins: int) -> np.ndarray:
+    """Start positions of bins of ``ceil(n / max_bins)`` tokens over range(n) (the last may be
+    shorter): at most ``max_bins`` bins that `pooled` reduces by reshapes."""
+    block = max(1, math.ceil(n / max(1, int(max_bins))))
+    return np.arange(0, n, block, dtype=np.int64)
+
+
+def _width(edges: np.ndarray, n: int) -> int | None:
+    """The one width of the bins starting at ``edges`` over range(n) (the last may be shorter)."""
+    w = int(edges[1] - edges[0]) if len(edges) > 1 else n
+    return w if (np.diff(edges) == w).all() and n - int(edges[-1]) <= w else None
+
+
+def _reduce(x: torch.Tensor, dim: int, width: int, how: str) -> torch.Tensor:
+    """``how`` ("sum" or "amax") over consecutive groups of ``width`` along ``dim`` (the last
+    group may be shorter): a reshape, no copy."""
+    n = x.shape[dim]
+    full = n // width * width
+    parts = []
+    if full:
+        parts.append(getattr(x.narrow(dim, 0, full).unflatten(dim, (-1, width)), how)(dim + 1))
+    if full < n:
+        parts.append(getattr(x.narrow(dim, full, n - full), how)(dim, keepdim=True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 def _heads(result: AttentionResult, heads: Sequence[int] | None) -> list[int]:
@@ -109,17 +149,21 @@ def pooled(
     row_edges: Sequence[int] | np.ndarray | None = None,
     col_edges: Sequence[int] | np.ndarray | None = None,
     computation: str = "auto",
+    pools: Sequence[str] = POOLS,
 ) -> PooledView:
     """Mean and max probability of each block of the chosen heads (default: all).
 
     Blocks are ``block = ceil(max(n_queries, n_keys) / cells)`` tokens on a side, or the bins
-    given by ``row_edges`` / ``col_edges`` (start positions, e.g. `attnviz.figures.bin_edges`).
-    With ``cells >= N`` this is the full matrix. Memory: the two (heads, bins, bins) grids plus
-    one tile on the device.
+    given by ``row_edges`` / ``col_edges`` (start positions, e.g. `equal_edges`, which pool
+    fastest, or `attnviz.figures.bin_edges`). With ``cells >= N`` this is the full matrix.
+    ``pools`` names the pools to compute ("mean", "max"); the view's other one is None.
+    Memory: the two (heads, bins, bins) grids plus one tile on the device.
     """
     stack = stack if stack is not None else result.stacks[0]
     if cells < 1:
         raise AttnvizError("cells must be at least 1")
+    if not pools or set(pools) - set(POOLS):
+        raise AttnvizError(f"pools must name some of {POOLS}, not {tuple(pools)}")
     hs = _heads(result, heads)
     n_q, n_k = (len(t) for t in result.axes(stack))
     block = max(1, math.ceil(max(n_q, n_k) / cells))
@@ -130,19 +174,26 @@ def pooled(
     need = 2 * len(hs) * len(re) * len(ce) * 4 + TILE_ELEMENTS * 8
     require(need, device, what="a pooled view", hint="fewer cells")
     grid = _Grid(len(hs), re, ce, n_q, n_k, device)
+    wq, wk = _width(re, n_q), _width(ce, n_k)
     if computation != "dense" and spec is not None and cap is not None:
         q, k = _qk(cap, hs)
         lse, path = layer_lse_path(cap, spec)
         lse = lse[hs]  # (h, q)
         kb = key_bias(cap)
         kb = None if kb is None else kb[hs]
-        side = max(1, int(math.sqrt(TILE_ELEMENTS / len(hs))))
-        for a in range(0, n_q, side):
-            for c in range(0, n_k, side):
-                if spec.causal and c > a + side - 1:
-                    break  # above the diagonal: all zero
-                s = scores_tile(q[:, a : a + side], k[:, c : c + side], float(cap.scaling), spec, a, c, kb)
-                grid.add(torch.exp(s - lse[:, a : a + side, None]), a, c)  # p = exp(s - L)
+
+        def scores(a: int, rows: int, c: int, cols: int) -> torch.Tensor:  # (h, rows, cols)
+            return scores_tile(q[:, a : a + rows], k[:, c : c + cols], float(cap.scaling), spec, a, c, kb)
+
+        if wq is not None and wk is not None:
+            _reshaped(grid, scores, lse, (n_q, n_k), (wq, wk), spec.causal, pools)
+        else:
+            side = max(1, int(math.sqrt(TILE_ELEMENTS / len(hs))))
+            for a in range(0, n_q, side):
+                for c in range(0, n_k, side):
+                    if spec.causal and c > a + side - 1:
+                        break  # above the diagonal: all zero
+                    grid.add(torch.exp(scores(a, side, c, side) - lse[:, a : a + side, None]), a, c)
         path = "fused" if path == "forward" else path  # "blocked: <why>" when L came from there
     else:
         rows = max(1, TILE_ELEMENTS // max(1, len(hs) * n_k))
@@ -163,10 +214,39 @@ def pooled(
         n_keys=n_k,
         row_edges=re,
         col_edges=ce,
-        mean=mean.cpu().numpy(),
-        max=grid.maxes.cpu().numpy(),
+        mean=mean.cpu().numpy() if "mean" in pools else None,
+        max=grid.maxes.cpu().numpy() if "max" in pools else None,
         path=path,
     )
+
+
+def _reshaped(
+    grid: _Grid,
+    scores: Callable[[int, int, int, int], torch.Tensor],
+    lse: torch.Tensor,
+    n: tuple[int, int],
+    width: tuple[int, int],
+    causal: bool,
+    pools: Sequence[str],
+) -> None:
+    """Bins of one width per axis, into ``grid``: chunks of whole query bins against every key
+    a chunk can see (causal: none past its last query), reduced by reshapes.
+    max_ij p_ij = exp(max_i (max_j s_ij - L_i)) (exp is increasing); the mean takes p = exp(s - L)."""
+    (n_q, n_k), (wq, wk) = n, width
+    h = lse.shape[0]
+    rows = wq * max(1, min(-(-CHUNK_ROWS // wq), TILE_ELEMENTS // max(1, h * n_k * wq)))
+    for a in range(0, n_q, rows):
+        r = min(rows, n_q - a)
+        cols = min(n_k, -(-(a + r) // wk) * wk) if causal else n_k  # keys past the chunk: masked
+        s = scores(a, r, 0, cols)  # (h, r, cols)
+        lse_rows = lse[:, a : a + r, None]
+        b0, b1, c1 = a // wq, a // wq + -(-r // wq), -(-cols // wk)
+        if "max" in pools:
+            m = _reduce(_reduce(s, 2, wk, "amax").sub_(lse_rows), 1, wq, "amax")  # (h, bins, bins)
+            grid.maxes[:, b0:b1, :c1] = m.exp_()
+        if "mean" in pools:
+            p = s.sub_(lse_rows).exp_()  # in place: s is not needed after this
+            grid.sums[:, b0:b1, :c1] = _reduce(_reduce(p, 2, wk, "sum"), 1, wq, "sum")
 
 
 def region(

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ..analysis.pooling import pooled
+from ..analysis.pooling import equal_edges, pooled
 from ..analysis.rollout import token_rollout
 from ..exact import fused, kernels
 from ..extract import FAST_METHOD, extract_ids
-from ..figures import SINGLE_MAX_CELLS, bin_edges, bin_labels, head_heatmap
+from ..figures import SINGLE_MAX_CELLS, bin_labels, head_heatmap
 from ..limits import token_budget
 from ..loading import LoadedModel
 from ..metrics import head_metrics
@@ -107,8 +107,8 @@ def row(lm: LoadedModel, n: int, repeats: int, view: bool) -> Row:
         res = extract_ids(lm, ids, max_tokens=n)
         if n <= HEAD_SIDE:
             return res, res.layer_tensor(0, heads=[0])
-        edges = bin_edges(n, HEAD_SIDE)
-        return res, pooled(res, 0, [0], row_edges=edges, col_edges=edges)
+        edges = equal_edges(n, HEAD_SIDE)
+        return res, pooled(res, 0, [0], row_edges=edges, col_edges=edges, pools=["max"])
 
     t_first, (res, _) = timed(first, dev, repeats)
     problems = [] if res.method == FAST_METHOD else [f"extract: {res.method}"]
@@ -127,13 +127,13 @@ def row(lm: LoadedModel, n: int, repeats: int, view: bool) -> Row:
     if view:
         res = extract_ids(lm, ids, max_tokens=n)
         layer, head = res.n_layers() // 2, 0
-        edges = bin_edges(n, HEAD_SIDE)
+        edges = equal_edges(n, HEAD_SIDE)
         labels = bin_labels([str(i) for i in range(n)], edges)
-        pooled(res, layer, [head], row_edges=edges, col_edges=edges)  # L known, as on the page
+        pooled(res, layer, [head], row_edges=edges, col_edges=edges, pools=["max"])  # L known, as on the page
 
         def draw() -> Any:
-            pv = pooled(res, layer, [head], row_edges=edges, col_edges=edges)
-            return pv, head_heatmap(pv.max[0], labels, labels, max_cells=SINGLE_MAX_CELLS)
+            pv = pooled(res, layer, [head], row_edges=edges, col_edges=edges, pools=["max"])
+            return pv, head_heatmap(pv.values("max")[0], labels, labels, max_cells=SINGLE_MAX_CELLS)
 
         out.view, (pv, _) = timed(draw, dev, repeats)
         if pv.path != "fused":

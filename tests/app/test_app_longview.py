@@ -28,10 +28,11 @@ def payload(at) -> int:
 
 
 def dense_pooled(res, layer: int, heads, side: int, how: str) -> np.ndarray:
-    """The oracle: the layer's dense (heads, N, N) probabilities pooled on the host."""
-    n = res.n_tokens
+    """The oracle: the layer's dense (heads, N, N) probabilities pooled on the host, on the
+    device view's bins (one width, at most ``side``: `pooling.equal_edges`)."""
+    edges = pooling.equal_edges(res.n_tokens, side)
     dense = np.asarray(res.layer(layer), dtype=np.float32)[heads]
-    return F.pool(dense, F.bin_edges(n, side), F.bin_edges(n, side), how)
+    return F.pool(dense, edges, edges, how)
 
 
 @pytest.mark.slow
@@ -46,10 +47,10 @@ def test_long_text_grid_and_head_are_pooled_on_the_device(env, how):
     assert not [s for s in at.get("slider") if s.key == "row0"]  # no row window: the whole head
 
     side = F.grid_side(res.n_heads, n_tokens=n)
-    edges = F.bin_edges(n, side)
+    edges = pooling.equal_edges(n, side)
     pv = pooling.pooled(res, LAYER, None, row_edges=edges, col_edges=edges)
     assert pv.path == "fused"
-    want = pv.max if how == "max" else pv.mean
+    want = pv.values(how)
     grid = heatmaps(specs(at)[0])
     assert len(grid) == res.n_heads
     drawn = np.stack([z_of(t) for t in grid])
@@ -64,7 +65,7 @@ def test_long_text_grid_and_head_are_pooled_on_the_device(env, how):
     head = heatmaps(titled(at, f"layer {LAYER} · head {HEAD} "))[0]
     z = z_of(head)
     side1 = int(np.sqrt(F.SINGLE_MAX_CELLS))
-    assert z.shape == (len(F.bin_edges(n, side1)),) * 2
+    assert z.shape == (len(pooling.equal_edges(n, side1)),) * 2
     dense1 = dense_pooled(res, LAYER, [HEAD], side1, how)[0]
     assert np.abs(z - dense1).max() <= 1e-5
     assert head["y"][0].startswith("(0–")  # bins of tokens, labelled by their range
@@ -104,6 +105,7 @@ def test_overview_mosaic_is_pooled_on_the_device(env):
     res = engine(LONG)
     n_l, n_h = res.n_layers(), res.n_heads
     side = F.mosaic_side(n_l, n_h)
+    bins = len(pooling.equal_edges(res.n_tokens, side))  # tiles of bins x bins, one apart
     mosaic = heatmaps(specs(at)[0])[0]
     canvas = z_of(mosaic)  # log colour (auto past LONG_TEXT_TOKENS): log10, clipped
     for layer in range(n_l):
@@ -111,7 +113,7 @@ def test_overview_mosaic_is_pooled_on_the_device(env):
         want = np.clip(np.log10(np.maximum(want, 10.0**F.LOG_FLOOR_EXP)), F.LOG_FLOOR_EXP, 0.0)
         for h in range(n_h):  # heads down, layers across (for every model: the page's caption)
             tile = canvas[
-                h * (side + 1) : h * (side + 1) + side, layer * (side + 1) : layer * (side + 1) + side
+                h * (bins + 1) : h * (bins + 1) + bins, layer * (bins + 1) : layer * (bins + 1) + bins
             ]
             assert np.abs(tile - want[h]).max() <= 1e-4, (layer, h)  # log10 of a 1e-5 match
     assert payload(at) < F.PAYLOAD_LIMIT

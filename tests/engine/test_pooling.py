@@ -86,3 +86,34 @@ def test_pooled_on_given_bins_equals_the_figures_pooling():
     np.testing.assert_allclose(view.mean, F.pool(dense, re, ce, "mean"), atol=1e-5)
     with pytest.raises(AttnvizError):
         P.pooled(res, 2, row_edges=[1, 5])
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa", "mistral-sliding", "bert"])
+@pytest.mark.parametrize("side", [5, 8, 13])
+def test_equal_bins_pool_by_reshapes_and_match_dense_pooling(arch, side, monkeypatch):
+    """Bins of one width (`equal_edges`, ragged last bin) take the reshape path (row chunks of
+    whole bins, causal keys cut, max = exp(max(s - L))) and equal dense pooling; each pool alone
+    equals the same pool of both."""
+    monkeypatch.setattr(P, "CHUNK_ROWS", 7)  # many chunks, each of whole bins
+    ran = []
+    real = P._reshaped
+    monkeypatch.setattr(P, "_reshaped", lambda *a, **k: ran.append(1) or real(*a, **k))
+    res = attnviz.extract(sharp(arch), TEXT)
+    from attnviz import figures as F
+
+    layer = res.n_layers() - 1
+    dense = res.layer(layer)
+    re, ce = P.equal_edges(dense.shape[1], side), P.equal_edges(dense.shape[2], side + 2)
+    assert len(re) <= side and (np.diff(re) == re[1]).all() and dense.shape[1] - re[-1] <= re[1]
+    both = P.pooled(res, layer, row_edges=re, col_edges=ce)
+    assert ran and both.path == "fused"
+    np.testing.assert_allclose(both.values("max"), F.pool(dense, re, ce, "max"), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(both.values("mean"), F.pool(dense, re, ce, "mean"), rtol=0, atol=1e-6)
+    for how in P.POOLS:
+        one = P.pooled(res, layer, [1, 3], row_edges=re, col_edges=ce, pools=[how])
+        np.testing.assert_allclose(one.values(how), both.values(how)[[1, 3]], rtol=0, atol=1e-7)
+        other = "mean" if how == "max" else "max"
+        with pytest.raises(AttnvizError, match=f"no '{other}' pool"):
+            one.values(other)
+    with pytest.raises(AttnvizError, match="pools must name"):
+        P.pooled(res, layer, pools=["median"])
