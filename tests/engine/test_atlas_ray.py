@@ -126,10 +126,17 @@ def test_a_worker_that_cannot_load_the_model_is_one_line(cluster, tmp_path):
     )
 
 
+def ctrl_c_reaches_it() -> None:
+    """In the child before Python starts: Ctrl-C's default action. A job started with `&` from a
+    script (CI) inherits SIGINT ignored, and Python then keeps ignoring it (no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_cli(argv: list, env: dict, **kw) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "attnviz", "atlas", *map(str, argv)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_reaches_it, **kw,
     )  # fmt: skip
 
 
