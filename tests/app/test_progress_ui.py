@@ -36,23 +36,27 @@ def test_a_cancelled_run_stays_cancelled_until_run_again(monkeypatch):
     assert calls == ["run"] and at.get("plotly_chart")
 
 
-def test_the_bar_is_redrawn_at_most_twice_a_second_but_always_first_and_last(monkeypatch):
+def test_the_bar_is_redrawn_at_most_once_a_second_but_always_first_and_last(monkeypatch):
     """Each redraw is a message the browser renders while the forward runs on the same cores:
-    a fast forward's 30 layers draw the first and the last report (and one every 0.5 s)."""
+    of a forward's 30 layers, the first and the last report are drawn, and one per second."""
     from streamlit.delta_generator import DeltaGenerator
 
     from ui import progress
 
     texts: list[str] = []
     real = DeltaGenerator.progress
-    monkeypatch.setattr(
-        DeltaGenerator, "progress", lambda self, value, text=None: texts.append(text) or real(self, value, text)
-    )
-    clock = iter(0.125 * i for i in range(1000))  # each layer takes 1/8 s
+
+    def drawn(self, value, text=None):
+        texts.append(text)
+        return real(self, value, text)
+
+    monkeypatch.setattr(DeltaGenerator, "progress", drawn)
+    clock = iter(0.25 * i for i in range(1000))  # each layer takes 1/4 s
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
     with progress.staged("Running m", 1500, "run") as report:
         for done in range(31):
             report(done, 30)
     layers = [int(t.split("attention layer ")[1].split()[0]) for t in texts if "attention layer" in t]
-    assert layers == list(range(0, 30, 4)), texts  # one redraw per 0.5 s of forward
+    assert progress.REDRAW_EVERY == 1.0
+    assert layers == list(range(0, 30, 4)), texts  # one redraw per second of forward
     assert "forward pass done" in texts[-1]
