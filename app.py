@@ -4,6 +4,15 @@ Every page is a file in pages/ with one parameters dataclass (ui/params.py); ui/
 the table the navigation is built from. `streamlit run app.py` starts the app.
 """
 
+import os
+
+# torch's OpenMP workers sleep when an operation ends instead of spinning for the next one (libgomp
+# reads this once, when torch is imported: so before anything imports it). The browser draws on
+# the same cores as the server: spinning workers took its CPU and each other's, a layer change at
+# 1,500 tokens went 0.8-1.1 s -> 0.6-0.75 s, the server's CPU for it 0.4-0.66 s -> 0.25 s; one
+# forward is as fast (docs/benchmarks.md). A value set by whoever starts the server is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import streamlit as st
 
 from attnviz.server import env

@@ -4,6 +4,7 @@ does not walk every imported object after each rerun."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -22,6 +23,29 @@ def test_the_app_takes_its_imports_out_of_the_collectors_walk():
     code = "import gc, ui.models; print(gc.get_freeze_count())"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert int(out.stdout.split()[-1]) > 100_000
+
+
+def test_torchs_workers_sleep_between_operations_in_the_app():
+    """The app sets OMP_WAIT_POLICY=PASSIVE before torch is first imported (libgomp reads it
+    then): spinning workers took the CPU the browser draws with. A fresh interpreter records the
+    policy at the moment anything imports torch, then runs the app."""
+    code = (
+        "import os, sys\n"
+        "seen = []\n"
+        "def hook(event, args):\n"
+        "    if event == 'import' and args[0] == 'torch' and not seen:\n"
+        "        seen.append(os.environ.get('OMP_WAIT_POLICY'))\n"
+        "sys.addaudithook(hook)\n"
+        "from streamlit.testing.v1 import AppTest\n"
+        "assert 'torch' not in sys.modules\n"
+        "AppTest.from_file('app.py', default_timeout=300).run()\n"
+        "print(seen)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["ATTNVIZ_DEMO"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "['PASSIVE']", out.stdout[-500:]
 
 
 @pytest.mark.slow
