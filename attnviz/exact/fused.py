@@ -66,12 +66,15 @@ def scores_tile(
     if bias is not None:
         s.add_(bias[:, None, k0 : k0 + k.shape[-2]])
     if spec.causal or spec.window is not None:
-        ok = allowed(
-            torch.arange(q0, q0 + q.shape[-2], device=q.device),
-            torch.arange(k0, k0 + k.shape[-2], device=q.device),
-            spec,
-        )
-        s.masked_fill_(~ok, float("-inf"))
+        # only keys some row of the tile may not see: causal alone, those past its first query
+        c0 = max(0, q0 + 1 - k0) if spec.window is None else 0
+        if c0 < k.shape[-2]:
+            ok = allowed(
+                torch.arange(q0, q0 + q.shape[-2], device=q.device),
+                torch.arange(k0 + c0, k0 + k.shape[-2], device=q.device),
+                spec,
+            )
+            s[..., c0:].masked_fill_(~ok, float("-inf"))
     return s
 
 
