@@ -60,25 +60,13 @@ def stage_text(what: str, done: int, total: int, elapsed: float) -> str:
 @contextlib.contextmanager
 def staged(what: str, n_tokens: int, run_key: Hashable) -> Iterator[Callable[[int, int], None]]:
     """A progress bar and a Cancel button for one run; yields the ``progress`` callback."""
-    key = _key(run_key)
-    holder = st.empty()
-    with holder.container():
-        bar = st.progress(0.0, text=f"{what}: {n_tokens} tokens, starting the forward pass…")
-        st.button(
-            "Cancel",
-            key=f"cancel_{key}",
-            on_click=_cancel,
-            args=(key,),
-            help="Stop this run now; nothing is kept and the model is free for the next request.",
-        )
-    report = _throttled(
-        lambda done, total, elapsed: bar.progress(
-            min(done / max(total, 1), 1.0), text=stage_text(what, done, total, elapsed)
-        )
-    )
-    with _cleared_on_error(holder):
-        yield report  # an interrupted run leaves the holder to the rerun, which redraws the page
-    holder.empty()
+    with _bar(
+        run_key,
+        f"{what}: {n_tokens} tokens, starting the forward pass…",
+        "Stop this run now; nothing is kept and the model is free for the next request.",
+        lambda done, total, elapsed: stage_text(what, done, total, elapsed),
+    ) as report:
+        yield report  # an interrupted run leaves the bar to the rerun, which redraws the page
 
 
 @contextlib.contextmanager
@@ -97,31 +85,27 @@ def _cleared_on_error(holder: DeltaGenerator) -> Iterator[None]:
 def steps(what: str, run_key: Hashable, *, unit: str = "step") -> Iterator[Callable[[int, int], None]]:
     """A progress bar with a Cancel button for work done in steps (pooling every layer); yields
     ``report(done, total)``. Check `cancelled` with the same ``run_key`` before starting."""
+    with _bar(
+        run_key,
+        f"{what}…",
+        "Stop now; what is done so far is kept for the next try.",
+        lambda done, total, _: f"{what}: {unit} {done} of {total}…",
+    ) as report:
+        yield report
+
+
+@contextlib.contextmanager
+def _bar(
+    run_key: Hashable, first: str, cancel_help: str, line: Callable[[int, int, float], str]
+) -> Iterator[Callable[[int, int], None]]:
+    """A bar showing ``first``, a Cancel button beside it, and ``report(done, total)`` that
+    redraws the bar with ``line(done, total, elapsed)`` at most every `REDRAW_EVERY` seconds
+    (always the first and the last report); both are cleared when the work ends or fails."""
     key = _key(run_key)
     holder = st.empty()
     with holder.container():
-        bar = st.progress(0.0, text=f"{what}…")
-        st.button(
-            "Cancel",
-            key=f"cancel_{key}",
-            on_click=_cancel,
-            args=(key,),
-            help="Stop now; what is done so far is kept for the next try.",
-        )
-
-    report = _throttled(
-        lambda done, total, _: bar.progress(
-            min(done / max(total, 1), 1.0), text=f"{what}: {unit} {done} of {total}…"
-        )
-    )
-    with _cleared_on_error(holder):
-        yield report
-    holder.empty()
-
-
-def _throttled(draw: Callable[[int, int, float], object]) -> Callable[[int, int], None]:
-    """``report(done, total)`` calling ``draw(done, total, elapsed)`` at most every
-    `REDRAW_EVERY` seconds, and always for the first and the last report."""
+        bar = st.progress(0.0, text=first)
+        st.button("Cancel", key=f"cancel_{key}", on_click=_cancel, args=(key,), help=cancel_help)
     started = drawn = time.perf_counter()
 
     def report(done: int, total: int) -> None:
@@ -130,6 +114,8 @@ def _throttled(draw: Callable[[int, int, float], object]) -> Callable[[int, int]
         if 0 < done < total and now - drawn < REDRAW_EVERY:
             return
         drawn = now
-        draw(done, total, now - started)
+        bar.progress(min(done / max(total, 1), 1.0), text=line(done, total, now - started))
 
-    return report
+    with _cleared_on_error(holder):
+        yield report
+    holder.empty()
