@@ -45,11 +45,16 @@ def main() -> None:
             "the token after the earlier occurrence (induction heads).",
         )
     explorer = ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack)
-    every_head(lm.spec, res, ref.key, stack, cmap, choice, explorer)
+    # The mosaic sits on top but is pooled last: the browser draws the statistics and the head
+    # finder while the server pools every head, instead of waiting for it.
+    top = st.container()
     hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=frame.token)
+    if hm is not None:
+        head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
+    with top:
+        every_head(lm.spec, res, ref.key, stack, cmap, choice, explorer)
     if hm is None:
         shell.stop()
-    head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
     if res.n_tokens <= ROLLOUT_AUTO_TOKENS or st.toggle(
         "Attention rollout",
         key="rollout_on",

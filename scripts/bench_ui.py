@@ -8,11 +8,15 @@
 ``/usr/bin/chromium``) opens it with the default sentence (model loaded), then the text is pasted
 into the sidebar's text box and submitted (Ctrl+Enter). "first view" is the time from the key press
 until the first heatmap of the new text is drawn (its Plotly SVG image in the page); "whole page"
-until the run is over and every chart is drawn. Each repeat uses a fresh text of the same length
-(a different first word: no cache hit), and one plain SDPA forward of the same text is measured in
-this process right after each browser run (the server is idle then); ratios are medians of the
-per-repeat ratios. On a shared machine wall-clock ratios move with the load, so the same ratio is
-also given in CPU time: the server process's CPU seconds from the key press to the first view
+until the run is over and every chart is drawn. Before the timed submits of a size, one untimed
+submit of that size warms the server (its first forward of a size pays one-off allocations).
+Each repeat uses a fresh text of the same length (a different first word: no cache hit; the page
+walk's texts differ from these, and a timed submit that ran no forward stops the bench), and one
+plain SDPA forward of the same text is measured in this process right after each browser run
+(the server is idle then): the median of three forwards, so one forward slowed by the last
+drawing (or a lucky one) does not set the ratio; ratios are medians of the per-repeat ratios.
+On a shared machine wall-clock ratios move with the load, so the same ratio is also given in
+CPU time: the server process's CPU seconds from the key press to the first view
 over the bench process's CPU seconds for the forward. Results go into docs/benchmarks.md between
 the ui-browser markers. With ``--pages N`` (default 1500; 0: none) the same browser then times each
 page and control at N tokens (scripts/bench_ui_pages.py: a head and a layer change, Model

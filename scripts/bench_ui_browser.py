@@ -103,7 +103,9 @@ def run_browser(
             rows = []
             load0 = os.getloadavg()[0]
             # the first forward of a size pays one-off allocations in each process: warm both up
-            forward_once(lm, texts(lm, n, 1)[0][0])
+            warm, n_warm = texts(lm, n, 1, word="Warm")[0]
+            forward_once(lm, warm, runs=1)
+            one_run(page, warm, n_warm, psutil.Process(server.pid))
             for text, n_app in texts(lm, n, repeats):
                 first, whole, cpu = one_run(page, text, n_app, psutil.Process(server.pid))
                 extract = extraction_seconds(server.log(), n_app)
@@ -125,7 +127,7 @@ def run_browser(
             sys.stdout.flush()
             lines.append(line)
         if pages:
-            run_pages(page, lm, pages, repeats, out, no_write, version)
+            run_pages(page, lm, pages, repeats, out, no_write, version, server.log)
         page.context.close()
     if not no_write and lines:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

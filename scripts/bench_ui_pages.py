@@ -77,14 +77,32 @@ def layer_step(page) -> Callable[[], None]:
     return act
 
 
-def one_repeat(page, lm: attnviz.LoadedModel, n: int, i: int) -> dict[str, tuple[float, float | None]]:
+def extractions(log: Callable[[], str]) -> int:
+    """How many extractions the server has logged (attnviz.extract logs each one)."""
+    return log().count("extract model=")
+
+
+def fresh(page, act: Callable[[], None], log: Callable[[], str]) -> float:
+    """`timed` for a submit that must run the model: a result from the server's cache would time
+    a redraw, not a forward, so it stops the bench."""
+    before = extractions(log)
+    wall = timed(page, act)
+    if extractions(log) == before:
+        raise RuntimeError("a timed submit ran no forward (a cached text?): the ratio would be wrong")
+    return wall
+
+
+def one_repeat(
+    page, lm: attnviz.LoadedModel, n: int, i: int, log: Callable[[], str]
+) -> dict[str, tuple[float, float | None]]:
     """{row: (wall seconds, forward seconds or None)} for one pass through the pages."""
-    (text_e, _), (text_o, _) = texts(lm, n, 2 * i + 2)[2 * i :]
+    # "Walk": not the submit rows' texts ("Run"), which the server may still hold in its cache
+    (text_e, _), (text_o, _) = texts(lm, n, 2 * i + 2, word="Walk")[2 * i :]
     out: dict[str, tuple[float, float | None]] = {}
     parts = urllib.parse.urlsplit(page.url)  # back to the Explorer, whatever page the last pass ended on
     page.goto(f"{parts.scheme}://{parts.netloc}/?model=smollm2-135m")
     wait_idle(page, 600_000)
-    wall = timed(page, submit(page, text_e))
+    wall = fresh(page, submit(page, text_e), log)
     out["Explorer: submit → page idle"] = (wall, forward_once(lm, text_e)[0])
     out["head change → idle"] = (timed(page, pick_head(page, 3 + i)), None)
     out["layer change → idle"] = (timed(page, layer_step(page)), None)
@@ -94,7 +112,7 @@ def one_repeat(page, lm: attnviz.LoadedModel, n: int, i: int) -> dict[str, tuple
     )
     out["page switch back to the Explorer (computed) → idle"] = (timed(page, go(page, "Explorer")), None)
     timed(page, go(page, "Model overview"))
-    wall = timed(page, submit(page, text_o))
+    wall = fresh(page, submit(page, text_o), log)
     out["Model overview: submit a new text → idle"] = (wall, forward_once(lm, text_o)[0])
     wall = timed(page, go(page, "Generation"))
     out["Generation (8 tokens) of that prompt → idle"] = (wall, forward_once(lm, text_o)[0])
@@ -112,12 +130,20 @@ TARGETS = {
 
 
 def run_pages(
-    page, lm: attnviz.LoadedModel, n: int, repeats: int, out: Path, no_write: bool, version: str
+    page,
+    lm: attnviz.LoadedModel,
+    n: int,
+    repeats: int,
+    out: Path,
+    no_write: bool,
+    version: str,
+    log: Callable[[], str],
 ) -> None:
+    """The walk above ``repeats`` times at ``n`` tokens; ``log`` reads the server's log so far."""
     rows: dict[str, list[tuple[float, float | None]]] = {}
     loads = [os.getloadavg()[0]]
     for i in range(repeats):
-        for name, value in one_repeat(page, lm, n, i).items():
+        for name, value in one_repeat(page, lm, n, i, log).items():
             rows.setdefault(name, []).append(value)
             wall, fwd = value
             extra = f" (forward {fwd:.2f} s, {wall / fwd:.2f}x)" if fwd else ""

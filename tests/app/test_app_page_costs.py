@@ -103,3 +103,21 @@ def test_a_long_texts_overview_rolls_out_when_asked(env, monkeypatch):
     short = new_app(OVERVIEW, model=TINY, text="the bank of the river", induction=0).run()
     ok(short)
     assert calls == [1, 1]
+
+
+@pytest.mark.slow
+def test_the_overview_draws_its_statistics_before_it_pools_every_head(env, monkeypatch):
+    """The statistics and the head finder are sent before the mosaic is pooled (the browser
+    draws them while the server pools every head), and the mosaic still sits above them."""
+    from ui import attention
+
+    calls = []
+    real_pooled, real_metrics = pooling.pooled, attention.head_metrics
+    monkeypatch.setattr(pooling, "pooled", lambda *a, **k: calls.append("pool") or real_pooled(*a, **k))
+    monkeypatch.setattr(attention, "head_metrics", lambda *a, **k: calls.append("stats") or real_metrics(*a, **k))
+    at = new_app(OVERVIEW, model=TINY, text=LONG, induction=0).run()
+    ok(at)
+    assert calls[0] == "stats" and "pool" in calls
+    heads = [s.value for s in at.subheader]
+    assert heads.index(next(h for h in heads if h.startswith("Every head"))) < heads.index("Head statistics")
+    assert heads.index("Head statistics") < heads.index("Head finder")
