@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psutil  # noqa: E402
-from bench_ui_common import forward_once, texts  # noqa: E402
+from bench_ui_common import forward_median, texts  # noqa: E402
 from bench_ui_pages import run_pages  # noqa: E402
 from browser_page import chromium, script_runs, wait_idle  # noqa: E402
 from server import streamlit_server  # noqa: E402
@@ -91,7 +91,7 @@ def run_browser(
     """The explorer's submit at each size in ``ns`` (table ui-browser), then, with ``pages``, the
     page costs at that many tokens (scripts/bench_ui_pages.py, table ui-pages)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the server and Chromium
-    forward_once(lm, lm.tokenizer.decode(ids_of_length(lm, 64)))  # the floor's own warm-up
+    forward_median(lm, lm.tokenizer.decode(ids_of_length(lm, 64)))  # the floor's own warm-up
     lines = []
     sys.stdout.write(HEADER + "\n")
     with streamlit_server(name="bench-ui", startup_timeout=300) as server, chromium() as browser:
@@ -104,12 +104,12 @@ def run_browser(
             load0 = os.getloadavg()[0]
             # the first forward of a size pays one-off allocations in each process: warm both up
             warm, n_warm = texts(lm, n, 1, word="Warm")[0]
-            forward_once(lm, warm, runs=1)
+            forward_median(lm, warm, runs=1)
             one_run(page, warm, n_warm, psutil.Process(server.pid))
             for text, n_app in texts(lm, n, repeats):
                 first, whole, cpu = one_run(page, text, n_app, psutil.Process(server.pid))
                 extract = extraction_seconds(server.log(), n_app)
-                floor, floor_cpu = forward_once(lm, text)
+                floor, floor_cpu = forward_median(lm, text)
                 rows.append((first, whole, floor, extract, cpu / floor_cpu))
                 sys.stderr.write(f"  {n_app} tokens: first {first:.2f} s (extract {extract:.2f}), ")
                 sys.stderr.write(f"page {whole:.2f} s, ")

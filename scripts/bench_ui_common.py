@@ -27,7 +27,7 @@ def texts(lm: attnviz.LoadedModel, n: int, repeats: int, word: str = "Run") -> l
     return out
 
 
-def forward_once(lm: attnviz.LoadedModel, text: str, runs: int = 3) -> tuple[float, float]:
+def forward_median(lm: attnviz.LoadedModel, text: str, runs: int = 3) -> tuple[float, float]:
     """(wall, CPU) seconds of one plain SDPA forward of ``text`` as the app tokenizes it (no
     capture; CPU = this process, every thread): the median of ``runs`` forwards, so that one
     forward slowed by the server's or the browser's last work (or one lucky one) does not

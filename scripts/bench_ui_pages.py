@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_ui_common import forward_once, texts
+from bench_ui_common import forward_median, texts
 from browser_page import script_runs, wait_idle
 
 import attnviz
@@ -103,7 +103,7 @@ def one_repeat(
     page.goto(f"{parts.scheme}://{parts.netloc}/?model=smollm2-135m")
     wait_idle(page, 600_000)
     wall = fresh(page, submit(page, text_e), log)
-    out["Explorer: submit → page idle"] = (wall, forward_once(lm, text_e)[0])
+    out["Explorer: submit → page idle"] = (wall, forward_median(lm, text_e)[0])
     out["head change → idle"] = (timed(page, pick_head(page, 3 + i)), None)
     out["layer change → idle"] = (timed(page, layer_step(page)), None)
     out["Model overview on the Explorer's cached result → idle"] = (
@@ -113,9 +113,9 @@ def one_repeat(
     out["page switch back to the Explorer (computed) → idle"] = (timed(page, go(page, "Explorer")), None)
     timed(page, go(page, "Model overview"))
     wall = fresh(page, submit(page, text_o), log)
-    out["Model overview: submit a new text → idle"] = (wall, forward_once(lm, text_o)[0])
+    out["Model overview: submit a new text → idle"] = (wall, forward_median(lm, text_o)[0])
     wall = timed(page, go(page, "Generation"))
-    out["Generation (8 tokens) of that prompt → idle"] = (wall, forward_once(lm, text_o)[0])
+    out["Generation (8 tokens) of that prompt → idle"] = (wall, forward_median(lm, text_o)[0])
     return out
 
 

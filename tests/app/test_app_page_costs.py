@@ -113,9 +113,17 @@ def test_the_overview_draws_its_statistics_before_it_pools_every_head(env, monke
 
     calls = []
     real_pooled, real_metrics = pooling.pooled, attention.head_metrics
-    monkeypatch.setattr(pooling, "pooled", lambda *a, **k: calls.append("pool") or real_pooled(*a, **k))
-    stats = lambda *a, **k: calls.append("stats") or real_metrics(*a, **k)  # noqa: E731
-    monkeypatch.setattr(attention, "head_metrics", stats)
+
+    def spy_pooled(*a, **k):
+        calls.append("pool")
+        return real_pooled(*a, **k)
+
+    def spy_metrics(*a, **k):
+        calls.append("stats")
+        return real_metrics(*a, **k)
+
+    monkeypatch.setattr(pooling, "pooled", spy_pooled)
+    monkeypatch.setattr(attention, "head_metrics", spy_metrics)
     at = new_app(OVERVIEW, model=TINY, text=LONG, induction=0).run()
     ok(at)
     assert calls[0] == "stats" and "pool" in calls
