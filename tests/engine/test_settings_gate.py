@@ -1,10 +1,13 @@
+import contextlib
+import logging
+import random
 import threading
 import time
 
 import pytest
 
 import attnviz
-from attnviz.server.gate import InferenceGate
+from attnviz.server.gate import InferenceGate, QueueFull, RunTooLong, Superseded
 from attnviz.server.settings import DEMO_MAX_TOKENS, settings
 from attnviz.server.specs import resolve
 
@@ -71,12 +74,12 @@ def test_gate_is_fifo_and_reports_positions():
         with gate.turn(on_wait=seen[i].append, poll_seconds=0.01):
             order.append(i)
 
-    t0 = threading.Thread(target=holder)
+    t0 = threading.Thread(daemon=True, target=holder)
     t0.start()
     inside.wait(5)
     threads = []
     for i in (1, 2, 3):
-        t = threading.Thread(target=waiter, args=(i,))
+        t = threading.Thread(daemon=True, target=waiter, args=(i,))
         t.start()
         threads.append(t)
         until(lambda i=i: gate.waiting == i)  # waiter i is queued before waiter i + 1 starts
@@ -88,3 +91,317 @@ def test_gate_is_fifo_and_reports_positions():
     assert seen[1][0] == 1 and seen[3][0] == 3
     assert seen[3] == sorted(seen[3], reverse=True)  # positions only move forward
     assert gate.waiting == 0
+
+
+class Left(BaseException):
+    """What Streamlit raises at a yield point for a visitor who has gone (StopException is a
+    BaseException too)."""
+
+
+def hold(gate: InferenceGate):
+    """A thread holding the gate until the returned event is set."""
+    inside, release = threading.Event(), threading.Event()
+
+    def run():
+        with gate.turn():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(daemon=True, target=run)
+    t.start()
+    assert inside.wait(5)
+    return t, release
+
+
+def drained(gate: InferenceGate) -> bool:
+    """Empty: nothing waits, nothing runs, and a new turn gets in at once."""
+    st = gate.status()
+    if st.waiting or st.running_for is not None:
+        return False
+    got = threading.Event()
+
+    def probe():
+        with gate.turn():
+            got.set()
+
+    t = threading.Thread(daemon=True, target=probe)
+    t.start()
+    t.join(2)
+    return got.is_set()
+
+
+@pytest.mark.parametrize("stop_at", [1, 2, 3])
+def test_a_visitor_who_leaves_while_waiting_leaves_no_ticket(stop_at):
+    """on_wait raising (the page's position message for a visitor who has gone) at any poll
+    removes the ticket: the queue moves on (issue 34: the ticket stayed and jammed the queue)."""
+    gate = InferenceGate()
+    holder, release = hold(gate)
+    calls: list[int] = []
+
+    def on_wait(pos: int) -> None:
+        calls.append(pos)
+        if len(calls) == stop_at:
+            raise Left
+
+    with pytest.raises(Left), gate.turn(on_wait=on_wait, poll_seconds=0.001):
+        pytest.fail("a visitor who left must never run")
+    assert gate.waiting == 0  # dropped at once, while the holder still runs
+    release.set()
+    holder.join(5)
+    assert drained(gate)
+
+
+@pytest.mark.parametrize("where", ["start", "middle", "end"])
+def test_a_session_stopped_during_its_run_releases_the_gate(where):
+    gate = InferenceGate()
+    steps = {"start": 0, "middle": 1, "end": 2}[where]
+    with pytest.raises(Left), gate.turn() as turn:
+        for i in range(3):
+            if i == steps:
+                raise Left
+            turn.check()
+    assert drained(gate)
+
+
+def test_a_waiter_behind_a_visitor_who_left_moves_up():
+    gate = InferenceGate()
+    holder, release = hold(gate)
+    second_pos: list[int] = []
+    left = threading.Event()
+
+    def leaver():
+        def on_wait(pos):
+            if second_pos:  # the next visitor has queued behind us: leave now
+                left.set()
+                raise Left
+
+        with contextlib.suppress(Left), gate.turn(on_wait=on_wait, poll_seconds=0.001):
+            pass
+
+    def stayer():
+        with gate.turn(on_wait=second_pos.append, poll_seconds=0.001):
+            pass
+
+    a = threading.Thread(daemon=True, target=leaver)
+    a.start()
+    until(lambda: gate.waiting == 1)
+    b = threading.Thread(daemon=True, target=stayer)
+    b.start()
+    until(lambda: left.is_set())
+    until(lambda: 1 in second_pos[1:])  # position 2 -> 1 while the holder still runs
+    assert second_pos[0] == 2
+    release.set()
+    for t in (holder, a, b):
+        t.join(5)
+    assert drained(gate)
+
+
+def test_fifty_visitors_coming_and_going_always_drain():
+    """50 visitors at random: leave while waiting, fail or stop during the run, edit (a second
+    request from the same visitor), or finish. At no point may two run at once, and the gate
+    ends empty."""
+    rng = random.Random(34)
+    gate = InferenceGate(max_queue=0)
+    running = [0]
+    overlap: list[int] = []
+    ran = [0]
+    guard = threading.Lock()
+
+    def visitor(i: int, plan: str, polls: int, visitor_id: int):
+        def on_wait(_pos: int) -> None:
+            nonlocal polls
+            polls -= 1
+            if plan == "leave" and polls <= 0:
+                raise Left
+
+        stopped = contextlib.suppress(Left, Superseded, RuntimeError)
+        with stopped, gate.turn(on_wait=on_wait, visitor=visitor_id, poll_seconds=0.001):
+            with guard:
+                running[0] += 1
+                if running[0] > 1:
+                    overlap.append(i)
+            try:
+                time.sleep(rng.random() * 0.004)
+                if plan == "fail":
+                    raise RuntimeError("boom")
+                if plan == "stop":
+                    raise Left
+                ran[0] += 1
+            finally:
+                with guard:
+                    running[0] -= 1
+
+    threads = []
+    for i in range(50):
+        plan = rng.choice(["leave", "fail", "stop", "finish", "finish"])
+        t = threading.Thread(
+            daemon=True, target=visitor, args=(i, plan, rng.randint(1, 4), rng.randint(0, 30))
+        )
+        threads.append(t)
+        t.start()
+        time.sleep(rng.random() * 0.002)
+    deadline = time.monotonic() + 10
+    for t in threads:
+        t.join(max(deadline - time.monotonic(), 0))
+    assert not any(t.is_alive() for t in threads)
+    assert not overlap
+    assert ran[0] > 0
+    assert drained(gate)
+
+
+def test_queue_cap_refuses_with_a_message():
+    gate = InferenceGate(max_queue=1)
+    holder, release = hold(gate)
+    queued = threading.Event()
+
+    def wait_one():
+        with gate.turn(on_wait=lambda pos: queued.set(), poll_seconds=0.001):
+            pass
+
+    waiter = threading.Thread(daemon=True, target=wait_one)
+    waiter.start()
+    assert queued.wait(5)
+    with pytest.raises(QueueFull, match="queue is full"), gate.turn():
+        pass
+    assert gate.waiting == 1  # the refused one never queued
+    release.set()
+    holder.join(5)
+    waiter.join(5)
+    assert drained(gate)
+
+
+def test_one_pending_request_per_visitor_keeps_its_place():
+    gate = InferenceGate()
+    holder, release = hold(gate)
+    outcome: dict[str, str] = {}
+    queued = {k: threading.Event() for k in ("old", "other", "new")}
+
+    def request(name: str, visitor: str):
+        try:
+            with gate.turn(on_wait=lambda pos: queued[name].set(), visitor=visitor, poll_seconds=0.001):
+                outcome[name] = f"ran {len(outcome)}"
+        except Superseded:
+            outcome[name] = "superseded"
+
+    old = threading.Thread(daemon=True, target=request, args=("old", "v1"))
+    old.start()
+    assert queued["old"].wait(5)
+    other = threading.Thread(daemon=True, target=request, args=("other", "v2"))
+    other.start()
+    assert queued["other"].wait(5)
+    new = threading.Thread(daemon=True, target=request, args=("new", "v1"))  # v1 edits its text
+    new.start()
+    until(lambda: outcome.get("old") == "superseded")
+    assert gate.waiting == 2  # v1's new request and v2's
+    release.set()
+    for t in (holder, old, other, new):
+        t.join(5)
+    assert outcome == {"old": "superseded", "new": "ran 1", "other": "ran 2"}  # new took old's place
+    assert drained(gate)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_limit_per_run_and_the_estimate():
+    clock = Clock()
+    gate = InferenceGate(run_limit=10, clock=clock)
+    assert gate.estimate(1) is None  # no run yet: no estimate
+    for spent in (2.0, 4.0, 6.0):
+        with gate.turn():
+            clock.now += spent
+    assert gate.status().typical_run == 4.0
+    assert gate.estimate(1) == 4.0 and gate.estimate(3) == 12.0
+    with gate.turn() as turn:
+        clock.now += 9
+        turn.check()  # within the limit
+        assert gate.estimate(2) == 4.0  # the holder is past typical: next starts "now" + one run
+        clock.now += 2
+        with pytest.raises(RunTooLong, match="limit of 10 s"):
+            turn.check()
+    assert drained(gate)
+
+
+def test_watchdog_releases_a_stuck_holder_with_a_logged_error(caplog):
+    clock = Clock()
+    gate = InferenceGate(run_limit=10, stuck_after=50, clock=clock)
+    holder, release = hold(gate)
+    clock.now += 40
+    assert gate.sweep().running_for == 40  # slow, not stuck
+    clock.now += 20
+    with caplog.at_level(logging.ERROR, logger="attnviz.server.gate"):
+        st = gate.sweep()
+    assert "held the gate for 60 s" in caplog.text
+    assert st.running_for is None and st.released_stuck == 1
+    assert drained(gate)  # the next visitor runs although the stuck one never returned
+    release.set()
+    holder.join(5)
+    assert drained(gate)  # its late exit removes nothing of anyone else's
+
+
+def test_a_ticket_left_by_an_ended_thread_is_removed(caplog):
+    """The net under the finally: a thread that took a turn and ended without releasing it (a
+    bug) does not jam the gate: the next waiter's poll removes it, with an error logged."""
+    gate = InferenceGate()
+    t = threading.Thread(daemon=True, target=gate.acquire)
+    t.start()
+    t.join(5)
+    assert gate.status().running_for is not None
+    ok = threading.Event()
+
+    def next_visitor():
+        with gate.turn(poll_seconds=0.001):
+            ok.set()
+
+    with caplog.at_level(logging.ERROR, logger="attnviz.server.gate"):
+        threading.Thread(daemon=True, target=next_visitor).start()
+        assert ok.wait(5)
+    assert "ended thread" in caplog.text
+    assert gate.status().removed_dead == 1
+    assert drained(gate)
+
+
+def test_status_line_shows_queue_length_and_oldest_ticket():
+    clock = Clock()
+    gate = InferenceGate(max_queue=8, clock=clock)
+    holder, release = hold(gate)
+    queued = threading.Event()
+    w = threading.Thread(
+        daemon=True, target=lambda: gate.turn(on_wait=lambda p: queued.set(), poll_seconds=0.001).__enter__()
+    )
+    w.start()
+    assert queued.wait(5)
+    clock.now += 7
+    line = gate.status().line()
+    assert "1 waiting (cap 8)" in line and "oldest ticket 7.0 s" in line and "running for 7.0 s" in line
+    release.set()
+    holder.join(5)
+    w.join(5)  # entered and never left, then ended: the net removes it
+    assert drained(gate)
+
+
+def test_gated_lock_queues_engine_code_at_the_gate_and_is_reentrant():
+    gate = InferenceGate()
+    lock = gate.lock(threading.RLock())
+    with gate.turn(), lock, lock:  # the page's turn, then the engine's lm.lock: no second ticket
+        assert gate.waiting == 0
+    holder, release = hold(gate)
+    entered = threading.Event()
+
+    def engine():
+        with lock:
+            entered.set()
+
+    t = threading.Thread(daemon=True, target=engine)
+    t.start()
+    until(lambda: gate.waiting == 1)  # engine code waits at the gate, not beside it
+    assert not entered.is_set()
+    release.set()
+    holder.join(5)
+    t.join(5)
+    assert entered.is_set() and drained(gate)
