@@ -11,6 +11,8 @@ Tensors are compared by address only while both are held, so an equal address is
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -71,10 +73,13 @@ class Block:
 
 
 class BlockHooks:
-    """Forward hooks on every decoder block and its direct children for one forward pass."""
+    """Forward hooks on every decoder block and its direct children for one forward pass. Make
+    them while holding the model's lock: they see only the forwards of the thread that made them
+    (another thread's forward through the same modules passes them by)."""
 
     def __init__(self, layers: list[Any], attn: list[Any], dtype: torch.dtype) -> None:
         self.dtype, self.attn = dtype, attn
+        self.owner = threading.get_ident()
         self.stream: list[torch.Tensor] = []
         self.last_out: torch.Tensor | None = None
         self.blocks: list[Block] = []
@@ -82,24 +87,35 @@ class BlockHooks:
         self.handles: list[Any] = []
         for i, layer in enumerate(layers):
             self.handles += [
-                layer.register_forward_pre_hook(self._enter(i), with_kwargs=True),
-                layer.register_forward_hook(self._leave(i)),
+                layer.register_forward_pre_hook(self._mine(self._enter(i)), with_kwargs=True),
+                layer.register_forward_hook(self._mine(self._leave(i))),
             ]
             for name, child in layer.named_children():
                 if isinstance(child, torch.nn.Dropout):
                     continue
                 if child is attn[i]:
                     self.handles += [
-                        child.register_forward_pre_hook(self._attn_in, with_kwargs=True),
-                        child.register_forward_hook(self._attn_out),
+                        child.register_forward_pre_hook(self._mine(self._attn_in), with_kwargs=True),
+                        child.register_forward_hook(self._mine(self._attn_out)),
                     ]
                 elif name in MLP_NAMES:
                     self.handles += [
-                        child.register_forward_pre_hook(self._mlp_in, with_kwargs=True),
-                        child.register_forward_hook(self._mlp_out),
+                        child.register_forward_pre_hook(self._mine(self._mlp_in), with_kwargs=True),
+                        child.register_forward_hook(self._mine(self._mlp_out)),
                     ]
                 else:
-                    self.handles.append(child.register_forward_hook(self._child(name), with_kwargs=True))
+                    self.handles.append(
+                        child.register_forward_hook(self._mine(self._child(name)), with_kwargs=True)
+                    )
+
+    def _mine(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        """``hook`` for this thread's forwards only (None: another thread's call is left alone)."""
+        owner = self.owner
+
+        def scoped(*args: Any) -> Any:
+            return hook(*args) if threading.get_ident() == owner else None
+
+        return scoped
 
     def close(self) -> None:
         for h in self.handles:

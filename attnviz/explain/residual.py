@@ -239,15 +239,18 @@ def trace(
         what=f"tracing {len(ids)} tokens (the residual stream around every block)",
         hint="a shorter text",
     )
-    hooks = BlockHooks(blocks, attn, dtype)
     means: dict[str, torch.Tensor] = {}
     watch = _observe_heads(lm, means) if lm.supports_capture else contextlib.nullcontext()
-    try:
-        tell = None if progress is None else (lambda done: progress(min(done, len(blocks)), len(blocks)))
-        with lm.lock, torch.inference_mode(), recording(lm.module_names, on_call=tell) as rec, watch:
-            out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
-    finally:
-        hooks.close()
+    tell = None if progress is None else (lambda done: progress(min(done, len(blocks)), len(blocks)))
+    with lm.lock, torch.inference_mode():
+        # the hooks go on the shared model only once we hold its lock (and fire only on this
+        # thread): registered while waiting, they fired inside another visitor's forward (issue 34)
+        hooks = BlockHooks(blocks, attn, dtype)
+        try:
+            with recording(lm.module_names, on_call=tell) as rec, watch:
+                out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
+        finally:
+            hooks.close()
     problem = next((b.problem for b in hooks.blocks if b.problem), "")
     if problem or len(hooks.blocks) != len(blocks) or len(rec.calls) != len(blocks) or rec.unsupported:
         raise Unsupported(
