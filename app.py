@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import streamlit as st
 
 from attnviz.server import env
-from ui import shell
+from ui import demo, shell
 
 st.set_page_config(page_title="attnviz", page_icon=":material/search:", layout="wide")
 try:
@@ -24,6 +24,8 @@ try:
 except env.BadSetting as err:
     st.error(f"The server is misconfigured: {err}.", icon=":material/settings:")
     st.stop()
+demo.refuse_shared_messages()  # demo: no client message reaches other visitors (ui/demo.py)
+demo.limits_banner()
 page = st.navigation(
     [
         st.Page(e.file, title=e.params.PAGE, icon=e.icon, url_path=e.url_path or None, default=not e.url_path)

@@ -160,7 +160,7 @@ def real_layer() -> None:
             wt = models.cached(
                 "walkthrough",
                 key,
-                lambda: W.layer_walkthrough(lm, text, layer, chat=chat, max_tokens=max_tokens),
+                models.gated(lambda: W.layer_walkthrough(lm, text, layer, chat=chat, max_tokens=max_tokens)),
                 nbytes=lambda w: sum(s.value.nbytes for s in w.steps),
             )
     if wt is None:

@@ -35,13 +35,14 @@ else:
 def main() -> None:
     """The page body. Models and results stay locals of this run; the download callables get
     `models.ResultRef`s (they and the widget format functions outlive the run; see app.py)."""
-    lm_a, res_a, ref_a = shell.load_and_extract(frame)
-    if not spec_b or not text_b.strip():
-        st.info("Type text B." if mode == "two texts" else "Pick model B.")
-        shell.stop()
-    lm_b = lm_a if spec_b == spec_a else shell.load(spec_b, frame.token)
-    chat_b = ref_a.chat and lm_b.has_chat_template
-    res_b, ref_b = models.extract(lm_b, text_b, spec=spec_b, token=frame.token, chat=chat_b)
+    with models.one_turn():  # demo: one place in the queue for both texts
+        lm_a, res_a, ref_a = shell.load_and_extract(frame)
+        if not spec_b or not text_b.strip():
+            st.info("Type text B." if mode == "two texts" else "Pick model B.")
+            shell.stop()
+        lm_b = lm_a if spec_b == spec_a else shell.load(spec_b, frame.token)
+        chat_b = ref_a.chat and lm_b.has_chat_template
+        res_b, ref_b = models.extract(lm_b, text_b, spec=spec_b, token=frame.token, chat=chat_b)
     if res_b is None or ref_b is None:
         shell.stop()
     la, lb = lm_a.layout, lm_b.layout

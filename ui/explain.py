@@ -83,8 +83,8 @@ def computed(
         return None
 
     def run() -> Any:
-        with staged(what, full) as report:
-            return build(report)
+        with models.turn() as check, staged(what, full) as report:  # demo: the one queue
+            return build(models.checked(report, check))
 
     if store is None:
         return models.cached(name, key, run, nbytes=lambda v: getattr(v, "nbytes", 1 << 20))

@@ -36,7 +36,7 @@ from attnviz import AttentionResult, LoadedModel
 from attnviz.extract import Sampling, tokenize
 from attnviz.layout import AttentionLayout
 from attnviz.server import env, specs
-from attnviz.server.gate import InferenceGate
+from attnviz.server.gate import GateStatus, InferenceGate, QueueFull, Superseded
 from attnviz.server.settings import Settings, settings
 from ui import progress
 from ui.text import guarded, literal, md
@@ -68,11 +68,24 @@ def config() -> Settings:
     return settings()
 
 
-def token_key(token: str | None) -> str:
-    """A keyed digest that separates token loads in the cache; "" without a token."""
+def _model_key(token: str | None) -> str:
+    """A keyed digest that separates token loads in the model cache; "" without a token."""
     if not token:
         return ""
     return hmac.new(_SECRET, token.encode(), hashlib.sha256).hexdigest()[:24]
+
+
+def token_key(token: str | None) -> str:
+    """The part of every result key that says whose it is: the token's keyed digest ("" without
+    one) and, on a public demo, this visitor's own id, so a visitor never gets another's cached
+    result (an instant answer would tell that someone ran this text recently)."""
+    key = _model_key(token)
+    return f"{key}|{visitor()}" if config().demo else key
+
+
+def visitor() -> str:
+    """This session's random id (the gate's one-pending-request key, the demo's result scope)."""
+    return str(st.session_state.setdefault("_attnviz_visitor", secrets.token_hex(8)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,7 +100,10 @@ def _load_uncached(spec: str, token: str | None) -> LoadedModel:
 
 @st.cache_resource(max_entries=MAX_MODELS, show_spinner=False)
 def _cached_model(spec: str, token_digest: str, _token: str | None) -> LoadedModel:
-    return _load_uncached(spec, _token)
+    lm = _load_uncached(spec, _token)
+    if config().demo:  # engine code that takes lm.lock queues at the demo's one gate too
+        lm.lock = _gate().lock(lm.lock)  # type: ignore[assignment]
+    return lm
 
 
 @st.cache_resource(show_spinner=False)
@@ -98,23 +114,106 @@ def _ready() -> set[tuple[str, str]]:
 
 @st.cache_resource(show_spinner=False)
 def _gate() -> InferenceGate:
-    return InferenceGate()
+    cfg = config()
+    gate = InferenceGate(max_queue=cfg.queue_max, run_limit=cfg.run_limit)
+    gate.start_watchdog()  # stuck holders and left-over tickets become logged errors, not a jam
+    return gate
+
+
+def gate_status() -> GateStatus:
+    """The demo gate's queue length, oldest ticket and run times (for the operator)."""
+    return _gate().status()
+
+
+POLL_SECONDS = 0.5  # a waiting page redraws its position this often (a visitor who left stops here)
+
+
+def _no_check() -> None:
+    return None
+
+
+def wait_text(position: int, estimate: float | None) -> str:
+    """The waiting visitor's line: position and, once runs have finished, an estimate."""
+    ahead = "1 request is" if position == 1 else f"{position} requests are"
+    about = "" if estimate is None else f" Estimated wait: about {max(round(estimate), 1)} s."
+    return f"⏳ Busy: {ahead} ahead of yours.{about} It starts by itself."
 
 
 @contextlib.contextmanager
-def _turn() -> Iterator[None]:
-    """In demo mode, wait for the one-at-a-time gate and show the queue position."""
+def turn() -> Iterator[Callable[[], None]]:
+    """In demo mode, wait for the one-at-a-time gate (position and estimated wait shown, redrawn
+    every `POLL_SECONDS`: each redraw is where Streamlit stops the run of a visitor who left,
+    reloaded or edited, and the ticket goes with it), then hold it for the block. Yields
+    ``check()``, which raises `RunTooLong` once the run is past the demo's limit (call it from
+    progress callbacks). A full queue says so with a Retry button and stops the page. Reentrant:
+    a turn inside a turn (Compare's two texts, a load inside a run) does not queue again."""
     if not config().demo:
-        yield
+        yield _no_check
         return
+    gate = _gate()
     slot = st.empty()
 
     def on_wait(position: int) -> None:
-        slot.info(f"⏳ Busy: {position} request(s) ahead of yours. It starts by itself.")
+        slot.info(wait_text(position, gate.estimate(position)))
 
-    with _gate().turn(on_wait=on_wait):
+    try:
+        held = gate.acquire(on_wait, visitor=visitor(), poll_seconds=POLL_SECONDS)
+    except QueueFull as err:
         slot.empty()
+        st.warning(f"{err}.", icon=":material/hourglass_disabled:")
+        st.button("Retry", key="attnviz_queue_retry", type="primary", icon=":material/refresh:")
+        st.stop()
+    except Superseded:
+        st.stop()  # this visitor's newer request runs instead
+    try:
+        slot.empty()
+        yield held.check
+    finally:
+        kept = getattr(_kept, "turns", None)
+        if kept is not None:  # inside `one_turn`: held until its block ends
+            kept.append(held)
+        else:
+            gate.release(held)
+
+
+_kept = threading.local()
+
+
+@contextlib.contextmanager
+def one_turn() -> Iterator[None]:
+    """Model work in the block shares one turn: the first run that needs the gate takes it and
+    keeps it to the end of the block (Compare's second text never goes back to the end of the
+    queue); a block whose results are all cached never queues."""
+    if not config().demo or getattr(_kept, "turns", None) is not None:
         yield
+        return
+    _kept.turns = []
+    try:
+        yield
+    finally:
+        turns, _kept.turns = _kept.turns, None
+        for held in reversed(turns):
+            _gate().release(held)
+
+
+def gated(run: Callable[[], T]) -> Callable[[], T]:
+    """``run`` inside a `turn` (for a cached build that runs the model)."""
+
+    def inside() -> T:
+        with turn():
+            return run()
+
+    return inside
+
+
+def checked(report: Callable[[int, int], None], check: Callable[[], None]) -> Callable[[int, int], None]:
+    """A progress callback that first checks the turn's time limit (raising stops the run)."""
+
+    def both(done: int, total: int) -> None:
+        check()
+        report(done, total)
+
+    return both
 
 
 def describe_layout(lay: AttentionLayout) -> str:
@@ -141,7 +240,7 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
     """The shared cached model, with an ``st.status`` the first time (gone once loaded: a toast
     says how long it took); None after an error (already shown)."""
     spec = spec.strip()
-    key = (spec, token_key(token))
+    key = (spec, _model_key(token))
     shown = literal(spec)  # as typed, never Markdown or a link (labels and spinners are Markdown too)
     with guarded("loading the model", token, (spec,)):
         ms = specs.resolve(spec, config())
@@ -159,7 +258,7 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
                         "~/.cache/attnviz (about 25 s, only once)."
                     )
                 status.write("Reading the config, the weights and the tokenizer…")
-                with _turn():
+                with turn():
                     lm = _cached_model(spec, key[1], token)
                 status.write(
                     f"{describe_layout(lm.layout)} on {lm.device}, {str(lm.dtype).removeprefix('torch.')}."
@@ -278,7 +377,7 @@ def extract(
     with guarded(what, token, (lm.spec, text)):
         ids, _ = tokenize(lm, text, chat=chat)
         specs.check_tokens(lm, len(ids) + int(generate), config())  # too big for memory: a message
-        with _turn(), progress.staged(f"{what[0].upper()}{what[1:]}", len(ids), key) as report:
+        with turn() as check, progress.staged(f"{what[0].upper()}{what[1:]}", len(ids), key) as report:
             res = attnviz.extract(
                 lm,
                 text,
@@ -287,7 +386,7 @@ def extract(
                 max_tokens=config().max_tokens,
                 verify="auto",
                 sampling=sampling,
-                progress=report,
+                progress=checked(report, check),
                 statistics=statistics,
             )
         cache.put(key, res, res.nbytes)
@@ -325,7 +424,7 @@ def result_now(ref: ResultRef) -> AttentionResult:
         return hit
     log.info("result evicted; running %s again for a download", ref.spec)
     specs.resolve(ref.spec, config())
-    lm = _cached_model(ref.spec, token_key(ref.token), ref.token)
+    lm = _cached_model(ref.spec, _model_key(ref.token), ref.token)
     with _gate().turn() if config().demo else contextlib.nullcontext():
         res = attnviz.extract(
             lm,

@@ -27,7 +27,10 @@ BOOLEAN_FLAGS: dict[str, tuple[bool, str]] = {
 INTEGER_FLAGS: dict[str, tuple[int, str]] = {
     "ATTNVIZ_MAX_TOKENS": (8192, "token cap (default 8192, demo 512)"),
     "ATTNVIZ_RESULT_CACHE_MB": (1536, "the app's result cache budget in MiB"),
+    "ATTNVIZ_QUEUE_MAX": (16, "demo: requests that may wait at once (0 = no cap)"),
+    "ATTNVIZ_RUN_LIMIT_S": (120, "demo: seconds one run may take before it is stopped"),
 }
+INTEGER_LOWEST = {"ATTNVIZ_QUEUE_MAX": 0}  # 0 = no cap; the others start at 1
 
 
 class BadSetting(AttnvizError):
@@ -72,4 +75,4 @@ def check_all() -> None:
     for name, (default, _) in BOOLEAN_FLAGS.items():
         flag(name, default)
     for name, (number, _) in INTEGER_FLAGS.items():
-        integer(name, number)
+        integer(name, number, lo=INTEGER_LOWEST.get(name, 1))

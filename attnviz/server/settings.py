@@ -7,6 +7,8 @@ ATTNVIZ_DEMO=1                public demo: model allow-list, token cap, no local
                               one inference at a time with a visible queue
 ATTNVIZ_ALLOWED_MODELS=a,b    demo allow-list (default: the built-in models)
 ATTNVIZ_MAX_TOKENS=N          token cap (default 8192, demo 512)
+ATTNVIZ_QUEUE_MAX=N           demo: requests that may wait at once (default 16; 0 = no cap)
+ATTNVIZ_RUN_LIMIT_S=N         demo: seconds one run may take before it is stopped (default 120)
 ATTNVIZ_CACHE=DIR             converted built-in models (default ~/.cache/attnviz)
 ATTNVIZ_ALLOW_PICKLE=1        allow non-safetensors weights (default: refused)
 ATTNVIZ_TRUST_REMOTE_CODE=1   allow models with custom code (default: refused)
@@ -23,6 +25,9 @@ from .env import flag, integer
 
 DEMO_MAX_TOKENS = 512
 FULL_MAX_TOKENS = 8192
+DEMO_QUEUE_MAX = 16
+DEMO_RUN_LIMIT_S = 120
+DEMO_ATLAS_TEXTS = 24  # the Head atlas's corpus in the demo: its first texts, no uploads
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,8 @@ class Settings:
     demo: bool
     allowed_models: tuple[str, ...]  # empty = any model
     max_tokens: int
+    queue_max: int = 0  # demo: requests that may wait at once (0 = no cap)
+    run_limit: float | None = None  # demo: seconds per run
 
     @property
     def allow_local_paths(self) -> bool:
@@ -54,4 +61,10 @@ def settings() -> Settings:
         allowed = tuple(BUILTIN_MODELS)
     default_cap = DEMO_MAX_TOKENS if demo else FULL_MAX_TOKENS
     cap = integer("ATTNVIZ_MAX_TOKENS", default_cap, lo=1, hi=1_000_000)
-    return Settings(demo=demo, allowed_models=allowed, max_tokens=cap)
+    queue = integer("ATTNVIZ_QUEUE_MAX", DEMO_QUEUE_MAX, lo=0, hi=10_000)
+    limit = integer("ATTNVIZ_RUN_LIMIT_S", DEMO_RUN_LIMIT_S, lo=1, hi=86_400)
+    if not demo:
+        return Settings(demo=demo, allowed_models=allowed, max_tokens=cap)
+    return Settings(
+        demo=demo, allowed_models=allowed, max_tokens=cap, queue_max=queue, run_limit=float(limit)
+    )
