@@ -11,6 +11,7 @@ import streamlit as st
 from attnviz import AttnvizError
 from attnviz import atlas as AT
 from attnviz import figures as F
+from attnviz.server.settings import DEMO_ATLAS_TEXTS
 from ui import attention, export, models, shell, state
 from ui.params import AtlasParams, ExplorerParams
 from ui.text import code, guarded, md
@@ -23,12 +24,18 @@ st.caption(
 )
 
 
+DEMO = models.config().demo  # public demo: the built-in corpus's first texts only, no uploads
+DEMO_CACHE_BYTES = 64 * 2**20  # the atlas's disk cache on a demo server (least recently used go)
+
+
 def texts_to_run() -> list[str] | None:
-    """The built-in corpus (its first ``ntexts``) or an uploaded file's texts."""
+    """The built-in corpus (its first ``ntexts``) or an uploaded file's texts (not in the demo)."""
     p = frame.params
-    source = st.segmented_control(
-        "Texts", ["built-in corpus", "my file"], key="atlas_source", default="built-in corpus", required=True
-    )
+    source = "built-in corpus"
+    if not DEMO:
+        source = st.segmented_control(
+            "Texts", ["built-in corpus", "my file"], key="atlas_source", default=source, required=True
+        )
     if source == "my file":
         up = st.file_uploader(
             "A .txt file: one text per line, or paragraphs separated by blank lines",
@@ -44,6 +51,9 @@ def texts_to_run() -> list[str] | None:
             st.error(str(err))
             return None
     corpus = AT.builtin_corpus()
+    if DEMO:
+        corpus = corpus[:DEMO_ATLAS_TEXTS]
+        st.caption(f"Public demo: the first {len(corpus)} texts of the built-in corpus; no uploads.")
     state.clamp("ntexts", 1, len(corpus), "number of texts")
     n = st.slider("Texts from the built-in corpus", 1, len(corpus), key="ntexts")
     return corpus[: int(n or p.ntexts)]
@@ -53,7 +63,7 @@ def engine_choice() -> tuple[str, str | None]:
     """("local", None), or ("ray", address) when the server names a Ray cluster
     (ATTNVIZ_RAY_ADDRESS) and the user picks it."""
     address = AT.cluster_address()
-    if not address:
+    if not address or DEMO:  # the demo's model work stays in its one queue
         return "local", None
     where = st.segmented_control(
         "Run on", ["this server", "Ray cluster"], key="atlas_engine", default="this server", required=True
@@ -108,7 +118,11 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
         return True
 
     with guarded("running the atlas", frame.token, (lm.spec,)):
+        # each text takes its own turn of the demo's queue (the model's gated lock), so a long
+        # atlas never holds the model while other visitors wait
         atlas = AT.run_atlas(lm, texts, progress=progress, engine=engine, ray_address=address)  # type: ignore[arg-type]
+        if DEMO:
+            AT.cache.evict(DEMO_CACHE_BYTES)
         bar.empty()
         cancel.empty()
         if atlas.cache_error:

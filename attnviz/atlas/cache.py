@@ -42,6 +42,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,7 +212,10 @@ class AtlasCache:
             log.warning("atlas cache entry %s unreadable (%s); recomputing it", path, err)
             return None
         try:
-            return decode(data, key)
+            entry = decode(data, key)
+            with contextlib.suppress(OSError):
+                os.utime(path)  # recently used: kept longest by `evict`
+            return entry
         except DamagedEntry as err:
             self.damaged += 1
             log.warning("atlas cache entry %s damaged (%s); recomputing it", path, err)
@@ -248,3 +252,27 @@ class AtlasCache:
                 f"the atlas cache {str(self.folder)!r} holds results of other weights under the name "
                 f"{model!r} (the model changed since); delete that folder, or run with --fresh"
             )
+
+
+def evict(max_bytes: int, root: Path | None = None) -> int:
+    """Delete the least recently used entries of every namespace under ``root`` (default
+    ``cache_dir()/atlas``) until they take at most ``max_bytes``; returns how many went. A public
+    demo calls it after each run, so its disk cache stays bounded. An entry that vanishes
+    meanwhile (another process evicting) is skipped."""
+    entries = []
+    for path in (root or cache_dir() / "atlas").glob("*/entries/*/*.entry"):
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            entries.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    gone = 0
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            gone += 1
+        total -= size
+    if gone:
+        log.info("atlas cache: evicted %d least recently used entries (budget %d bytes)", gone, max_bytes)
+    return gone

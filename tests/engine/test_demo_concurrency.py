@@ -206,3 +206,26 @@ def test_every_pages_model_work_at_once_through_one_gate_matches_direct_calls():
     assert peak[0] == 1  # never two forwards at once
     st = gate.status()
     assert st.waiting == 0 and st.running_for is None and st.typical_run is not None
+
+
+def test_the_atlas_disk_cache_evicts_the_least_recently_used_entries(tmp_path):
+    """The demo's atlas cache stays within its budget; an entry read recently is kept longest."""
+    import os
+
+    from attnviz.atlas import cache as C
+    from attnviz.atlas import run_atlas
+
+    lm = TE.loaded("llama-gqa")
+    texts = [f"text number {i} for the atlas" for i in range(4)]
+    run_atlas(lm, texts, cache_root=tmp_path)
+    files = sorted(tmp_path.glob("*/entries/*/*.entry"))
+    assert len(files) == 4
+    for age, path in enumerate(files):  # oldest first
+        os.utime(path, (1000 + age, 1000 + age))
+    cache = C.AtlasCache(files[0].parents[2])
+    assert cache.get(files[0].stem) is not None  # read now: the most recently used
+    size = files[0].stat().st_size
+    assert C.evict(2 * size + size // 2, root=tmp_path) == 2
+    left = sorted(tmp_path.glob("*/entries/*/*.entry"))
+    assert left == [files[0], files[3]]
+    assert C.evict(10 * size, root=tmp_path) == 0
