@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -84,3 +85,21 @@ def figure_array(value) -> np.ndarray:
             arr = arr.reshape([int(s) for s in str(shape).split(",")])
         return arr
     return np.asarray(value)
+
+
+def send_back(url: str, fill, *, settle: float = 1.0) -> None:
+    """Open a session and send one raw ``BackMsg`` that ``fill(msg)`` fills in (a message a
+    hostile client could send: ``clear_cache``, ``set_run_on_save``...); read what comes back for
+    ``settle`` seconds, then close."""
+    from streamlit.proto import BackMsg_pb2
+    from websockets.sync.client import connect
+
+    ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
+    with connect(ws_url, subprotocols=["streamlit"], open_timeout=30, max_size=2**28) as ws:
+        back = BackMsg_pb2.BackMsg()
+        fill(back)
+        ws.send(back.SerializeToString())
+        deadline = time.monotonic() + settle
+        with contextlib.suppress(TimeoutError):
+            while time.monotonic() < deadline:
+                ws.recv(timeout=max(deadline - time.monotonic(), 0.01))

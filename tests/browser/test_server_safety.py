@@ -78,3 +78,25 @@ def test_demo_server_offers_only_allowed_models_and_no_token_field(demo_server):
     assert run.figures, "no chart for the allowed model"
     again = run_session(demo_server.url, urllib.parse.urlencode({"text": "the river bank"}))
     assert again.status == "FINISHED_SUCCESSFULLY" and again.figures and not again.exceptions
+
+
+@pytest.mark.slow
+def test_a_clear_cache_message_from_a_visitor_clears_nothing_on_the_demo(tmp_path):
+    """Streamlit's ``clear_cache`` (any client may send it) would wipe every visitor's models,
+    results and the queue; a demo server drops it and logs it (ui/demo.py). Planted: without the
+    guard the result cache is empty after the message."""
+    from server import streamlit_server
+    from ws_client import run_session, send_back
+
+    with streamlit_server(name="demo-clear-cache", env={"ATTNVIZ_DEMO": "1"}, diag=True) as server:
+        query = urllib.parse.urlencode({"text": VALID})
+        run = run_session(server.url, query)
+        assert run.status == "FINISHED_SUCCESSFULLY" and run.figures and not run.exceptions, run
+        assert server.diag()["results"]["entries"] == 1
+        send_back(server.url, lambda m: setattr(m, "clear_cache", True))
+        send_back(server.url, lambda m: setattr(m, "set_run_on_save", True))
+        assert server.diag()["results"]["entries"] == 1, "a visitor's clear_cache wiped the shared caches"
+        log = server.log()
+        assert "refused a 'clear_cache' message" in log and "refused a 'set_run_on_save' message" in log
+        again = run_session(server.url, query)
+        assert again.status == "FINISHED_SUCCESSFULLY" and again.figures and not again.exceptions
