@@ -26,6 +26,7 @@ except env.BadSetting as err:
     st.stop()
 demo.refuse_shared_messages()  # demo: no client message reaches other visitors (ui/demo.py)
 demo.limits_banner()
+demo.link_too_long_notice()  # Streamlit drops a link over 512 Ki characters / 1,000 parameters
 page = st.navigation(
     [
         st.Page(e.file, title=e.params.PAGE, icon=e.icon, url_path=e.url_path or None, default=not e.url_path)

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -148,13 +149,14 @@ def visit(url: str, v: Visit, deadline: float, rng: random.Random) -> None:
             elif v.kind == "compare":
                 _rerun(ws, {"text": text, "text2": text + " too"}, page="Compare")
                 v.status = _until_finished(ws, deadline, v)["status"]
-            elif v.kind == "atlas":  # opens the atlas on 3 texts and presses Run
-                query = {"ntexts": "3"}
+            elif v.kind == "atlas":  # opens the atlas on some texts and presses Run (or Resume)
+                query = {"ntexts": str(6 + 6 * (v.index // len(KINDS)) % 24)}
                 _rerun(ws, query, page="Head_atlas")
                 seen = _until_finished(ws, deadline, v)
                 run = next((i for label, i in seen["buttons"].items() if "atlas" in label), None)
                 t0 = time.monotonic()
                 if run is not None:
+                    v.kind = "atlas run"
                     _rerun(ws, query, page="Head_atlas", widgets=[(run, True)])
                     seen = _until_finished(ws, deadline, v)
                 v.status = seen["status"]
@@ -172,13 +174,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fresh_atlas_cache(folder: Path) -> Path:
+    """A cache folder that shares the converted models of the user's cache (symlinks) but has
+    an empty atlas cache, so the atlas visitors compute (the user's atlas entries are untouched)."""
+    real = Path(os.environ.get("ATTNVIZ_CACHE") or Path.home() / ".cache" / "attnviz").expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in real.iterdir() if real.is_dir() else ():
+        link = folder / entry.name
+        if entry.name != "atlas" and not link.exists():
+            link.symlink_to(entry)
+    return folder
+
+
 @contextlib.contextmanager
 def demo_server(log_path: Path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNVIZ_", "STREAMLIT_"))}
     env.update(ATTNVIZ_DEMO="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    if "ATTNVIZ_CACHE" in os.environ:
-        env["ATTNVIZ_CACHE"] = os.environ["ATTNVIZ_CACHE"]
+    with tempfile.TemporaryDirectory(prefix="attnviz-demo-load-") as tmp:
+        env["ATTNVIZ_CACHE"] = str(fresh_atlas_cache(Path(tmp) / "cache"))
+        with _server(env, port, log_path) as running:
+            yield running
+
+
+@contextlib.contextmanager
+def _server(env: dict[str, str], port: int, log_path: Path):
     cmd = [
         sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",

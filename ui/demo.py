@@ -18,8 +18,10 @@ The others are per session (``rerun_script``, ``stop_script``, ``app_heartbeat``
 this session's own elements) or developer-only (``debug_*``: refused by Streamlit outside
 development mode). `refuse_shared_messages` wraps ``AppSession.handle_backmsg`` once per process
 (the smallest hook Streamlit has: the server has no message filter): on a demo server the
-refused ones are dropped with a warning in the log. It is installed by the first script run
-(``app.py``), so before any visitor can have put anything into the shared caches.
+refused ones are dropped with a warning in the log. On any server it also notes a link that
+Streamlit will drop for its size, so the page says so (`link_too_long_notice`). It is
+installed by the first script run (``app.py``), so before any visitor can have put anything
+into the shared caches.
 """
 
 from __future__ import annotations
@@ -69,10 +71,45 @@ def refuse_shared_messages() -> None:
         if why:
             log.warning("public demo: refused a %r message from a client (%s)", msg.WhichOneof("type"), why)
             return
+        if msg.WhichOneof("type") == "rerun_script":
+            size = link_size(msg.rerun_script.query_string)
+            if size is not None:
+                if len(_too_long) > 1000:  # sessions that left before their run: never unbounded
+                    _too_long.clear()
+                _too_long[self.id] = size
         original(self, msg)
 
     handle_backmsg._attnviz_guard = True  # type: ignore[attr-defined]
     AppSession.handle_backmsg = handle_backmsg  # type: ignore[method-assign]
+
+
+# Streamlit reads a link's query string only up to these (streamlit.runtime.state.query_params:
+# longer, it is dropped with a line in the server log and the page opens with its defaults)
+LINK_MAX_CHARS = 512 * 1024
+LINK_MAX_FIELDS = 1000
+_too_long: dict[str, tuple[int, int]] = {}  # session id -> (characters, parameters) of its last link
+
+
+def link_size(query: str) -> tuple[int, int] | None:
+    """(characters, parameters) of a query string Streamlit will drop; None when it is read."""
+    fields = query.count("&") + 1 if query else 0
+    return (len(query), fields) if len(query) > LINK_MAX_CHARS or fields > LINK_MAX_FIELDS else None
+
+
+def link_too_long_notice() -> None:
+    """Say so when this session's link was dropped for its size (instead of a silent default
+    page); once per link."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    size = _too_long.pop(ctx.session_id, None) if ctx is not None else None
+    if size is not None:
+        st.warning(
+            f"This link is too long to open: it has {size[0]:,} characters and {size[1]:,} parameters, "
+            f"and the server reads at most {LINK_MAX_CHARS:,} characters and {LINK_MAX_FIELDS:,} "
+            "parameters, so the page opened with its defaults. Make the text shorter and share again.",
+            icon=":material/link_off:",
+        )
 
 
 def limits_text(cfg: Settings) -> str:

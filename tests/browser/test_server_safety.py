@@ -82,7 +82,8 @@ def test_demo_server_offers_only_allowed_models_and_no_token_field(demo_server):
 
 @pytest.mark.slow
 def test_a_clear_cache_message_from_a_visitor_clears_nothing_on_the_demo(tmp_path):
-    """Streamlit's ``clear_cache`` (any client may send it) would wipe every visitor's models,
+    """An over-long link gets a message, not a silent default page (planted: no notice, fails).
+    Streamlit's ``clear_cache`` (any client may send it) would wipe every visitor's models,
     results and the queue; a demo server drops it and logs it (ui/demo.py). Planted: without the
     guard the result cache is empty after the message."""
     from server import streamlit_server
@@ -100,3 +101,6 @@ def test_a_clear_cache_message_from_a_visitor_clears_nothing_on_the_demo(tmp_pat
         assert "refused a 'clear_cache' message" in log and "refused a 'set_run_on_save' message" in log
         again = run_session(server.url, query)
         assert again.status == "FINISHED_SUCCESSFULLY" and again.figures and not again.exceptions
+        for link in ("text=" + "a" * (512 * 1024), "&".join(f"p{i}=1" for i in range(1001))):
+            run = run_session(server.url, link)  # Streamlit drops it: the page must say so
+            assert any("This link is too long to open" in a for a in run.alerts), run.alerts
