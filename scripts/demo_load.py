@@ -59,6 +59,7 @@ class Visit:
     wait: float = 0.0  # seconds from the request to its script's end (the last one, for "edit")
     status: str = ""
     busy_seen: bool = False  # the queue message was shown
+    full: int = 0  # times told the queue was full (then it retried after a few seconds)
     errors: list[str] = field(default_factory=list)
 
 
@@ -117,6 +118,9 @@ def _until_finished(ws, deadline: float, visit: Visit, leave_after: float | None
             which = el.WhichOneof("type")
             if which == "alert" and "Busy:" in el.alert.body:
                 visit.busy_seen = True
+            elif which == "alert" and "queue is full" in el.alert.body:
+                visit.full += 1
+                buttons["__full__"] = "1"
             elif which == "alert" and el.alert.format == el.alert.ERROR:
                 visit.errors.append(el.alert.body[:160])
             elif which == "exception":
@@ -127,6 +131,16 @@ def _until_finished(ws, deadline: float, visit: Visit, leave_after: float | None
             status = ForwardMsg_pb2.ForwardMsg.ScriptFinishedStatus.Name(msg.script_finished)
             if status != "FINISHED_EARLY_FOR_RERUN":
                 return {"status": status, "buttons": buttons}
+
+
+def _ask(ws, query: dict[str, str], page: str, v: Visit, deadline: float) -> dict:
+    """One request; while the queue is full, press Retry after 2-5 s, like a visitor would."""
+    while True:
+        _rerun(ws, query, page=page)
+        seen = _until_finished(ws, deadline, v)
+        if "__full__" not in seen["buttons"] or time.monotonic() > deadline:
+            return seen
+        time.sleep(random.uniform(2, 5))
 
 
 def visit(url: str, v: Visit, deadline: float, rng: random.Random) -> None:
@@ -141,14 +155,11 @@ def visit(url: str, v: Visit, deadline: float, rng: random.Random) -> None:
                 _rerun(ws, {"text": text})
                 _until_finished(ws, deadline, v, leave_after=rng.uniform(0.5, 2.0))
                 t0 = time.monotonic()
-                _rerun(ws, {"text": text + " edited"})
-                v.status = _until_finished(ws, deadline, v)["status"]
+                v.status = _ask(ws, {"text": text + " edited"}, "", v, deadline)["status"]
             elif v.kind == "explain":
-                _rerun(ws, {"text": text}, page="Explain")
-                v.status = _until_finished(ws, deadline, v)["status"]
+                v.status = _ask(ws, {"text": text}, "Explain", v, deadline)["status"]
             elif v.kind == "compare":
-                _rerun(ws, {"text": text, "text2": text + " too"}, page="Compare")
-                v.status = _until_finished(ws, deadline, v)["status"]
+                v.status = _ask(ws, {"text": text, "text2": text + " too"}, "Compare", v, deadline)["status"]
             elif v.kind == "atlas":  # opens the atlas on some texts and presses Run (or Resume)
                 query = {"ntexts": str(6 + 6 * (v.index // len(KINDS)) % 24)}
                 _rerun(ws, query, page="Head_atlas")
@@ -161,8 +172,7 @@ def visit(url: str, v: Visit, deadline: float, rng: random.Random) -> None:
                     seen = _until_finished(ws, deadline, v)
                 v.status = seen["status"]
             else:
-                _rerun(ws, {"text": text})
-                v.status = _until_finished(ws, deadline, v)["status"]
+                v.status = _ask(ws, {"text": text}, "", v, deadline)["status"]
             v.wait = time.monotonic() - t0
     except Exception as err:  # noqa: BLE001 - reported per visitor
         v.status, v.errors = "client error", [*v.errors, repr(err)[:160]]
@@ -285,7 +295,8 @@ def main() -> None:
         statuses = sorted({v.status for v in of})
         print(
             f"  {kind:8s} {len(of):2d}: waits {min(v.wait for v in of):.1f}-{max(v.wait for v in of):.1f} s, "
-            f"{statuses}, queue shown to {sum(v.busy_seen for v in of)}"
+            f"{statuses}, queue shown to {sum(v.busy_seen for v in of)}, "
+            f"told 'full' {sum(v.full for v in of)} times"
         )
     errors = [(v.kind, v.index, e) for v in visits for e in v.errors]
     print(f"last visitor's wait: {max(v.wait for v in stayed):.1f} s")

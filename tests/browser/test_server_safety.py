@@ -96,7 +96,9 @@ def test_a_clear_cache_message_from_a_visitor_clears_nothing_on_the_demo(tmp_pat
         assert server.diag()["results"]["entries"] == 1
         send_back(server.url, lambda m: setattr(m, "clear_cache", True))
         send_back(server.url, lambda m: setattr(m, "set_run_on_save", True))
-        assert server.diag()["results"]["entries"] == 1, "a visitor's clear_cache wiped the shared caches"
+        diag = server.diag()
+        assert diag["results"]["entries"] == 1, "a visitor's clear_cache wiped the shared caches"
+        assert diag["gate"]["waiting"] == 0 and diag["gate"]["typical_run"] > 0  # the same queue
         log = server.log()
         assert "refused a 'clear_cache' message" in log and "refused a 'set_run_on_save' message" in log
         again = run_session(server.url, query)

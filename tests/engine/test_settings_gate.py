@@ -405,3 +405,24 @@ def test_gated_lock_queues_engine_code_at_the_gate_and_is_reentrant():
     holder.join(5)
     t.join(5)
     assert entered.is_set() and drained(gate)
+
+
+def test_queue_settings_from_env(monkeypatch):
+    from attnviz.server import env
+    from attnviz.server.settings import DEMO_QUEUE_MAX, DEMO_RUN_LIMIT_S
+
+    monkeypatch.delenv("ATTNVIZ_QUEUE_MAX", raising=False)
+    monkeypatch.delenv("ATTNVIZ_RUN_LIMIT_S", raising=False)
+    monkeypatch.delenv("ATTNVIZ_DEMO", raising=False)
+    s = settings()
+    assert s.queue_max == 0 and s.run_limit is None  # no queue limits off the demo
+    monkeypatch.setenv("ATTNVIZ_DEMO", "1")
+    s = settings()
+    assert (s.queue_max, s.run_limit) == (DEMO_QUEUE_MAX, DEMO_RUN_LIMIT_S)
+    monkeypatch.setenv("ATTNVIZ_QUEUE_MAX", "0")  # 0 = no cap, accepted at startup too
+    monkeypatch.setenv("ATTNVIZ_RUN_LIMIT_S", "30")
+    env.check_all()
+    assert (settings().queue_max, settings().run_limit) == (0, 30.0)
+    monkeypatch.setenv("ATTNVIZ_RUN_LIMIT_S", "0")
+    with pytest.raises(env.BadSetting, match="ATTNVIZ_RUN_LIMIT_S=0 is out of range"):
+        env.check_all()
