@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,14 +72,15 @@ def text_of(i: int) -> str:
 
 def _ws(url: str):
     from websockets.sync.client import connect
+    from websockets.typing import Subprotocol
 
     return connect(
-        url.replace("http://", "ws://") + "/_stcore/stream", subprotocols=["streamlit"], open_timeout=30,
-        max_size=2**28,
+        url.replace("http://", "ws://") + "/_stcore/stream", subprotocols=[Subprotocol("streamlit")],
+        open_timeout=30, max_size=2**28,
     )  # fmt: skip
 
 
-def _rerun(ws, query: dict[str, str], page: str = "", widgets: list[tuple[str, bool]] = ()) -> None:
+def _rerun(ws, query: dict[str, str], page: str = "", widgets: Sequence[tuple[str, bool]] = ()) -> None:
     from streamlit.proto import BackMsg_pb2
 
     back = BackMsg_pb2.BackMsg()

@@ -89,13 +89,23 @@ def test_a_waiting_visitor_sees_position_and_estimate_then_runs(demo):
 
     seen: list[str] = []
     real = models.wait_text
-    demo.setattr(models, "wait_text", lambda pos, est: seen.append(real(pos, est)) or seen[-1])
+
+    def spy(pos: int, est: float | None) -> str:
+        seen.append(real(pos, est))
+        return seen[-1]
+
+    demo.setattr(models, "wait_text", spy)
     new_app(model=TINY, text="warm the model and the run times").run()  # a first run: an estimate exists
     gate = the_gate()
     _holder, release = hold(gate)
     at = new_app(model=TINY, text=TEXT)
     done = threading.Event()
-    threading.Thread(target=lambda: (at.run(), done.set()), daemon=True).start()
+
+    def visitor() -> None:
+        at.run()
+        done.set()
+
+    threading.Thread(target=visitor, daemon=True).start()
     until(lambda: len(seen) >= 2)  # redrawn at every poll while it waits
     assert gate.waiting == 1
     release.set()
