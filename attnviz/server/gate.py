@@ -251,6 +251,7 @@ class InferenceGate:
                     self._cond.notify_all()
                     return ticket
         if self.max_queue and len(self._queue) - 1 >= self.max_queue:
+            log.warning("gate: queue full (%d waiting); a request was refused", len(self._queue) - 1)
             raise QueueFull(
                 f"the demo's queue is full ({self.max_queue} requests waiting); please try again in a minute"
             )
