@@ -213,3 +213,108 @@ def test_progress_hears_every_layer_and_a_raise_cancels_cleanly():
     clean = model_logits(lm.model, list(tr.tokens.ids))[-1]
     assert float((clean - tr.logits).abs().max()) <= 1e-5  # no edit or hook left behind
     assert ablate_heads(lm, tr, [(1, 2)]).logit_after == pytest.approx(ab.logit_after, abs=1e-6)
+
+
+def frozen_final_norm_by_hand(lm, ids: list[int], t: int):
+    """v ↦ the final norm's linear part at row t, its scale frozen at the forward's value, from the
+    module's own weights and the input the model gave it (RMSNorm or LayerNorm; no attnviz)."""
+    _, norm = attnviz.explain.residual.final_norm(lm)
+    seen = []
+    hook = norm.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0, t].float()))
+    model_logits(lm.model, ids)
+    hook.remove()
+    x = seen[0]
+    eps = next(float(getattr(norm, a)) for a in ("variance_epsilon", "eps") if hasattr(norm, a))
+    g = norm.weight.detach().float()
+    if isinstance(norm, torch.nn.LayerNorm):
+        s = 1.0 / torch.sqrt(x.var(unbiased=False) + eps)
+        return lambda v: g * (v - v.mean()) * s
+    s = 1.0 / torch.sqrt((x * x).mean() + eps)
+    return lambda v: g * v * s
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt_neox-parallel"])
+def test_mean_ablation_direct_effect_equals_a_frozen_norm_readout_by_hand(name):
+    """The direct effect of replacing head h's output by its mean is u · N_f(W_O^h (mean − z^h))
+    with u the target's unembedding row and N_f the final norm frozen at this token: computed here
+    from the model's own o_proj input, o_proj weight and final-norm input (no attnviz readout).
+    Caught: the replacement's sign flipped (z − mean), the zero replacement used in mean mode."""
+    lm = TE.loaded(name)
+    tr = trace(lm, TE.TEXT)
+    ids, t, d = list(tr.tokens.ids), tr.n_tokens - 2, lm.layout.head_dim
+    pairs = [(1, 2), (0, 1)]
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [
+        out_proj(lm, layer).register_forward_pre_hook(
+            lambda _m, a, layer=layer: seen.__setitem__(layer, a[0][0])
+        )
+        for layer in {p[0] for p in pairs}
+    ]
+    try:
+        model_logits(lm.model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    n_f = frozen_final_norm_by_hand(lm, ids, t)
+    ab = ablate_heads(lm, tr, pairs, "mean", token=t)
+    u = lm.model.get_output_embeddings().weight.detach().float()[ab.target]
+    for layer, head in pairs:
+        z_all = seen[layer][:, head * d : (head + 1) * d].float()  # (positions, d_head)
+        w = out_proj(lm, layer).weight.detach().float()[:, head * d : (head + 1) * d]  # (d_model, d_head)
+        want = float(u @ n_f(w @ (z_all.mean(0) - z_all[t])))
+        assert abs(want) > 1e-3  # the check can tell a sign
+        assert ab.direct[(layer, head)] == pytest.approx(want, abs=1e-4), (layer, head)
+
+
+@pytest.mark.parametrize("name", ["gptj", "llama-gqa"])
+def test_attribution_on_a_model_with_an_lm_head_bias(name):
+    """GPT-J's LM head has a bias (and llama-gqa gets one here): the parts plus the rest still give
+    the model's own logit difference, so the bias belongs to the constant. Caught: the LM-head bias
+    dropped from `readout`'s constant."""
+    lm = TE.loaded(name)
+    if lm.model.get_output_embeddings().bias is None:
+        lm = attnviz.wrap_model(copy.deepcopy(lm.model), lm.tokenizer, spec="biased")
+        head = lm.model.get_output_embeddings()
+        head.bias = torch.nn.Parameter(
+            torch.randn(head.weight.shape[0], generator=torch.Generator().manual_seed(1))
+        )
+    bias = lm.model.get_output_embeddings().bias.detach()
+    tr = trace(lm, TE.TEXT)
+    t = tr.n_tokens - 3
+    att = logit_attribution(lm, tr, token=t, contrast=7)
+    logits = model_logits(lm.model, list(tr.tokens.ids))[t]
+    assert abs(float(bias[att.target] - bias[7])) > 1e-2  # the bias matters to this difference
+    want = float(logits[att.target] - logits[7])
+    assert abs(att.logit - want) <= 1e-4 * max(1.0, abs(want))
+    total = att.embedding + att.heads.sum() + att.mlps.sum() + att.rest
+    assert abs(total - want) <= 1e-4 * max(1.0, abs(want))
+
+
+def test_logit_lens_default_positions_and_every_rows_rank_and_probability():
+    """Without positions the lens reads the last 16 tokens; at every layer boundary 0..L (not only
+    the last) the prediction's rank and probability equal those of unembed(final norm(h)) on
+    transformers' own hidden states. Caught: default positions off by one / the first 16; rank
+    counted with >= ; the rank/probability rows taken from the final row only."""
+    lm = TE.loaded("llama-gqa")
+    tr = trace(lm, TE.TEXT)
+    n = tr.n_tokens
+    assert n > 17  # the default is a proper subset
+    lens = logit_lens(lm, tr, k=2)
+    assert lens.positions == tuple(range(n - 16, n))
+    pos = list(lens.positions)
+    with torch.inference_mode():
+        out = lm.model(
+            input_ids=torch.tensor([list(tr.tokens.ids)]), output_hidden_states=True, use_cache=False
+        )
+        head, norm = lm.model.get_output_embeddings(), attnviz.explain.residual.final_norm(lm)[1]
+        predicted = out.logits[0, pos].float().argmax(-1)  # (P,)
+        assert np.array_equal(predicted.numpy(), lens.predicted)
+        for layer in range(tr.n_layers + 1):
+            h = out.hidden_states[layer][:, pos] if layer < tr.n_layers else None
+            logits = head(norm(h))[0].float() if h is not None else out.logits[0, pos].float()
+            mine = logits.gather(1, predicted[:, None])
+            rank = (logits > mine).sum(-1).numpy()
+            prob = torch.softmax(logits, -1).gather(1, predicted[:, None])[:, 0].numpy()
+            assert np.array_equal(rank, lens.rank[layer]), layer
+            assert np.allclose(prob, lens.prob[layer], atol=1e-5), layer
+    assert (lens.rank[: tr.n_layers] > 0).any()  # the rows differ from the last one's all-zero ranks
