@@ -81,8 +81,7 @@ def attention_probabilities(
     query (B, nh, T, hs) after its rotary embedding; key (B, nkv, S, hs) before GQA repetition;
     ``bias`` additive, broadcastable to (B, nh, T, S); ``mask`` bool, True = may attend.
     """
-    b, nh, t, hs = query.shape
-    s = key.shape[2]
+    nh, t, s = query.shape[1], query.shape[2], key.shape[2]  # (B, nh, T, hs), (B, nkv, S, hs)
     k = repeat_kv(key, nh // key.shape[1])  # (B, nh, S, hs)
     scores = query.float() @ k.float().transpose(-1, -2) * scaling  # (B, nh, T, S)
     if softcap is not None:
