@@ -16,6 +16,10 @@ passed to the kernel as an additive bias, so L and every expectation include it.
 one predicate that says so for a captured call; anything else (soft-capping, a query-dependent
 position bias (T5), learned sinks or any other extra the capture records, an odd mask, an
 eager-only result) goes to the exact dense fallback of the caller.
+
+The identity it must equal: the readable reference `attnviz.reference.attention.attention_probabilities`:
+p_ij = exp(s_ij − L_i) is the reference's softmax written with its normaliser L_i = log Σ_j exp s_ij, and
+E_p[f] = Σ_j p_ij f_j its rows times f (tests/engine/test_reference_attention.py checks both).
 """
 
 from __future__ import annotations
@@ -102,7 +106,7 @@ def layer_spec(
 def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
     """(kv_heads, pos, d) -> (heads, pos, d) in transformers' repeat_kv order."""
     group = cap.query.shape[1] // t.shape[0]
-    return repeat_kv(t, group, dim=0)
+    return repeat_kv(t, group, dim=0)  # the reference's repeat_kv (transformers' order)
 
 
 @dataclass

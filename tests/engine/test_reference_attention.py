@@ -136,7 +136,7 @@ def test_every_fast_path_equals_the_reference(name, monkeypatch):
         att = fused.attend(q, k, v, scale=cap.scaling, spec=spec)
         torch.testing.assert_close(att.out, (ref @ v), atol=1e-5, rtol=1e-5)  # E_p[v] = P V
         torch.testing.assert_close(att.lse, lse, atol=1e-5, rtol=1e-5)
-        monkeypatch.setattr(pooling, "TILE_ELEMENTS", 4 * 5 * 5)  # small tiles, ragged edges
+        monkeypatch.setattr(pooling, "TILE_ELEMENTS", cap.query.shape[1] * n * 5)  # chunks of 5 rows: ragged
         view = pooling.pooled(res, layer, cells=n)  # one token per cell: the tiles' own p
         monkeypatch.undo()
         assert view.block == 1
