@@ -26,7 +26,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..exact.lse import captured, key_bias, layer_lse, layer_lse_path, layer_spec, scores_tile
-from ..layout import Stack
+from ..layout import Stack, kv_heads_of
 from ..limits import require
 from ..result import AttentionResult
 
@@ -100,9 +100,8 @@ def _heads(result: AttentionResult, heads: Sequence[int] | None) -> list[int]:
 
 
 def _qk(cap, hs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    group = cap.query.shape[1] // cap.key.shape[1]
     q = cap.query[0, hs]  # (h, q, d)
-    k = cap.key[0, [h // group for h in hs]]  # (h, k, d)
+    k = cap.key[0, kv_heads_of(hs, cap.query.shape[1], cap.key.shape[1])]  # (h, k, d)
     return q, k
 
 

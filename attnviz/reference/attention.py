@@ -15,7 +15,8 @@ Dimension names in every shape comment:
     hs head size
 
 The steps, in transformers' eager order (`eager_attention_forward` in modeling_llama.py):
-1. GQA: each KV head serves nh / nkv consecutive query heads (`repeat_kv`).
+1. GQA: each KV head serves nh / nkv consecutive query heads (`attnviz.layout.repeat_kv`,
+   transformers' `repeat_kv` order).
 2. scores = Q Kᵀ · scaling, in float32.
 3. soft-cap (Gemma 2): scores = cap · tanh(scores / cap).
 4. + an additive bias (ALiBi, T5's relative positions), if the model has one.
@@ -30,14 +31,7 @@ from __future__ import annotations
 
 import torch
 
-
-def repeat_kv(kv: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """(B, nkv, S, hs) -> (B, nkv * n_rep, S, hs): KV head g serves query heads g·n_rep ..
-    (g + 1)·n_rep − 1, as transformers' `repeat_kv` (and `attnviz.layout.kv_heads_of`)."""
-    if n_rep == 1:
-        return kv
-    b, nkv, s, hs = kv.shape
-    return kv[:, :, None].expand(b, nkv, n_rep, s, hs).reshape(b, nkv * n_rep, s, hs)
+from ..layout import query_group, repeat_kv  # GQA's one rule: KV head g serves heads g·G .. (g+1)·G − 1
 
 
 def allowed_keys(
@@ -82,7 +76,7 @@ def attention_probabilities(
     ``bias`` additive, broadcastable to (B, nh, T, S); ``mask`` bool, True = may attend.
     """
     nh, t, s = query.shape[1], query.shape[2], key.shape[2]  # (B, nh, T, hs), (B, nkv, S, hs)
-    k = repeat_kv(key, nh // key.shape[1])  # (B, nh, S, hs)
+    k = repeat_kv(key, query_group(nh, key.shape[1]))  # (B, nkv, S, hs) -> (B, nh, S, hs)
     scores = query.float() @ k.float().transpose(-1, -2) * scaling  # (B, nh, T, S)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
@@ -97,4 +91,4 @@ def attention_probabilities(
 def head_outputs(probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """z = P V per head: (B, nh, T, S) × (B, nkv, S, hs) -> float32 (B, nh, T, hs), the input of
     the output projection (its columns h·hs .. (h + 1)·hs are head h's)."""
-    return probs @ repeat_kv(value, probs.shape[1] // value.shape[1]).float()
+    return probs @ repeat_kv(value, query_group(probs.shape[1], value.shape[1])).float()

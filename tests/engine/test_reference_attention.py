@@ -22,7 +22,8 @@ from attnviz.analysis import pooling
 from attnviz.exact import fused, probabilities
 from attnviz.exact.eager import eager_probabilities
 from attnviz.exact.lse import layer_lse, layer_spec
-from attnviz.reference.attention import allowed_keys, attention_probabilities, head_outputs, repeat_kv
+from attnviz.layout import repeat_kv
+from attnviz.reference.attention import allowed_keys, attention_probabilities, head_outputs
 
 
 class _Module(torch.nn.Module):
