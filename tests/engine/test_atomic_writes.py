@@ -80,3 +80,22 @@ def test_a_folder_manifest_and_an_npz_export(renames, tmp_path):
     (tmp_path / "out").mkdir()
     attnviz.save_npz(res, tmp_path / "out" / "r.npz")
     check(renames, tmp_path / "out" / "r.npz")
+
+
+def test_the_atlas_cache_fails_like_every_other_write(monkeypatch, tmp_path):
+    """One atomic write, one error family: the atlas cache's full-disk error is a CannotWrite
+    (worded for the atlas), and its temporary file is gone."""
+    import errno
+
+    from attnviz.errors import CannotWrite
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    store = C.AtlasCache(tmp_path / "ns")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CannotWrite, match=r"atlas cache .* is full.*this text needs"):
+        store.put(
+            C.Entry("ab" * 16, ("a",), np.ones((len(STATISTICS), 2, 3)), np.zeros((2, 3, 3))), remaining=3
+        )
+    assert not list((tmp_path / "ns").rglob("*.tmp"))
