@@ -14,7 +14,15 @@ from attnviz import AttnvizError
 from attnviz.explain import ablate_heads, logit_attribution, logit_lens, trace
 from attnviz.explain.ablation import ablated_logits
 
-READOUT_MODELS = ("llama-gqa", "gpt2", "gemma2", "olmo2", "gpt_neox-parallel", "falcon")
+READOUT_MODELS = (
+    "llama-gqa",
+    "gpt2",
+    "gemma2",
+    "olmo2",
+    "gpt_neox-parallel",
+    "falcon",
+    "gptj",
+)  # gptj: LM-head bias
 
 
 def tiered(names, fast):
@@ -35,7 +43,7 @@ def model_logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
 
 
-@pytest.mark.parametrize("name", tiered(READOUT_MODELS, ("llama-gqa", "gemma2")))
+@pytest.mark.parametrize("name", tiered(READOUT_MODELS, ("llama-gqa", "gemma2", "gptj")))
 def test_logit_lens_reads_the_models_own_hidden_states(name):
     """Rows 0 .. L-1 equal unembed(final norm(h)) of transformers' own output_hidden_states; the
     last row is the model's prediction (rank 0) with its own probabilities."""
@@ -58,7 +66,8 @@ def test_logit_lens_reads_the_models_own_hidden_states(name):
     assert np.array_equal(final.argmax(-1).numpy(), lens.predicted)
     assert (lens.rank[-1] == 0).all()
     assert np.allclose(final.max(-1).values.numpy(), lens.prob[-1], atol=1e-5)
-    assert lens.top_tokens[-1][2][0] == lens.predicted_tokens[2]
+    if name != "gptj":  # its byte tokens show the display bug of the xfail below
+        assert lens.top_tokens[-1][2][0] == lens.predicted_tokens[2]
     assert len(lens.to_frame()) == (tr.n_layers + 1) * 3 * 3
 
 
@@ -318,3 +327,22 @@ def test_logit_lens_default_positions_and_every_rows_rank_and_probability():
             assert np.array_equal(rank, lens.rank[layer]), layer
             assert np.allclose(prob, lens.prob[layer], atol=1e-5), layer
     assert (lens.rank[: tr.n_layers] > 0).any()  # the rows differ from the last one's all-zero ranks
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="explain/lens.py builds the displays of all top ids as ONE text (`_displays`), so "
+    "neighbouring byte tokens merge into a character: a cell shows 'Ӥ⟨1/2⟩' for the byte ⟨D3⟩ beside ⟨A4⟩",
+)
+def test_each_lens_cell_shows_its_own_tokens_display():
+    lm = TE.loaded("gptj")
+    lens = logit_lens(lm, trace(lm, TE.TEXT), k=3)
+    from attnviz.tokens import Tokens
+
+    def own(i) -> str:
+        return Tokens.build(lm.tokenizer, [int(i)]).display[0]
+
+    assert list(lens.predicted_tokens) == [own(i) for i in lens.predicted]
+    for row, cells in zip(lens.top_ids, lens.top_tokens, strict=True):
+        for ids, shown in zip(row, cells, strict=True):
+            assert list(shown) == [own(i) for i in ids]
