@@ -169,12 +169,8 @@ def test_single_head_pools_above_its_cell_budget():
     re, ce = starts(fig.data[0].y), starts(fig.data[0].x)
     assert re[0] == ce[0] == 0 and len(re) * len(ce) == np.asarray(z).size
     bounds_r, bounds_c = [*re, n], [*ce, n]
-    want = np.array(
-        [
-            [p[bounds_r[a] : bounds_r[a + 1], bounds_c[b] : bounds_c[b + 1]].max() for b in range(len(ce))]
-            for a in range(len(re))
-        ]
-    )
+    by_rows = np.stack([p[bounds_r[a] : bounds_r[a + 1]].max(0) for a in range(len(re))])  # (row bins, n)
+    want = np.stack([by_rows[:, bounds_c[b] : bounds_c[b + 1]].max(1) for b in range(len(ce))], 1)
     np.testing.assert_allclose(np.asarray(z, dtype=np.float64), want, atol=1e-6)
 
 
