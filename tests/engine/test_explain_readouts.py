@@ -329,20 +329,44 @@ def test_logit_lens_default_positions_and_every_rows_rank_and_probability():
     assert (lens.rank[: tr.n_layers] > 0).any()  # the rows differ from the last one's all-zero ranks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="explain/lens.py builds the displays of all top ids as ONE text (`_displays`), so "
-    "neighbouring byte tokens merge into a character: a cell shows 'Ӥ⟨1/2⟩' for the byte ⟨D3⟩ beside ⟨A4⟩",
-)
+def _byte_ids(lm) -> tuple[int, int]:
+    """Ids of the byte tokens 0xD3 and 0xA4 (GPT-2's byte alphabet spells them 'Ó', '¤'): side by
+    side they are the UTF-8 of 'Ӥ', alone each is no character."""
+    d3, a4 = lm.tokenizer.convert_tokens_to_ids(["Ó", "¤"])
+    assert lm.tokenizer.convert_ids_to_tokens([d3, a4]) == ["Ó", "¤"]
+    return int(d3), int(a4)
+
+
 def test_each_lens_cell_shows_its_own_tokens_display():
-    lm = TE.loaded("gptj")
-    lens = logit_lens(lm, trace(lm, TE.TEXT), k=3)
+    """A lens cell, a prediction, an ablation's top-k entry and an attribution's target and
+    contrast each show their own id's display (the rule of attnviz.tokens applied to that id
+    alone), never a character merged with the id listed beside them. Caught: the lens building
+    all its top ids as one text ('Ӥ⟨1/2⟩' for the byte ⟨D3⟩ beside ⟨A4⟩, 12 cells on GPT-J's tiny
+    tokenizer); the same in the ablation's top-k (on gpt2) and the attribution's (target,
+    contrast)."""
     from attnviz.tokens import Tokens
+
+    lm = TE.loaded("gptj")
+    tr = trace(lm, TE.TEXT)
 
     def own(i) -> str:
         return Tokens.build(lm.tokenizer, [int(i)]).display[0]
 
+    lens = logit_lens(lm, tr, k=3)
     assert list(lens.predicted_tokens) == [own(i) for i in lens.predicted]
-    for row, cells in zip(lens.top_ids, lens.top_tokens, strict=True):
-        for ids, shown in zip(row, cells, strict=True):
+    cells = [c for row in lens.top_tokens for cell in row for c in cell]
+    for row, shown_row in zip(lens.top_ids, lens.top_tokens, strict=True):
+        for ids, shown in zip(row, shown_row, strict=True):
             assert list(shown) == [own(i) for i in ids]
+    assert any(c.startswith("⟨") and c.endswith("⟩") for c in cells)  # lone bytes are listed here
+    assert not [c for c in cells if "/" in c and c.endswith("⟩")]  # no cell is part of a split character
+
+    d3, a4 = _byte_ids(lm)
+    att = logit_attribution(lm, tr, target=d3, contrast=a4)
+    assert (att.target_token, att.contrast_token) == ("⟨D3⟩", "⟨A4⟩")  # not 'Ӥ⟨1/2⟩', 'Ӥ⟨2/2⟩'
+
+    lm = TE.loaded("gpt2")  # GPT-J's heads run in attnviz's adapter: no ablation there
+    abl = ablate_heads(lm, trace(lm, TE.TEXT), [(0, 0)], k=100)  # lone bytes side by side in its top 100
+    for top in (abl.top_before, abl.top_after):
+        assert [s for _, s, _ in top] == [own(i) for i, _, _ in top]
+        assert not [s for _, s, _ in top if "/" in s and s.endswith("⟩")]
