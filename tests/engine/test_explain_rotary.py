@@ -190,3 +190,21 @@ def test_spreads_and_counterfactuals_equal_their_definitions_on_an_asymmetric_ca
         ]
     )
     assert not np.allclose(wrong_way.std(0), position.std(0), atol=1e-3)  # the case tells the direction
+
+
+def test_every_query_head_reads_its_own_kv_head():
+    """On a GQA model whose group (4 query heads per KV head) differs from its KV head count (2),
+    every head's bands are built on the key head it reads: for each head the band score's
+    differences between keys equal those of log α from the model's own eager attention. Caught:
+    the KV head taken as head % kv_heads and as head // kv_heads (head 1 / head 2 read the wrong
+    keys; llama-gqa's 4 heads over 2 KV heads cannot tell head // kv_heads from the rule)."""
+    lm = TE.build("llama", num_attention_heads=8, num_key_value_heads=2, head_dim=8)
+    assert (lm.layout.n_heads, lm.layout.n_kv_heads) == (8, 2)
+    tr = trace(lm, TE.TEXT)
+    layer, i = 1, tr.n_tokens - 1
+    eager = attnviz.extract_ids(lm, list(tr.tokens.ids), path="eager")
+    keys = (0, 3, i)
+    for head in range(lm.layout.n_heads):
+        scores = [rotary_bands(lm, tr, layer, head, query=i, key=j).score for j in keys]
+        logs = np.log(eager.head(layer, head)[i][list(keys)].astype(np.float64))
+        assert np.allclose(np.diff(scores), np.diff(logs), atol=1e-4), head
