@@ -80,3 +80,9 @@ def kv_heads_of(heads: Sequence[int], n_heads: int, n_kv_heads: int) -> list[int
 def repeat_kv(t: torch.Tensor, group: int, dim: int = 1) -> torch.Tensor:
     """KV heads repeated for their query heads along ``dim``: (.., kv_heads, ..) -> (.., heads, ..)."""
     return t.repeat_interleave(group, dim=dim) if group > 1 else t
+
+
+def query_group(n_heads: int, n_kv_heads: int) -> int:
+    """Query heads per KV head of one call (transformers' ``num_key_value_groups``), e.g. from a
+    capture's shapes: ``query_group(cap.query.shape[1], cap.key.shape[1])``."""
+    return n_heads // max(n_kv_heads, 1)

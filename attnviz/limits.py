@@ -59,14 +59,14 @@ def require(
     log.debug("%s: %d bytes of %d free", what, need, free)
 
 
-def elements_for(budget_bytes: int, per_element: int = 4) -> int:
-    """How many float32 elements fit in ``budget_bytes``."""
-    return max(1, int(budget_bytes) // per_element)
+def bytes_per_element(dtype: torch.dtype) -> int:
+    """Bytes of one element of ``dtype`` (2 for bf16 / fp16, 4 for fp32 and integer masks)."""
+    return torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
 
 
 def capture_bytes(layout: AttentionLayout, n: int, dtype: torch.dtype) -> int:
     """What the fast path keeps for ``n`` tokens: each layer's query, key and value (bytes)."""
-    elem = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
+    elem = bytes_per_element(dtype)
     layers = layout.n_layers + 2 * layout.n_decoder_layers  # encoder-decoder: decoder self + cross
     per_layer = (layout.n_heads + 2 * layout.n_kv_heads) * layout.head_dim * n * elem
     return layers * per_layer
@@ -74,8 +74,7 @@ def capture_bytes(layout: AttentionLayout, n: int, dtype: torch.dtype) -> int:
 
 def forward_bytes(layout: AttentionLayout, n: int, dtype: torch.dtype) -> int:
     """A rough bound on one forward pass's live activations (hidden states, MLP, one attention)."""
-    elem = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
-    return 16 * layout.d_model * n * elem
+    return 16 * layout.d_model * n * bytes_per_element(dtype)
 
 
 def stats_pass_bytes(layout: AttentionLayout, n: int) -> int:

@@ -207,14 +207,7 @@ class Tokens:
         n = len(ids)
         raw = [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
         special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-
-        def decode(chunk: list[int]) -> str | None:
-            try:
-                return str(tokenizer.decode(chunk, clean_up_tokenization_spaces=False))
-            except Exception:  # noqa: BLE001 - a tokenizer that cannot decode an id: show raw
-                return None
-
-        display, pieces = readable(raw, decode, ids, byte_level=byte_level(tokenizer))
+        display, pieces = readable(raw, _decoder(tokenizer), ids, byte_level=byte_level(tokenizer))
         return cls(
             ids=tuple(ids),
             raw=tuple(raw),
@@ -224,3 +217,26 @@ class Tokens:
             generated=tuple(bool(x) for x in (generated or [False] * n)),
             pieces=tuple(pieces),
         )
+
+
+def _decoder(tokenizer: Any) -> Callable[[list[int]], str | None]:
+    """The tokenizer's decode of a list of ids, None when it cannot decode them."""
+
+    def decode(chunk: list[int]) -> str | None:
+        try:
+            return str(tokenizer.decode(chunk, clean_up_tokenization_spaces=False))
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode an id: show raw
+            return None
+
+    return decode
+
+
+def displays(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Display strings of ids that are NOT one sequence (a top-k list, a target and its contrast):
+    each id shown alone by the display rule, as `Tokens.build` of that id alone would show it, so
+    a byte that is no whole character stays its placeholder (``"⟨D3⟩"``) and never merges with
+    the id listed beside it. The tokenizer is read once for all of them."""
+    ids = [int(i) for i in ids]
+    raw = [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
+    decode, bl = _decoder(tokenizer), byte_level(tokenizer)
+    return [readable([r], decode, [i], byte_level=bl)[0][0] for r, i in zip(raw, ids, strict=True)]

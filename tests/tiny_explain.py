@@ -5,6 +5,9 @@ some norms and biases, which would hide a wrong norm or bias), float32, eval, wr
 `dense_graph(lm, tr, token, threshold)` computes every part of every block densely, as
 (N, N, heads, d_model) tensors per layer, with the literal definitions of Ferrando & Voita /
 LLM-TT, and returns the kept edges reachable from ``token``: the oracle of `information_flow`.
+It reads the trace's tensors (streams, V, W_O, biases, frozen norms) and the model's own eager α;
+tests/engine/test_explain_trace.py ties each of those tensors to transformers' own modules, so
+the oracle does not rest on the engine it checks.
 """
 
 from __future__ import annotations

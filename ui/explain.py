@@ -163,7 +163,8 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
         0.5,
         key="thr",
         step=0.01,
-        help="Edges whose importance (renormalised, as in LLM-TT) is above this are kept; only "
+        help="Edges whose importance (renormalised per target token, as in the paper; LLM-TT's "
+        "FFN block sums over every token instead, a bug) is above this are kept; only "
         "their tokens are followed further down. Lower: a bigger graph.",
     )
     graph = computed(

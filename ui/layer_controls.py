@@ -71,13 +71,3 @@ def drawing(ref: models.ResultRef, res: AttentionResult) -> Drawing | None:
     kv = attention.kv_heads(res, stack)
     layer, cmap = int(state.get("layer")), str(state.get("cmap"))
     return Drawing(shown, key, view, layer, ax, kv, cmap, choice, scale, note, side, how)
-
-
-HIDE_HELP = (
-    "Drop special and chat-template tokens from both axes and renormalise each row over the keys left."
-)
-NOSINK_HELP = "Drop key 0 (the first token, where many heads park attention) and renormalise each row."
-VW_HELP = (
-    "‖α·W_O v‖ (Kobayashi et al. 2020): each weight times the norm of what that key's value adds to "
-    "the output, relative to the layer's largest; a sink with a tiny value fades."
-)

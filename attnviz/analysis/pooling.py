@@ -10,6 +10,8 @@ max_ij exp(s_ij - L_i) = exp(max_i (max_j s_ij - L_i)) (exp is increasing); othe
 scatters. Only the pools asked for (``pools``) are computed.
 Layers whose scores are not standard (soft-capping, a position bias, ...) pool exact
 `layer_tensor` row chunks instead. `region` gives one rectangle at full resolution (zoom).
+Every p it pools is an entry of the readable reference `attnviz.reference.attention`
+(tests/engine/test_reference_attention.py pools one token per bin and compares).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..exact.lse import captured, key_bias, layer_lse, layer_lse_path, layer_spec, scores_tile
-from ..layout import Stack
+from ..layout import Stack, kv_heads_of
 from ..limits import require
 from ..result import AttentionResult
 
@@ -98,9 +100,8 @@ def _heads(result: AttentionResult, heads: Sequence[int] | None) -> list[int]:
 
 
 def _qk(cap, hs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    group = cap.query.shape[1] // cap.key.shape[1]
     q = cap.query[0, hs]  # (h, q, d)
-    k = cap.key[0, [h // group for h in hs]]  # (h, k, d)
+    k = cap.key[0, kv_heads_of(hs, cap.query.shape[1], cap.key.shape[1])]  # (h, k, d)
     return q, k
 
 
@@ -231,7 +232,10 @@ def _reshaped(
 ) -> None:
     """Bins of one width per axis, into ``grid``: chunks of whole query bins against every key
     a chunk can see (causal: none past its last query), reduced by reshapes.
-    max_ij p_ij = exp(max_i (max_j s_ij - L_i)) (exp is increasing); the mean takes p = exp(s - L)."""
+    max_ij p_ij = exp(max_i (max_j s_ij - L_i)) (exp is increasing); the mean takes p = exp(s - L).
+    Each p is the reference's (`attnviz.reference.attention`): exp(s − L) with L its row's
+    normaliser; keys past a causal chunk's last query have p = 0 there, so leaving them out
+    changes no sum and no max (tests/engine/test_reference_attention.py, one token per bin)."""
     (n_q, n_k), (wq, wk) = n, width
     h = lse.shape[0]
     rows = wq * max(1, min(-(-CHUNK_ROWS // wq), TILE_ELEMENTS // max(1, h * n_k * wq)))

@@ -32,7 +32,7 @@ from ..exact.lse import (
     lse_without_first,
     worst,
 )
-from ..layout import Stack
+from ..layout import Stack, query_group
 from ..result import AttentionResult
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def _transposed(cap: CapturedAttention, spec: MaskSpec, r: torch.Tensor, residua
     def order(t: torch.Tensor) -> torch.Tensor:
         return t.flip(-2) if flip else t
 
-    queries = torch.empty(n_kv, h // n_kv, n, d, dtype=torch.float32, device=q.device)
+    queries = torch.empty(n_kv, query_group(h, n_kv), n, d, dtype=torch.float32, device=q.device)
     queries[:] = order(key)[:, None]  # k_j, GQA-expanded in the copy
     keys = torch.mul(order(q).float(), cap.scaling)  # scale q_i
     got = attend(

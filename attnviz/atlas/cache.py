@@ -24,7 +24,7 @@ What a reader and a fault test can rely on:
   logged, counted in ``AtlasCache.damaged``, removed when the folder is writable, and the text is
   computed again.
 - **A full or read-only disk is a message, not a crash.** `AtlasCache.put` raises
-  `CacheWriteError` (an `AttnvizError`) naming the folder, the reason (no space left, read-only
+  `CacheWriteError` (a `CannotWrite`) naming the folder, the reason (no space left, read-only
   disk, permission denied) and the space needed (this entry, and the rest of the run at this
   entry's size); its temporary file is removed. `run_atlas` catches it once, keeps the rest of the
   run in memory, and returns the result with ``cache_error`` set: the command line prints it, the
@@ -50,9 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnvizError
+from ..errors import AttnvizError, CannotWrite
 from ..loading import cache_dir
-from ..loading.files import free_bytes, replace_file, size_text
+from ..loading.files import atomic_write_bytes, free_bytes, size_text, write_oserror
 from .ranking import STATISTICS
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,9 @@ CACHE_VERSION = 2  # 1 was one file per whole run (attnviz <= the Ray atlas)
 MAGIC = b"attnviz-atlas-entry 1\n"
 
 
-class CacheWriteError(AttnvizError):
-    """The atlas cache folder cannot take an entry (full disk, read-only, no permission)."""
+class CacheWriteError(CannotWrite):
+    """The atlas cache folder cannot take an entry (full disk, read-only, no permission): a
+    `CannotWrite` like every failed write, worded for the atlas (see `write_error`)."""
 
 
 class DamagedEntry(ValueError):
@@ -179,13 +180,6 @@ def write_error(
     return CacheWriteError(f"cannot write the atlas cache {str(folder)!r}: {reason} ({need}); {where}")
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder, fsync and rename
-    (`attnviz.loading.files.replace_file`); an OSError passes through for `write_error`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(path, lambda f: f.write(data))
-
-
 class AtlasCache:
     """The entries of one namespace (see the module doc)."""
 
@@ -225,11 +219,7 @@ class AtlasCache:
 
     def put(self, entry: Entry, *, remaining: int = 0) -> None:
         """Write an entry atomically; CacheWriteError when the folder cannot take it."""
-        data = encode(entry)
-        try:
-            atomic_write(self.entry_path(entry.key), data)
-        except OSError as err:
-            raise write_error(err, self.folder, len(data), remaining) from None
+        self._write(self.entry_path(entry.key), encode(entry), remaining, "this text")
 
     def manifest(self) -> dict[str, Any] | None:
         try:
@@ -239,10 +229,17 @@ class AtlasCache:
 
     def write_manifest(self, manifest: Mapping[str, Any]) -> None:
         data = json.dumps(dict(manifest), indent=1, sort_keys=True).encode()
+        self._write(self.folder / "model.json", data, 0, "the manifest model.json")
+
+    def _write(self, path: Path, data: bytes, remaining: int, what: str) -> None:
+        """`attnviz.loading.files.atomic_write_bytes`, the one atomic write (a temporary file
+        beside ``path``, fsync, rename); its failure worded for the atlas (`write_error`)."""
         try:
-            atomic_write(self.folder / "model.json", data)
-        except OSError as err:
-            raise write_error(err, self.folder, len(data), 0, what="the manifest model.json") from None
+            atomic_write_bytes(path, data)
+        except (CannotWrite, OSError) as err:
+            disk = err if isinstance(err, OSError) else write_oserror(err)
+            disk = disk or OSError(errno.EIO, str(err))
+            raise write_error(disk, self.folder, len(data), remaining, what=what) from None
 
     def check_fingerprint(self, fingerprint: str, model: str) -> None:
         """Refuse when the manifest names other weights than ``fingerprint`` (see the module doc)."""

@@ -22,11 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..exact import kernels
 from ..extract import extract_ids
-from ..limits import free_bytes
+from ..limits import bytes_per_element, free_bytes
 from ..loading import LoadedModel, load_model, resolve_device
 from ..result import PathName
 from .common import floor, ids_of_length, llama3b_shaped, machine_line, measure, replace_section
@@ -44,7 +42,7 @@ def _first_layer(lm: LoadedModel, ids: list[int], path: PathName) -> Callable[[]
 
 def _eager_bytes(lm: LoadedModel, n: int) -> int:
     lay = lm.layout
-    elem = torch.finfo(lm.dtype).bits // 8
+    elem = bytes_per_element(lm.dtype)
     return (lay.n_layers + 3) * lay.n_heads * n * n * max(elem, 4)
 
 

@@ -33,7 +33,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from ..exact import kernels
-from ..layout import repeat_kv
+from ..layout import query_group, repeat_kv
 from ..limits import USABLE, free_bytes
 
 
@@ -78,7 +78,7 @@ def fusable(module, query, key, value, mask, dropout: float, scaling, is_causal:
     if 4 * width * query.shape[2] * (2 * query.shape[1] + key.shape[1]) > USABLE * free_bytes(query.device):
         return False  # the plain call fits where the widened one would not: the second pass then
     causal = query.shape[2] > 1 and mask is None and is_causal
-    group = query.shape[1] // key.shape[1]
+    group = query_group(query.shape[1], key.shape[1])
     k, v = key, value
     if group > 1 and not (mask is None and key.shape[-1] == value.shape[-1] <= 256):  # use_gqa_in_sdpa
         k, v = repeat_kv(key, group), repeat_kv(value, group)
@@ -122,7 +122,7 @@ def forward_with_stats(
     output = out[..., d : d + d_v].transpose(1, 2).contiguous()  # (1, q_pos, heads, d_v)
     stats = ForwardStats(
         lse=lse[0].float(),
-        cross=cross_terms(query[0], out[0, ..., :d], scale, h // n_kv),
+        cross=cross_terms(query[0], out[0, ..., :d], scale, query_group(h, n_kv)),
         e_pos=out[0, ..., -1].contiguous(),
     )
     return output, stats

@@ -1,4 +1,10 @@
-"""The oracle: a captured call's probabilities from the model's own eager attention function."""
+"""The oracle: a captured call's probabilities from the model's own eager attention function.
+
+Where the model has one, this is the model's own statement of the readable reference
+`attnviz.reference.attention.attention_probabilities` (which
+tests/engine/test_reference_attention.py holds equal to transformers' eager attention and to
+this); it is what the self-check compares the fast path with.
+"""
 
 from __future__ import annotations
 

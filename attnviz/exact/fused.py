@@ -1,5 +1,11 @@
 """One attention pass whose values are features: (E_p[v], L) without an N×N tensor, on any device.
 
+The identity it must equal: with p the readable reference
+`attnviz.reference.attention.attention_probabilities`, E_p[v] = p V
+(`attnviz.reference.attention.head_outputs`) and L_i = log Σ_j exp s_ij, the normaliser of p's
+row i (tests/engine/test_reference_attention.py). The kernels and `blocked` compute both without
+p: an online softmax (flash) or one block of query rows at a time.
+
 `attend(q, k, v, scale=..., spec=...)` runs PyTorch's CPU flash kernel on the CPU and the
 memory-efficient kernel on CUDA (both through the seam `attnviz.exact.kernels`, whose docstring
 states their contract), and an exact blocked softmax (`blocked`) elsewhere or where a kernel
@@ -58,7 +64,8 @@ def scores_tile(
     k0: int,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact masked scores of a tile: q (h, rows, d) at query_pos q0.., k (h, cols, d) at key_pos k0..
+    """Exact masked scores of a tile (the reference's masked scores, cut to the tile):
+    q (h, rows, d) at query_pos q0.., k (h, cols, d) at key_pos k0..
     -> float32 (h, rows, cols), disallowed entries -inf. ``bias`` (h, key_pos), a key-only additive
     bias over every key (`key_bias`), is added at key_pos k0.. The product is IEEE fp32 on every
     device (never TF32: it is compared with the kernels' log-sum-exp)."""
@@ -67,6 +74,8 @@ def scores_tile(
         s.add_(bias[:, None, k0 : k0 + k.shape[-2]])
     if spec.causal or spec.window is not None:
         # only keys some row of the tile may not see: causal alone, those past its first query
+        # (keys before q0 + 1 are allowed for every row, so masking only the rest equals the
+        # reference's full causal mask on this tile)
         c0 = max(0, q0 + 1 - k0) if spec.window is None else 0
         if c0 < k.shape[-2]:
             ok = allowed(
@@ -81,7 +90,8 @@ def scores_tile(
 def blocked(
     q, k, v, scale: float, spec: MaskSpec, q_offset: int, key_bias=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact softmax attention in query blocks (any device): (E_p[v], L)."""
+    """Exact softmax attention in query blocks (any device): (E_p[v], L). Each row's softmax
+    needs only its own row of scores, so blocks of rows give the reference's rows exactly."""
     outs, lses = [], []
     rows = max(1, min(q.shape[1], (1 << 24) // max(1, q.shape[0] * k.shape[1])))
     for a in range(0, q.shape[1], rows):

@@ -1,5 +1,9 @@
 """The one seam to the device: every call whose behaviour differs on CUDA goes through here.
 
+The fused kernels it reaches compute E_p[v] and L of the readable reference
+`attnviz.reference.attention.attention_probabilities` (`attnviz.exact.fused` states the identity;
+tests/engine/test_reference_attention.py checks it through the CPU kernel).
+
 The engine never calls ``torch.cuda`` or an aten attention op directly; it asks `backend()`:
 the fused attention ops with their log-sum-exp (`Device.efficient_attention` on CUDA,
 `Device.cpu_flash_attention` on the CPU), the caching allocator's memory queries, synchronisation,

@@ -16,6 +16,10 @@ passed to the kernel as an additive bias, so L and every expectation include it.
 one predicate that says so for a captured call; anything else (soft-capping, a query-dependent
 position bias (T5), learned sinks or any other extra the capture records, an odd mask, an
 eager-only result) goes to the exact dense fallback of the caller.
+
+The identity it must equal: the readable reference `attnviz.reference.attention.attention_probabilities`:
+p_ij = exp(s_ij − L_i) is the reference's softmax written with its normaliser L_i = log Σ_j exp s_ij, and
+E_p[f] = Σ_j p_ij f_j its rows times f (tests/engine/test_reference_attention.py checks both).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 
 from ..capture.records import CapturedAttention
 from ..capture.statistics import cross_terms
-from ..layout import AttentionLayout, Stack, repeat_kv
+from ..layout import AttentionLayout, Stack, query_group, repeat_kv
 from . import kernels
 from .fused import Attended, attend, scores_tile
 from .masks import MaskSpec, PerTensor, key_bias, mask_bias, mask_matches, mask_of, recorded_bias
@@ -101,8 +105,9 @@ def layer_spec(
 
 def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
     """(kv_heads, pos, d) -> (heads, pos, d) in transformers' repeat_kv order."""
-    group = cap.query.shape[1] // t.shape[0]
-    return repeat_kv(t, group, dim=0)
+    return repeat_kv(
+        t, query_group(cap.query.shape[1], t.shape[0]), dim=0
+    )  # the reference's repeat_kv (transformers' order)
 
 
 @dataclass
@@ -156,7 +161,7 @@ def _features(cap: CapturedAttention) -> Features:
     query, key = cap.query[0], cap.key[0]  # (heads, q, d), (kv_heads, k, d)
     h, n_q, d = query.shape
     n_kv, n_k, _ = key.shape
-    group = h // n_kv
+    group = query_group(h, n_kv)
     bias = key_bias(cap)
     g = group if bias is not None else 0
     w = d + g + 1
@@ -187,7 +192,7 @@ def _cross(f: Features, out: torch.Tensor, scale: float, group: int) -> torch.Te
 def layer_pass(cap: CapturedAttention, spec: MaskSpec, *, distance: bool = True) -> LayerPass:
     """L, the cross terms and E_p[key_pos] of every query head: from the forward when it kept
     them, else from one fused call (positions in float32)."""
-    group = cap.query.shape[1] // cap.key.shape[1]
+    group = query_group(cap.query.shape[1], cap.key.shape[1])
     fwd = cap.forward
     f = None
     if fwd is not None:

@@ -4,6 +4,11 @@
 ``softmax_fp32`` its float32 softmax, and ``probs_from_capture`` the two applied to one captured
 call for the heads and query rows asked - the only place the fast path turns Q and K into
 probabilities.
+
+The identity it must equal: the readable reference `attnviz.reference.attention.attention_probabilities`
+(tests/engine/test_reference_attention.py). It differs only in how: masked scores get the dtype's
+minimum instead of -inf (eager's convention; exp underflows to exactly 0 either way), the steps
+work in place on one buffer, and long causal calls go in blocks of query rows (`_causal_blocks`).
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ def probs_from_capture(
     # Absolute position of the first asked row: the queries are the last n_q of n_k positions.
     start = first + n_k - n_q
     q = cap.query[0, head_idx, rows]  # (h, q_rows, d_head)
+    # gathering each asked head's KV head = the reference's repeat_kv, without the other heads
     kv_idx = torch.tensor(kv_heads_of(head_idx, n_heads, n_kv), device=cap.key.device)
     k = cap.key[0].index_select(0, kv_idx)  # (h, key_pos, d_head)
     bias = None
@@ -122,7 +128,10 @@ _CAUSAL_BLOCK = 512
 
 def _causal_blocks(q: torch.Tensor, k: torch.Tensor, cap: CapturedAttention, start: int) -> torch.Tensor:
     """Causal probabilities block by block of query rows, each against only the keys it can see
-    (about half the work of the full square; the upper triangle stays exactly 0)."""
+    (about half the work of the full square; the upper triangle stays exactly 0).
+
+    Equals the reference: a row's softmax only involves the keys it may see, and the keys cut
+    off past the block's last row are masked (probability 0) for every row of the block."""
     n_q, n_k = q.shape[1], k.shape[1]
     out = torch.zeros(q.shape[0], n_q, n_k, dtype=torch.float32, device=q.device)
     for a in range(0, n_q, _CAUSAL_BLOCK):

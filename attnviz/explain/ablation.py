@@ -25,7 +25,7 @@ import torch
 from ..capture.hook import editing
 from ..errors import AttnvizError
 from ..loading import LoadedModel
-from ..tokens import Tokens
+from ..tokens import Tokens, displays
 from .attribution import head_outputs, head_writes, readout, token_id
 from .residual import Trace, forward_kwargs, trace, unembed
 
@@ -135,7 +135,7 @@ def ablated_logits(
 def _top(lm: LoadedModel, probs: torch.Tensor, k: int) -> tuple[tuple[int, str, float], ...]:
     top = probs.topk(k)
     ids = [int(i) for i in top.indices]
-    shown = Tokens.build(lm.tokenizer, ids).display
+    shown = displays(lm.tokenizer, ids)  # each id alone: neighbouring byte tokens never merge
     return tuple((i, s, float(p)) for i, s, p in zip(ids, shown, top.values.tolist(), strict=True))
 
 

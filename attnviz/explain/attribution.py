@@ -27,7 +27,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..loading import LoadedModel
-from ..tokens import Tokens
+from ..tokens import Tokens, displays
 from .norms import FrozenNorm, identify
 from .residual import Trace, final_norm, trace
 
@@ -168,7 +168,7 @@ def logit_attribution(
             rest += float(_layer_constant(tr, layer, t) @ r.double().cpu())
         logit = float(logits[tgt] - (logits[con] if con is not None else 0.0))
     total = embedding + heads.sum() + mlps.sum() + rest
-    shown = Tokens.build(lm.tokenizer, [tgt] + ([con] if con is not None else [])).display
+    shown = displays(lm.tokenizer, [tgt] + ([con] if con is not None else []))  # each alone, never merged
     return Attribution(
         model_name=tr.model_name,
         tokens=tr.tokens,

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..loading import LoadedModel
-from ..tokens import Tokens
+from ..tokens import Tokens, displays
 from .residual import Trace, trace, unembed
 
 DEFAULT_POSITIONS = 16
@@ -76,10 +76,6 @@ def default_positions(n_tokens: int, count: int = DEFAULT_POSITIONS) -> list[int
     return list(range(max(0, n_tokens - count), n_tokens))
 
 
-def _displays(lm: LoadedModel, ids: np.ndarray) -> list[str]:
-    return list(Tokens.build(lm.tokenizer, [int(i) for i in ids.reshape(-1)]).display)
-
-
 def logit_lens(
     lm: LoadedModel,
     text: str | Trace,
@@ -125,8 +121,9 @@ def logit_lens(
     top_ids, top_probs = ids_flat.reshape(n_rows, n_pos, k), probs_flat.reshape(n_rows, n_pos, k)
     rank, prob = rank_flat.reshape(n_rows, n_pos), prob_flat.reshape(n_rows, n_pos)
     pred = predicted.cpu().numpy()
-    # one display build for the top tokens and the predictions (each build reads the tokenizer)
-    everything = _displays(lm, np.concatenate([top_ids.reshape(-1), pred]))
+    # each id shown alone (not one text: neighbouring byte tokens would merge into a character);
+    # one call for the top tokens and the predictions reads the tokenizer once
+    everything = displays(lm.tokenizer, np.concatenate([top_ids.reshape(-1), pred]).tolist())
     shown, pred_shown = everything[: top_ids.size], everything[top_ids.size :]
     per_cell = [tuple(shown[i : i + k]) for i in range(0, len(shown), k)]
     per_row = [tuple(per_cell[r * n_pos : (r + 1) * n_pos]) for r in range(n_rows)]

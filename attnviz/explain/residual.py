@@ -34,7 +34,7 @@ from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
 from ..exact.probabilities import attention_scores, probs_from_capture, softmax_fp32
 from ..extract import tokenize
-from ..limits import capture_bytes, forward_bytes, require
+from ..limits import bytes_per_element, capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
 from ..tokens import Tokens
 from .blocks import Block, BlockHooks, Residual, Unsupported
@@ -232,7 +232,7 @@ def trace(
         raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
     dtype = next(lm.model.parameters()).dtype
     lay = lm.layout
-    streams = 3 * (lay.n_layers + 1) * len(ids) * lay.d_model * (torch.finfo(dtype).bits // 8)
+    streams = 3 * (lay.n_layers + 1) * len(ids) * lay.d_model * bytes_per_element(dtype)
     require(
         capture_bytes(lay, len(ids), dtype) + forward_bytes(lay, len(ids), dtype) + streams,
         lm.device,

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import AttnvizError
+from ..layout import kv_heads_of
 from ..loading import LoadedModel
 from .residual import Trace, trace
 
@@ -197,7 +198,7 @@ def rotary_bands(
     else:
         spec = spec_from_config(lm.model.config.get_text_config(), d_head)
     i = tr.position(query)
-    kv = head // (cap.query.shape[1] // cap.key.shape[1])
+    kv = kv_heads_of([head], cap.query.shape[1], cap.key.shape[1])[0]  # GQA: the one rule
     j = int(tr.probs(layer, i)[head].argmax()) if key is None else tr.position(key)
     if j > i:
         raise AttnvizError(f"key {j} comes after query {i}; a decoder's query sees keys 0..{i}")

@@ -12,16 +12,20 @@ and the heads' parts. The importance of a part is
 
     imp = max(‖whole‖₁ − ‖whole − part‖₁, 0),   c = imp / Σ_parts imp
 
-then, as LLM-TT does, every c ≤ threshold is set to 0 and the rest renormalised to sum to 1 per
-block. An attention edge j → t carries Σ_h c_jh (each head's share kept); an edge is kept when its
+then every c ≤ threshold is set to 0 and the rest renormalised to sum to 1 per block and target
+token, as the paper defines it: a token's proportions compare the parts of that token's own
+stream. (LLM-TT's code does the same for the attention block; for the FFN block it divides by the
+sum over every token of the layer, a bug: a token whose stream is large then dims the edges of
+all the others, and a token's residual and FFN shares no longer sum to 1.)
+An attention edge j → t carries Σ_h c_jh (each head's share kept); an edge is kept when its
 weight is above the threshold. The graph is built backwards from one token's final stream,
 expanding only nodes reached by kept edges: the cost is the kept graph's, O(heads · N · d_model)
-per expanded node, never an (N, N, d_model) tensor. `dense_contributions` in the tests computes
+per expanded node, never an (N, N, d_model) tensor. `dense_graph` in tests/tiny_explain.py computes
 every part of every block densely and must give the same graph (float32, 1e-5).
 
-LLM-TT's code clips imp at 1e-5 instead of 0 and gives its self-edge j = t and the residual edge
-one slot in a graph (the later one wins); here imp is clipped at 0 as in the paper and the two
-edges stay apart (kinds "attention" and "residual").
+LLM-TT's code clips imp at 1e-5 instead of 0 and adds its self-edge j = t and the residual edge
+into one edge of its graph (one weight, their sum); here imp is clipped at 0 as in the paper and
+the two edges stay apart (kinds "attention" and "residual"), each with its own weight.
 """
 
 from __future__ import annotations
@@ -112,15 +116,14 @@ class FlowGraph:
             rows.append(row)
         return pd.DataFrame(rows, columns=list(rows[0]) if rows else None)
 
-    def edges_into(self, node: Node) -> list[Edge]:
-        return [e for e in self.edges if e.target == node]
-
 
 def threshold_renormalise(
     c_attn: torch.Tensor, c_single: torch.Tensor, threshold: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """LLM-TT's `apply_threshold_and_renormalize`: per block row, contributions ≤ threshold are
-    erased and the rest rescaled to sum to 1. c_attn (T, heads, keys), c_single (T, parts)."""
+    """Per block row (one target token), contributions ≤ threshold are erased and the rest rescaled
+    to sum to 1, the paper's per-token renormalisation (LLM-TT's `apply_threshold_and_renormalize`
+    for the attention block; see the module doc for its FFN block). c_attn (T, heads, keys),
+    c_single (T, parts)."""
     c_attn = c_attn * (c_attn > threshold)
     c_single = c_single * (c_single > threshold)
     denom = c_attn.sum(dim=(1, 2)) + c_single.sum(dim=1)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..envflags import flag
 from ..errors import ModelNeedsNetwork, ModelNotFound
-from ..server.env import flag
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import torch
 from huggingface_hub import constants as hf_constants
 from transformers import AutoConfig, AutoTokenizer
 
+from ..envflags import flag
 from ..errors import (
     AttnvizError,
     CannotWrite,
@@ -23,7 +24,6 @@ from ..errors import (
     OutOfMemory,
     UnsafeWeights,
 )
-from ..server import env
 from . import files
 from .config import attention_layout, auto_class, loads_eager
 from .convert import SMOLLM, Converted, damage, smollm
@@ -44,7 +44,7 @@ def cache_dir() -> Path:
 
 def trust_remote_code() -> bool:
     """Only a server-side environment opt-in enables remote code; never user input."""
-    return env.flag("ATTNVIZ_TRUST_REMOTE_CODE")
+    return flag("ATTNVIZ_TRUST_REMOTE_CODE")
 
 
 def _package_folder(package: str) -> Path:
@@ -159,7 +159,7 @@ def hub_reachable(timeout: float = 2.0) -> bool:
 
     Without this, a closed network costs ~25 s of retries before huggingface_hub gives up.
     """
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+    if flag("HF_HUB_OFFLINE"):  # the one yes/no rule: a typo is an error naming it, never "online"
         return False
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     now = time.monotonic()
@@ -223,7 +223,7 @@ def load_model(
     else:
         where = spec
     if allow_pickle is None:
-        allow_pickle = env.flag("ATTNVIZ_ALLOW_PICKLE")
+        allow_pickle = flag("ATTNVIZ_ALLOW_PICKLE")
     token = token or os.environ.get("HF_TOKEN") or None
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)

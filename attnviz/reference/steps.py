@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import AttnvizError
-from ..layout import AttentionLayout
+from ..layout import AttentionLayout, repeat_kv
 from .families.common import LayerWeights
 from .textbook import causal_mask
 
@@ -124,8 +124,8 @@ def recompute(
         t["q_rope"] = q = q * cos + rotate_half(q) * sin  # (B, nh, T, hs)
         t["k_rope"] = k = k * cos + rotate_half(k) * sin  # (B, nkv, T, hs)
     if G > 1:
-        t["k_repeated"] = k = k.repeat_interleave(G, dim=1)  # (B, nkv, T, hs) -> (B, nh, T, hs)
-        t["v_repeated"] = v = v.repeat_interleave(G, dim=1)  # (B, nkv, T, hs) -> (B, nh, T, hs)
+        t["k_repeated"] = k = repeat_kv(k, G)  # (B, nkv, T, hs) -> (B, nh, T, hs)
+        t["v_repeated"] = v = repeat_kv(v, G)  # (B, nkv, T, hs) -> (B, nh, T, hs)
     t["scores_raw"] = s = q @ k.transpose(-2, -1)  # (B, nh, T, hs) @ (B, nh, hs, T) -> (B, nh, T, T)
     t["scores_scaled"] = s = s * w.scaling  # (B, nh, T, T)
     if w.softcap is not None:
@@ -228,11 +228,11 @@ def counterfactuals(t: dict[str, torch.Tensor], w: LayerWeights, layout: Attenti
     nh, nkv, G = layout.n_heads, layout.n_kv_heads, layout.group_size
     q = t.get("q_rope", t["q_heads"])[0]  # (nh, T, hs) as scored
     k_kv = t.get("k_rope", t["k_heads"])[0]  # (nkv, T, hs), before repetition
-    k = k_kv.repeat_interleave(G, dim=0)  # (nh, T, hs)
+    k = repeat_kv(k_kv, G, dim=0)  # (nh, T, hs)
     scale, cap, allowed = w.scaling, w.softcap, t["mask"]
     no_rope = None
     if w.rotary:
-        k_pre = t["k_heads"][0].repeat_interleave(G, dim=0)  # (nh, T, hs) before RoPE
+        k_pre = repeat_kv(t["k_heads"][0], G, dim=0)  # (nh, T, hs) before RoPE
         no_rope = pattern(t["q_heads"][0], k_pre, scaling=scale, softcap=cap, allowed=allowed).numpy()
     no_mask = pattern(q, k, scaling=scale, softcap=cap).numpy() if w.causal else None
     no_scaling = pattern(q, k, scaling=1.0, softcap=cap, allowed=allowed).numpy()

@@ -5,17 +5,16 @@ around ignored, unset or empty = the default); anything else raises `BadSetting`
 name and the accepted spellings, so a typo (``ATTNVIZ_DEMO=ture``) stops the server at startup
 instead of being read as "off". Integers likewise, with their range.
 
-Every ``ATTNVIZ_*`` flag is read through `flag` / `integer` (the table below is the list).
+Every ``ATTNVIZ_*`` flag is read through `flag` / `integer` (the table below is the list); the
+parsing itself lives one level down, in `attnviz.envflags`, so `attnviz.loading` reads its flags
+there without importing the server.
 """
 
 from __future__ import annotations
 
-import os
+from ..envflags import FALSE, TRUE, BadSetting, flag, integer
 
-from ..errors import AttnvizError
-
-TRUE = frozenset({"1", "true", "yes", "on"})
-FALSE = frozenset({"0", "false", "no", "off"})
+__all__ = ["BOOLEAN_FLAGS", "FALSE", "INTEGER_FLAGS", "TRUE", "BadSetting", "check_all", "flag", "integer"]
 
 # Every ATTNVIZ_* flag with a yes/no or whole-number value: name -> (default, what it does).
 BOOLEAN_FLAGS: dict[str, tuple[bool, str]] = {
@@ -31,43 +30,6 @@ INTEGER_FLAGS: dict[str, tuple[int, str]] = {
     "ATTNVIZ_RUN_LIMIT_S": (120, "demo: seconds one run may take before it is stopped"),
 }
 INTEGER_LOWEST = {"ATTNVIZ_QUEUE_MAX": 0}  # 0 = no cap; the others start at 1
-
-
-class BadSetting(AttnvizError):
-    """A server environment variable has a value that cannot be read."""
-
-
-def _raw(name: str) -> str:
-    return os.environ.get(name, "").strip()
-
-
-def flag(name: str, default: bool = False) -> bool:
-    """A boolean environment flag: 1/true/yes/on or 0/false/no/off (case-insensitive)."""
-    raw = _raw(name)
-    if not raw:
-        return default
-    low = raw.lower()
-    if low in TRUE:
-        return True
-    if low in FALSE:
-        return False
-    raise BadSetting(
-        f"{name}={raw!r} is not a yes/no value; use one of 1, true, yes, on or 0, false, no, off"
-    )
-
-
-def integer(name: str, default: int, *, lo: int = 1, hi: int = 1 << 31) -> int:
-    """A whole-number environment setting in lo..hi (unset or empty = ``default``)."""
-    raw = _raw(name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadSetting(f"{name}={raw!r} is not a whole number; use e.g. {name}={default}") from None
-    if not lo <= value <= hi:
-        raise BadSetting(f"{name}={value} is out of range; use {lo}..{hi}")
-    return value
 
 
 def check_all() -> None:

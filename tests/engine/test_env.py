@@ -1,5 +1,6 @@
-"""Server environment flags parse one way (attnviz/env.py): 1/true/yes/on, 0/false/no/off in any
-case; anything else is a one-line error naming the flag, never a silent "off"."""
+"""Environment flags parse one way (attnviz/envflags.py, re-exported by attnviz/server/env.py):
+1/true/yes/on, 0/false/no/off in any case; anything else is a one-line error naming the flag,
+never a silent "off"."""
 
 from __future__ import annotations
 
@@ -53,21 +54,77 @@ def test_every_boolean_flag_is_read_through_the_one_parser(monkeypatch):
 
 
 def test_no_flag_is_read_by_hand():
-    """Every ATTNVIZ_* yes/no or number goes through attnviz.server.env: no other module of the package
-    compares an ATTNVIZ_ variable with "1" or a set of spellings."""
+    """Every ATTNVIZ_* yes/no or number, and HF_HUB_OFFLINE, goes through the one parser
+    (attnviz.envflags, re-exported by attnviz.server.env): no other module of the package reads
+    one of them from the environment by hand (the ATTNVIZ_ strings named below are not flags).
+    The scan covers the whole package, not only attnviz/server. Caught: load.hub_reachable
+    comparing HF_HUB_OFFLINE with its own set of spellings."""
     import re
     from pathlib import Path
 
-    root = Path(env.__file__).parent
-    by_hand = re.compile(r"environ\.get\(\s*[\"']ATTNVIZ_(?!CACHE|ALLOWED_MODELS|LOG_LEVEL)")
+    import attnviz
+    from attnviz import envflags
+
+    assert env.flag is envflags.flag and env.integer is envflags.integer  # one parser, re-exported
+    assert env.BadSetting is envflags.BadSetting
+    root = Path(attnviz.__file__).parent
+    by_hand = re.compile(
+        r"(environ\.get\(|getenv\(|environ\[)\s*[\"']"
+        r"(ATTNVIZ_(?!CACHE|ALLOWED_MODELS|LOG_LEVEL|RAY_ADDRESS)|HF_HUB_OFFLINE)"
+    )
     offenders = [
         f"{p.relative_to(root)}:{i}"
         for p in root.rglob("*.py")
-        if p.name != "env.py"
+        if p.name != "envflags.py"
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if by_hand.search(line)
     ]
     assert not offenders, offenders
+
+
+def test_loading_reads_its_flags_below_the_server():
+    """attnviz.loading reads its flags from attnviz.envflags and imports nothing of attnviz.server
+    (the server sits above loading). Caught: builtins / load importing attnviz.server.env."""
+    import ast
+    from pathlib import Path
+
+    root = Path(loading.__file__).parent
+    upward = []
+    for p in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{'.' * node.level}{node.module or ''}", *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            if any(n.startswith(("..server", "attnviz.server")) or n == "server" for n in names):
+                upward.append(f"{p.name}:{node.lineno}")
+    assert not upward, upward
+
+
+@pytest.mark.parametrize(("raw", "offline"), [("1", True), (" On ", True), ("YES", True), ("false", None)])
+def test_hub_offline_is_read_by_the_one_rule(monkeypatch, raw, offline):
+    """HF_HUB_OFFLINE in any accepted spelling means no connection is tried; a typo is an error
+    naming it, not a silent "online"."""
+    import socket
+
+    from attnviz.loading import load
+
+    tried = []
+
+    def refuse(*args, **kwargs):
+        tried.append(args)
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(load, "_reach", {})
+    monkeypatch.setenv("HF_HUB_OFFLINE", raw)
+    assert load.hub_reachable() is False
+    assert bool(tried) is (offline is None)  # offline: the network is not touched
+    monkeypatch.setenv("HF_HUB_OFFLINE", "ture")
+    with pytest.raises(env.BadSetting, match="HF_HUB_OFFLINE='ture' is not a yes/no value"):
+        load.hub_reachable()
 
 
 @pytest.mark.parametrize(

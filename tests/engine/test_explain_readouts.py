@@ -14,7 +14,15 @@ from attnviz import AttnvizError
 from attnviz.explain import ablate_heads, logit_attribution, logit_lens, trace
 from attnviz.explain.ablation import ablated_logits
 
-READOUT_MODELS = ("llama-gqa", "gpt2", "gemma2", "olmo2", "gpt_neox-parallel", "falcon")
+READOUT_MODELS = (
+    "llama-gqa",
+    "gpt2",
+    "gemma2",
+    "olmo2",
+    "gpt_neox-parallel",
+    "falcon",
+    "gptj",
+)  # gptj: LM-head bias
 
 
 def tiered(names, fast):
@@ -35,7 +43,7 @@ def model_logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
 
 
-@pytest.mark.parametrize("name", tiered(READOUT_MODELS, ("llama-gqa", "gemma2")))
+@pytest.mark.parametrize("name", tiered(READOUT_MODELS, ("llama-gqa", "gemma2", "gptj")))
 def test_logit_lens_reads_the_models_own_hidden_states(name):
     """Rows 0 .. L-1 equal unembed(final norm(h)) of transformers' own output_hidden_states; the
     last row is the model's prediction (rank 0) with its own probabilities."""
@@ -58,7 +66,8 @@ def test_logit_lens_reads_the_models_own_hidden_states(name):
     assert np.array_equal(final.argmax(-1).numpy(), lens.predicted)
     assert (lens.rank[-1] == 0).all()
     assert np.allclose(final.max(-1).values.numpy(), lens.prob[-1], atol=1e-5)
-    assert lens.top_tokens[-1][2][0] == lens.predicted_tokens[2]
+    if name != "gptj":  # its byte tokens show the display bug of the xfail below
+        assert lens.top_tokens[-1][2][0] == lens.predicted_tokens[2]
     assert len(lens.to_frame()) == (tr.n_layers + 1) * 3 * 3
 
 
@@ -213,3 +222,151 @@ def test_progress_hears_every_layer_and_a_raise_cancels_cleanly():
     clean = model_logits(lm.model, list(tr.tokens.ids))[-1]
     assert float((clean - tr.logits).abs().max()) <= 1e-5  # no edit or hook left behind
     assert ablate_heads(lm, tr, [(1, 2)]).logit_after == pytest.approx(ab.logit_after, abs=1e-6)
+
+
+def frozen_final_norm_by_hand(lm, ids: list[int], t: int):
+    """v ↦ the final norm's linear part at row t, its scale frozen at the forward's value, from the
+    module's own weights and the input the model gave it (RMSNorm or LayerNorm; no attnviz)."""
+    _, norm = attnviz.explain.residual.final_norm(lm)
+    seen = []
+    hook = norm.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0, t].float()))
+    model_logits(lm.model, ids)
+    hook.remove()
+    x = seen[0]
+    eps = next(float(getattr(norm, a)) for a in ("variance_epsilon", "eps") if hasattr(norm, a))
+    g = norm.weight.detach().float()
+    if isinstance(norm, torch.nn.LayerNorm):
+        s = 1.0 / torch.sqrt(x.var(unbiased=False) + eps)
+        return lambda v: g * (v - v.mean()) * s
+    s = 1.0 / torch.sqrt((x * x).mean() + eps)
+    return lambda v: g * v * s
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt_neox-parallel"])
+def test_mean_ablation_direct_effect_equals_a_frozen_norm_readout_by_hand(name):
+    """The direct effect of replacing head h's output by its mean is u · N_f(W_O^h (mean − z^h))
+    with u the target's unembedding row and N_f the final norm frozen at this token: computed here
+    from the model's own o_proj input, o_proj weight and final-norm input (no attnviz readout).
+    Caught: the replacement's sign flipped (z − mean), the zero replacement used in mean mode."""
+    lm = TE.loaded(name)
+    tr = trace(lm, TE.TEXT)
+    ids, t, d = list(tr.tokens.ids), tr.n_tokens - 2, lm.layout.head_dim
+    pairs = [(1, 2), (0, 1)]
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [
+        out_proj(lm, layer).register_forward_pre_hook(
+            lambda _m, a, layer=layer: seen.__setitem__(layer, a[0][0])
+        )
+        for layer in {p[0] for p in pairs}
+    ]
+    try:
+        model_logits(lm.model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    n_f = frozen_final_norm_by_hand(lm, ids, t)
+    ab = ablate_heads(lm, tr, pairs, "mean", token=t)
+    u = lm.model.get_output_embeddings().weight.detach().float()[ab.target]
+    for layer, head in pairs:
+        z_all = seen[layer][:, head * d : (head + 1) * d].float()  # (positions, d_head)
+        w = out_proj(lm, layer).weight.detach().float()[:, head * d : (head + 1) * d]  # (d_model, d_head)
+        want = float(u @ n_f(w @ (z_all.mean(0) - z_all[t])))
+        assert abs(want) > 1e-3  # the check can tell a sign
+        assert ab.direct[(layer, head)] == pytest.approx(want, abs=1e-4), (layer, head)
+
+
+@pytest.mark.parametrize("name", ["gptj", "llama-gqa"])
+def test_attribution_on_a_model_with_an_lm_head_bias(name):
+    """GPT-J's LM head has a bias (and llama-gqa gets one here): the parts plus the rest still give
+    the model's own logit difference, so the bias belongs to the constant. Caught: the LM-head bias
+    dropped from `readout`'s constant."""
+    lm = TE.loaded(name)
+    if lm.model.get_output_embeddings().bias is None:
+        lm = attnviz.wrap_model(copy.deepcopy(lm.model), lm.tokenizer, spec="biased")
+        head = lm.model.get_output_embeddings()
+        head.bias = torch.nn.Parameter(
+            torch.randn(head.weight.shape[0], generator=torch.Generator().manual_seed(1))
+        )
+    bias = lm.model.get_output_embeddings().bias.detach()
+    tr = trace(lm, TE.TEXT)
+    t = tr.n_tokens - 3
+    att = logit_attribution(lm, tr, token=t, contrast=7)
+    logits = model_logits(lm.model, list(tr.tokens.ids))[t]
+    assert abs(float(bias[att.target] - bias[7])) > 1e-2  # the bias matters to this difference
+    want = float(logits[att.target] - logits[7])
+    assert abs(att.logit - want) <= 1e-4 * max(1.0, abs(want))
+    total = att.embedding + att.heads.sum() + att.mlps.sum() + att.rest
+    assert abs(total - want) <= 1e-4 * max(1.0, abs(want))
+
+
+def test_logit_lens_default_positions_and_every_rows_rank_and_probability():
+    """Without positions the lens reads the last 16 tokens; at every layer boundary 0..L (not only
+    the last) the prediction's rank and probability equal those of unembed(final norm(h)) on
+    transformers' own hidden states. Caught: default positions off by one / the first 16; rank
+    counted with >= ; the rank/probability rows taken from the final row only."""
+    lm = TE.loaded("llama-gqa")
+    tr = trace(lm, TE.TEXT)
+    n = tr.n_tokens
+    assert n > 17  # the default is a proper subset
+    lens = logit_lens(lm, tr, k=2)
+    assert lens.positions == tuple(range(n - 16, n))
+    pos = list(lens.positions)
+    with torch.inference_mode():
+        out = lm.model(
+            input_ids=torch.tensor([list(tr.tokens.ids)]), output_hidden_states=True, use_cache=False
+        )
+        head, norm = lm.model.get_output_embeddings(), attnviz.explain.residual.final_norm(lm)[1]
+        predicted = out.logits[0, pos].float().argmax(-1)  # (P,)
+        assert np.array_equal(predicted.numpy(), lens.predicted)
+        for layer in range(tr.n_layers + 1):
+            h = out.hidden_states[layer][:, pos] if layer < tr.n_layers else None
+            logits = head(norm(h))[0].float() if h is not None else out.logits[0, pos].float()
+            mine = logits.gather(1, predicted[:, None])
+            rank = (logits > mine).sum(-1).numpy()
+            prob = torch.softmax(logits, -1).gather(1, predicted[:, None])[:, 0].numpy()
+            assert np.array_equal(rank, lens.rank[layer]), layer
+            assert np.allclose(prob, lens.prob[layer], atol=1e-5), layer
+    assert (lens.rank[: tr.n_layers] > 0).any()  # the rows differ from the last one's all-zero ranks
+
+
+def _byte_ids(lm) -> tuple[int, int]:
+    """Ids of the byte tokens 0xD3 and 0xA4 (GPT-2's byte alphabet spells them 'Ó', '¤'): side by
+    side they are the UTF-8 of 'Ӥ', alone each is no character."""
+    d3, a4 = lm.tokenizer.convert_tokens_to_ids(["Ó", "¤"])
+    assert lm.tokenizer.convert_ids_to_tokens([d3, a4]) == ["Ó", "¤"]
+    return int(d3), int(a4)
+
+
+def test_each_lens_cell_shows_its_own_tokens_display():
+    """A lens cell, a prediction, an ablation's top-k entry and an attribution's target and
+    contrast each show their own id's display (the rule of attnviz.tokens applied to that id
+    alone), never a character merged with the id listed beside them. Caught: the lens building
+    all its top ids as one text ('Ӥ⟨1/2⟩' for the byte ⟨D3⟩ beside ⟨A4⟩, 12 cells on GPT-J's tiny
+    tokenizer); the same in the ablation's top-k (on gpt2) and the attribution's (target,
+    contrast)."""
+    from attnviz.tokens import Tokens
+
+    lm = TE.loaded("gptj")
+    tr = trace(lm, TE.TEXT)
+
+    def own(i) -> str:
+        return Tokens.build(lm.tokenizer, [int(i)]).display[0]
+
+    lens = logit_lens(lm, tr, k=3)
+    assert list(lens.predicted_tokens) == [own(i) for i in lens.predicted]
+    cells = [c for row in lens.top_tokens for cell in row for c in cell]
+    for row, shown_row in zip(lens.top_ids, lens.top_tokens, strict=True):
+        for ids, shown in zip(row, shown_row, strict=True):
+            assert list(shown) == [own(i) for i in ids]
+    assert any(c.startswith("⟨") and c.endswith("⟩") for c in cells)  # lone bytes are listed here
+    assert not [c for c in cells if "/" in c and c.endswith("⟩")]  # no cell is part of a split character
+
+    d3, a4 = _byte_ids(lm)
+    att = logit_attribution(lm, tr, target=d3, contrast=a4)
+    assert (att.target_token, att.contrast_token) == ("⟨D3⟩", "⟨A4⟩")  # not 'Ӥ⟨1/2⟩', 'Ӥ⟨2/2⟩'
+
+    lm = TE.loaded("gpt2")  # GPT-J's heads run in attnviz's adapter: no ablation there
+    abl = ablate_heads(lm, trace(lm, TE.TEXT), [(0, 0)], k=100)  # lone bytes side by side in its top 100
+    for top in (abl.top_before, abl.top_after):
+        assert [s for _, s, _ in top] == [own(i) for i, _, _ in top]
+        assert not [s for _, s, _ in top if "/" in s and s.endswith("⟩")]

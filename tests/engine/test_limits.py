@@ -58,3 +58,33 @@ def test_all_layers_is_sized_first_and_filled_layer_by_layer(monkeypatch):
     said = r"attention of all \d+ layers .* needs .* GiB free on cpu — try fewer"
     with pytest.raises(OutOfMemory, match=said):
         res.all_layers()
+
+
+def test_bytes_per_element():
+    """One element's bytes: bf16 / fp16 2, fp32 4, fp64 8; integer and bool masks sized as int32."""
+    sizes = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4, torch.float64: 8, torch.bool: 4}
+    assert {dtype: L.bytes_per_element(dtype) for dtype in sizes} == sizes
+    for dtype in (torch.bfloat16, torch.float32):  # floats: what a tensor of them takes
+        assert L.bytes_per_element(dtype) == torch.empty(0, dtype=dtype).element_size()
+
+
+def test_bytes_per_element_has_one_home():
+    """No module but attnviz/limits.py derives an element's size from a dtype (``finfo(..).bits``,
+    ``dtype.itemsize``): the trace's sizing (explain/residual) and the eager benchmark's use
+    `limits.bytes_per_element`. Measuring a real tensor (``t.element_size()``) is not a rule and
+    stays. Caught: the trace's streams sized with its own ``finfo(dtype).bits // 8``."""
+    import re
+    from pathlib import Path
+
+    import attnviz
+
+    root = Path(attnviz.__file__).parent
+    own_rule = re.compile(r"finfo\([^)]*\)\.bits|\bdtype\.itemsize|\bdtype\)\.itemsize")
+    offenders = [
+        f"{p.relative_to(root)}:{i}"
+        for p in root.rglob("*.py")
+        if p.name != "limits.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if own_rule.search(line)
+    ]
+    assert not offenders, offenders

@@ -27,6 +27,19 @@ def _pool(dense: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     return mean, mx
 
 
+def _pool_edges(dense: np.ndarray, row_edges, col_edges, how: str) -> np.ndarray:
+    """Max or mean over the bins that start at the given edges, by plain loops (the oracle of
+    pooling on given bins; figures.pool is checked against it, never used as one)."""
+    rows = [*map(int, row_edges), dense.shape[-2]]
+    cols = [*map(int, col_edges), dense.shape[-1]]
+    out = np.zeros((*dense.shape[:-2], len(rows) - 1, len(cols) - 1))
+    for a in range(len(rows) - 1):
+        for b in range(len(cols) - 1):
+            cell = dense[..., rows[a] : rows[a + 1], cols[b] : cols[b + 1]]
+            out[..., a, b] = cell.max((-2, -1)) if how == "max" else cell.mean((-2, -1))
+    return out
+
+
 @pytest.mark.parametrize("arch", tiny.ARCHS)
 @pytest.mark.parametrize("cells", [7, 16, 1000])
 def test_pooled_equals_dense_pooling(arch, cells, monkeypatch):
@@ -73,8 +86,11 @@ def test_a_view_too_big_for_memory_is_a_message(monkeypatch):
         P.pooled(res, 0)
 
 
-def test_pooled_on_given_bins_equals_the_figures_pooling():
-    """The app's own bins (attnviz.figures.bin_edges, near-equal) and its max-pool, from the device."""
+def test_pooled_on_given_bins_equals_pooling_by_loops():
+    """The app's own bins (attnviz.figures.bin_edges, near-equal), pooled on the device, equal the
+    loops; so does the figures' host pooling of the same bins. (This test once used figures.pool
+    as its oracle. Caught: one wrong mean (divided by the key bins' widths alone) planted in both
+    the device pooling and figures.pool, which the old test passed.)"""
     from attnviz import figures as F
 
     res = attnviz.extract(sharp("llama-gqa"), TEXT)
@@ -82,8 +98,10 @@ def test_pooled_on_given_bins_equals_the_figures_pooling():
     re, ce = F.bin_edges(dense.shape[1], 10), F.bin_edges(dense.shape[2], 13)
     view = P.pooled(res, 2, row_edges=re, col_edges=ce)
     assert view.path == "fused" and view.max.shape == (4, 10, 13)
-    np.testing.assert_allclose(view.max, F.pool(dense, re, ce, "max"), atol=1e-5)
-    np.testing.assert_allclose(view.mean, F.pool(dense, re, ce, "mean"), atol=1e-5)
+    for how in ("max", "mean"):
+        want = _pool_edges(dense, re, ce, how)
+        np.testing.assert_allclose(view.values(how), want, atol=1e-5)
+        np.testing.assert_allclose(F.pool(dense, re, ce, how), want, atol=1e-6)
     with pytest.raises(AttnvizError):
         P.pooled(res, 2, row_edges=[1, 5])
 
@@ -99,16 +117,14 @@ def test_equal_bins_pool_by_reshapes_and_match_dense_pooling(arch, side, monkeyp
     real = P._reshaped
     monkeypatch.setattr(P, "_reshaped", lambda *a, **k: ran.append(1) or real(*a, **k))
     res = attnviz.extract(sharp(arch), TEXT)
-    from attnviz import figures as F
-
     layer = res.n_layers() - 1
     dense = res.layer(layer)
     re, ce = P.equal_edges(dense.shape[1], side), P.equal_edges(dense.shape[2], side + 2)
     assert len(re) <= side and (np.diff(re) == re[1]).all() and dense.shape[1] - re[-1] <= re[1]
     both = P.pooled(res, layer, row_edges=re, col_edges=ce)
     assert ran and both.path == "fused"
-    np.testing.assert_allclose(both.values("max"), F.pool(dense, re, ce, "max"), rtol=0, atol=1e-6)
-    np.testing.assert_allclose(both.values("mean"), F.pool(dense, re, ce, "mean"), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(both.values("max"), _pool_edges(dense, re, ce, "max"), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(both.values("mean"), _pool_edges(dense, re, ce, "mean"), rtol=0, atol=1e-6)
     for how in P.POOLS:
         one = P.pooled(res, layer, [1, 3], row_edges=re, col_edges=ce, pools=[how])
         np.testing.assert_allclose(one.values(how), both.values(how)[[1, 3]], rtol=0, atol=1e-7)
