@@ -26,6 +26,8 @@ st.caption(
 
 DEMO = models.config().demo  # public demo: the built-in corpus's first texts only, no uploads
 DEMO_CACHE_BYTES = 64 * 2**20  # the atlas's disk cache on a demo server (least recently used go)
+# longer texts are skipped; a server's token cap (ATTNVIZ_MAX_TOKENS) lowers it, never raises it
+MAX_TOKENS = min(AT.ATLAS_MAX_TOKENS, models.config().max_tokens)
 
 
 def texts_to_run() -> list[str] | None:
@@ -84,7 +86,7 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
     """Run what is not in the disk cache yet (on this server or on Ray), with a progress bar; every
     text is saved as it finishes, so Cancel (or closing the tab) loses nothing done."""
     engine, address = engine_choice()
-    done, total = AT.cached_count(lm, texts)
+    done, total = AT.cached_count(lm, texts, max_tokens=MAX_TOKENS)
     if done < total and st.session_state.get("atlas_cancel"):  # this rerun is the Cancel click's
         st.info(
             f"Cancelled: the {done} texts done so far are saved; run again to resume.",
@@ -120,7 +122,9 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
     with guarded("running the atlas", frame.token, (lm.spec,)):
         # each text takes its own turn of the demo's queue (the model's gated lock), so a long
         # atlas never holds the model while other visitors wait
-        atlas = AT.run_atlas(lm, texts, progress=progress, engine=engine, ray_address=address)  # type: ignore[arg-type]
+        atlas = AT.run_atlas(
+            lm, texts, progress=progress, engine=engine, ray_address=address, max_tokens=MAX_TOKENS
+        )  # type: ignore[arg-type]
         if DEMO:
             AT.cache.evict(DEMO_CACHE_BYTES)
         bar.empty()

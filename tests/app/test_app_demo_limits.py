@@ -80,10 +80,6 @@ def test_from_scratch_shows_only_the_first_cap_tokens(demo):
     assert 0 < widest_axis(at) <= CAP
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pages/5_Head_atlas.py runs the atlas at ATLAS_MAX_TOKENS (512) whatever ATTNVIZ_MAX_TOKENS says",
-)
 def test_the_atlas_runs_its_texts_under_the_demo_cap(demo, monkeypatch):
     from attnviz import atlas as AT
     from attnviz.atlas.run import ATLAS_MAX_TOKENS
