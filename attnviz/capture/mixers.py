@@ -1,0 +1,134 @@
+"""Capture for non-softmax token mixers: one pass-through wrapper per module-level core function.
+
+Each mixer of transformers 5.23.0 calls its core function by its global name
+(``transformers.models.qwen3_next.modeling_qwen3_next.torch_chunk_gated_delta_rule``, ...), so
+replacing that name with a wrapper sees the kernel's arguments and output whichever
+implementation runs (hub kernel, ``fla`` / ``mamba_ssm``, or the torch body). The wrapper and the
+mixer modules' hooks record only while this thread's `Recorder` is active (a ContextVar, as the
+attention hook): outside a `recording` block, and in every other thread, they pass through.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..mixers.kinds import CORE_FUNCTIONS, mixer_kind
+from .hook import active_recorder
+from .records import CapturedMixer
+
+_BLOCK = re.compile(r"\.(\d+)(?:\.|$)")
+_OUT_PROJ = ("out_proj", "o_proj")
+_HOOKED = "_attnviz_mixer_hooks"
+
+
+@dataclass(frozen=True)
+class MixerSite:
+    """One non-softmax token mixer of a model: its block, kind and module name."""
+
+    block: int
+    kind: str
+    module_name: str
+
+
+def find_mixers(model: torch.nn.Module) -> tuple[MixerSite, ...]:
+    """Every non-softmax token mixer of ``model``, in block order."""
+    found = []
+    for name, module in model.named_modules():
+        kind = mixer_kind(module)
+        m = _BLOCK.search(name)
+        if kind is not None and m is not None:
+            found.append(MixerSite(int(m.group(1)), kind, name))
+    return tuple(sorted(found, key=lambda s: s.block))
+
+
+def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
+    """Wrap the core functions of ``model``'s mixers and hook its mixer modules (idempotent);
+    returns the mixers found."""
+    sites = find_mixers(model)
+    modules = dict(model.named_modules())
+    for site in sites:
+        module = modules[site.module_name]
+        _wrap_core_functions(sys.modules[type(module).__module__], site.kind)
+        if getattr(module, _HOOKED, False):
+            continue
+        module.register_forward_pre_hook(_enter(site))
+        module.register_forward_hook(_leave(site))
+        out = next(
+            (getattr(module, n) for n in _OUT_PROJ if isinstance(getattr(module, n, None), torch.nn.Linear)),
+            None,
+        )
+        if out is not None:
+            out.register_forward_hook(_projection(site))
+        setattr(module, _HOOKED, True)
+    return sites
+
+
+def _wrap_core_functions(modeling: Any, kind: str) -> None:
+    for fname in CORE_FUNCTIONS.get(kind, ()):
+        fn = getattr(modeling, fname, None)
+        if fn is not None and not getattr(fn, "_attnviz_core", False):
+            setattr(modeling, fname, _recording_core(fn, fname))
+
+
+def _recording_core(fn: Callable, fname: str) -> Callable:
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def core(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        rec = active_recorder()
+        if rec is not None and rec.mixer_stack:
+            kind, name, block = rec.mixer_stack[-1]
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            extra = bound.pop("kwargs", {}) or {}
+            inputs = {k: _detach(v) for k, v in {**bound, **extra}.items()}
+            output = out[0] if isinstance(out, tuple) else out
+            rec.mixers.append(CapturedMixer(kind, name, block, fname, inputs, output.detach()))
+        return out
+
+    core._attnviz_core = True  # type: ignore[attr-defined]
+    return core
+
+
+def _detach(v: Any) -> Any:
+    return v.detach() if isinstance(v, torch.Tensor) else v
+
+
+def _enter(site: MixerSite):
+    def hook(_module, _args):
+        rec = active_recorder()
+        if rec is not None:
+            rec.mixer_stack.append((site.kind, site.module_name, site.block))
+
+    return hook
+
+
+def _leave(site: MixerSite):
+    def hook(_module, _args, _output):
+        rec = active_recorder()
+        if rec is not None and rec.mixer_stack and rec.mixer_stack[-1][1] == site.module_name:
+            rec.mixer_stack.pop()
+
+    return hook
+
+
+def _projection(site: MixerSite):
+    def hook(module, args, output):
+        rec = active_recorder()
+        if rec is None or not rec.mixers or rec.mixers[-1].module_name != site.module_name:
+            return
+        last = rec.mixers[-1]
+        if last.out_in is None and isinstance(output, torch.Tensor):
+            last.out_in, last.out_out = args[0].detach(), output.detach()
+            last.out_weight = module.weight.detach()
+            last.out_bias = None if module.bias is None else module.bias.detach()
+
+    return hook

@@ -1,0 +1,186 @@
+"""The captured mixers of one forward, and their exact matrices on demand (rows and tiles).
+
+`MixerStore` keeps only what each core function received (never an N×N matrix) and computes
+rows of a block's effective attention when asked, after that block's self-check passed: Σ_s A[t,s]
+v_s (+ the skip term) must equal the kernel's own output on a few rows, within a tolerance relative
+to the output's scale; otherwise `MixerCheckFailed` says why and nothing is shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..capture.records import CapturedMixer
+from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
+from . import delta, selective, ssd
+from .kinds import MEANING, NOT_YET, SHOWN
+
+# Allowed max |Δ| relative to the output's scale: the kernels compute in float32 (the model's
+# own rounding dominates, measured 1e-7 of scale); a bf16 / fp16 model rounds its output.
+RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+HALF_RELATIVE_TOLERANCE = 2e-2
+
+
+class MixerStore:
+    """Non-softmax mixers captured in one forward, by (block, kind)."""
+
+    def __init__(self, records: Sequence[CapturedMixer], dtype: torch.dtype) -> None:
+        self._records: dict[tuple[int, str], CapturedMixer] = {}
+        self._calls: dict[tuple[int, str], int] = {}  # core-function calls per block and kind
+        for r in records:
+            self._records.setdefault((r.block, r.kind), r)
+            self._calls[(r.block, r.kind)] = self._calls.get((r.block, r.kind), 0) + 1
+        self.dtype = dtype
+        self._parts: dict[tuple[int, str], dict] = {}
+        self._checks: dict[tuple[int, str], Any] = {}
+        first = next(iter(self._records.values()), None)
+        # (1, N, heads, d) outputs; Mamba-1's scan keeps the kernel layout (1, d_inner, N)
+        self.n_tokens = 0 if first is None else int(first.output.shape[2 if first.kind == "mamba" else 1])
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self._records.values())
+
+    def blocks(self, kind: str | None = None) -> list[int]:
+        """Blocks with a captured mixer (of ``kind``), in order."""
+        return sorted({b for b, k in self._records if kind is None or k == kind})
+
+    def kinds(self) -> list[str]:
+        return sorted({k for _, k in self._records})
+
+    def record(self, block: int, kind: str) -> CapturedMixer:
+        if kind not in SHOWN:
+            raise MixerNotShown(f"block {block}'s {kind} mixer {NOT_YET.get(kind, 'is not shown')}")
+        calls = self._calls.get((block, kind), 0)
+        if calls > 1:  # Zamba's Mamba-1 runs one scan per "mamba head", each with its own B and C
+            raise MixerNotShown(
+                f"block {block}'s {kind} mixer called its core function {calls} times in one forward "
+                "(one scan per sub-head); attnviz shows mixers that make one call per block"
+            )
+        try:
+            return self._records[(block, kind)]
+        except KeyError:
+            have = ", ".join(f"{b} ({k})" for b, k in sorted(self._records)) or "none"
+            raise BadIndex(f"no {kind} mixer was captured in block {block}; captured: {have}") from None
+
+    def checkable(self, block: int, kind: str) -> bool:
+        """Whether the block's mixer can be shown and checked (one core call, a shown kind)."""
+        return kind in SHOWN and self._calls.get((block, kind), 0) == 1
+
+    def n_heads(self, block: int, kind: str) -> int:
+        """Heads of a per-head mixer; 1 for a per-channel one (its contribution view)."""
+        rec = self.record(block, kind)
+        if kind == "mamba2":
+            return int(rec.inputs["hidden_states"].shape[2])
+        if kind in ("gated_delta", "kimi_delta"):
+            return int(rec.inputs["value"].shape[2])
+        return 1
+
+    def parts(self, block: int, kind: str) -> dict:
+        key = (block, kind)
+        if key not in self._parts:
+            inputs = self.record(block, kind).inputs
+            build = {"mamba2": ssd.ssd_parts, "mamba": selective.selective_parts}.get(kind, delta.delta_parts)
+            self._parts[key] = build(inputs)
+        return self._parts[key]
+
+    def tensor(
+        self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
+    ) -> torch.Tensor:
+        """float32 (heads, rows, N): the block's effective attention (per-channel kinds: the
+        token-contribution norms, one "head"), after the block's self-check passed."""
+        n_heads = self.n_heads(block, kind)
+        heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+        for h in heads:
+            if not 0 <= h < n_heads:
+                raise BadIndex(
+                    f"head {h} is out of range: block {block}'s {kind} mixer has heads 0..{n_heads - 1}"
+                )
+        self.check(block, kind)
+        idx = torch.arange(self.n_tokens)[rows or slice(None)]
+        if len(idx) == 0:
+            return torch.zeros(len(heads), 0, self.n_tokens)
+        return self._rows(block, kind, heads, idx).float()
+
+    def _rows(self, block: int, kind: str, heads: list[int], idx: torch.Tensor) -> torch.Tensor:
+        parts = self.parts(block, kind)
+        if kind == "mamba2":
+            return ssd.ssd_rows(parts, heads, idx)
+        if kind == "mamba":
+            rec = self.record(block, kind)
+            if rec.out_weight is None:
+                raise MixerNotShown(
+                    f"block {block}'s mamba mixer has no output projection to push contributions through"
+                )
+            return selective.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
+        return delta.delta_rows(parts, heads, idx)
+
+    def check(self, block: int, kind: str):
+        """The block's self-check (a `attnviz.result.Check`), run once; raises `MixerCheckFailed`."""
+        key = (block, kind)
+        if key not in self._checks:
+            self._checks[key] = self._check(block, kind)
+        got = self._checks[key]
+        if isinstance(got, MixerCheckFailed):
+            raise got
+        return got
+
+    def _check(self, block: int, kind: str):
+        from ..result import Check
+
+        rec = self.record(block, kind)
+        parts = self.parts(block, kind)
+        n = self.n_tokens
+        idx = torch.tensor(sorted({0, n // 3, (2 * n) // 3, n - 1}))
+        out = rec.output[0].double()
+        if kind == "mamba2":
+            heads = list(range(self.n_heads(block, kind)))
+            got = ssd.ssd_outputs(parts, ssd.ssd_rows(parts, heads, idx), heads, idx)
+            want = out[idx]
+            against = f"the {rec.function} output (Σ_s A[t,s]·x_s + D·x_t)"
+        elif kind == "mamba":
+            got = torch.stack([selective.core_output(parts, int(t)) for t in idx])
+            want = out.T[idx]
+            against = f"the {rec.function} output (per channel, gate frozen)"
+            if rec.out_weight is not None and rec.out_out is not None:
+                sums = torch.stack(
+                    [selective.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
+                )
+                got, want = torch.cat([got, sums], 1), torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                against += " and the mixer output (Σ_s contributions + skip + bias)"
+        else:
+            heads = list(range(self.n_heads(block, kind)))
+            got = delta.delta_outputs(parts, delta.delta_rows(parts, heads, idx), heads)
+            want = out[idx]
+            against = f"the {rec.function} output (Σ_s A[t,s]·v_s)"
+        diff = float((got - want).abs().max())
+        scale = float(want.abs().max())
+        rel = RELATIVE_TOLERANCE.get(self.dtype, HALF_RELATIVE_TOLERANCE)
+        tol = rel * max(scale, 1e-6)
+        if not diff <= tol:  # NaN fails too
+            return MixerCheckFailed(
+                f"block {block}'s {kind} mixer: its effective attention misses the kernel's output by "
+                f"max |Δ| {diff:.1e} (scale {scale:.1e}, allowed {tol:.1e}) against {against}; "
+                "attnviz shows no matrix for it"
+            )
+        return Check(
+            stack="self",
+            layer=block,
+            max_abs_diff=diff,
+            dtype=str(self.dtype).removeprefix("torch."),
+            tolerance=tol,
+            against=against,
+            mixer=kind,
+            scale=scale,
+        )
+
+
+def meaning(kind: str) -> str:
+    """What a mixer kind's matrix is, for a label ("effective attention (signed, not probabilities) ...")."""
+    return MEANING.get(kind, NOT_YET.get(kind, kind))

@@ -1,0 +1,183 @@
+"""Non-softmax token mixers (attnviz.mixers): every family's effective attention reproduces the
+kernel's own output, matches the textbook oracle, is listed per block, and is refused (never
+shown wrong) when it does not check."""
+
+from __future__ import annotations
+
+import threading
+
+import archs
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+import attnviz
+from attnviz.capture import mixers as mixer_capture
+from attnviz.capture.hook import recording
+from attnviz.errors import MixerCheckFailed, MixerNotShown
+from attnviz.mixers import delta, reference, ssd
+from attnviz.mixers.store import MixerStore
+
+# Per family: sizes that keep the models tiny and the token count past the kernel's chunk.
+SHAPES: dict[str, dict] = {
+    "bamba": {"mamba_d_state": 8, "mamba_chunk_size": 16},  # Mamba-2 hybrid
+    "mamba2": {"n_groups": 2, "state_size": 8, "chunk_size": 16, "num_heads": 4, "head_dim": 16},
+    "falcon_h1": {"mamba_d_state": 8, "mamba_chunk_size": 16},  # parallel attention + Mamba-2
+    "qwen3_5_text": {  # Gated DeltaNet, 2 key heads serving 4 value heads
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+    },
+    "kimi_linear": {},  # Kimi delta attention (per-key-channel decay)
+    "mamba": {},  # Mamba-1, per channel
+    "falcon_mamba": {},
+    "jamba": {},
+}
+N = 40  # > every chunk above (16), so the inter-chunk paths run
+IDS = [3 + (i * 37) % 300 for i in range(N)]
+
+
+def _model(model_type: str):
+    cfg = archs.tiny_config(model_type)
+    for k, v in SHAPES[model_type].items():
+        setattr(cfg, k, v)
+    if hasattr(cfg, "initializer_range"):
+        cfg.initializer_range = 0.2  # activations O(1): an absolute error then means something
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _loaded(model_type: str) -> attnviz.LoadedModel:
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=archs._tokenizer(), pad_token="<pad>")
+    return attnviz.wrap_model(_model(model_type), tok, spec=f"tiny-{model_type}")
+
+
+def _records(model) -> list:
+    mixer_capture.install(model)
+    with recording({}) as rec, torch.inference_mode():
+        model(input_ids=torch.tensor([IDS]), use_cache=False)
+    return rec.mixers
+
+
+EXPECTED_KIND = {
+    "bamba": "mamba2",
+    "mamba2": "mamba2",
+    "falcon_h1": "mamba2",
+    "qwen3_5_text": "gated_delta",
+    "kimi_linear": "kimi_delta",
+    "mamba": "mamba",
+    "falcon_mamba": "mamba",
+    "jamba": "mamba",
+}
+
+
+@pytest.mark.parametrize("model_type", list(SHAPES))
+def test_every_family_reproduces_its_kernel_and_says_so(model_type):
+    """The self-check (Σ_s A[t,s] v_s + skip vs the kernel's captured output) passes within its
+    relative tolerance, lands in res.checks, and every mixer block returns a float32 matrix."""
+    lm = _loaded(model_type)
+    kind = EXPECTED_KIND[model_type]
+    res = attnviz.extract_ids(lm, IDS, verify=True)
+    (check,) = [c for c in res.checks if c.mixer == kind]
+    assert check.max_abs_diff <= 1e-5 * max(check.scale, 1e-3), check.caption()
+    assert check.scale > 1e-3  # compared against a real output, not zeros
+    assert kind in res.check_caption()
+    blocks = [b for b, kinds in enumerate(lm.layout.mixers) if kind in kinds]
+    assert blocks
+    for b in blocks:
+        m = res.layer(b, mixer=kind)
+        assert m.dtype == np.float32 and m.shape == (res.mixer_heads(b, kind), N, N)
+        assert np.isfinite(m).all() and np.abs(np.triu(m[0], 1)).max() == 0  # causal
+        np.testing.assert_array_equal(res.head(b, 0, mixer=kind, rows=slice(5, 9)), m[0, 5:9])
+
+
+def test_ssd_matches_the_textbook_recurrence_and_the_kernel():
+    (rec, *_) = _records(_model("bamba"))
+    parts = ssd.ssd_parts(rec.inputs)
+    heads = list(range(parts["x"].shape[1]))
+    rows = torch.arange(N)
+    m = ssd.ssd_rows(parts, heads, rows)
+    assert (m - reference.ssd_dense(parts)).abs().max() < 1e-12
+    y = ssd.ssd_outputs(parts, m, heads, rows)
+    out = rec.output[0].double()
+    assert (y - out).abs().max() <= 1e-5 * out.abs().max()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "kimi_linear"])
+def test_delta_rule_rows_match_the_textbook_products_and_the_kernel(model_type):
+    (rec, *_) = _records(_model(model_type))
+    parts = delta.delta_parts(rec.inputs)
+    heads = [0, parts["q"].shape[1] - 1]
+    rows = torch.arange(N)
+    scan = delta.scan_rows(parts, heads, rows)
+    oracle = reference.delta_dense({k: v[:, heads] for k, v in parts.items()})
+    assert (scan - oracle).abs().max() < 1e-12
+    for chunk in (4, 7, 64):  # chunks that split the rows every way
+        assert (delta.chunked_rows(parts, heads, rows, chunk=chunk) - oracle).abs().max() < 1e-12
+    few = torch.tensor([3, 17, N - 1])
+    assert (delta.delta_rows(parts, heads, few) - oracle[:, few]).abs().max() < 1e-12
+    o = delta.delta_outputs(parts, scan, heads)
+    out = rec.output[0][:, heads].double()
+    assert (o - out).abs().max() <= 1e-5 * out.abs().max()
+
+
+def test_a_matrix_that_misses_the_kernel_is_refused_not_shown():
+    """A record whose kernel output does not match its inputs (here: β off by 10%) is refused
+    with the reason; the good block beside it still shows."""
+    records = _records(_model("qwen3_5_text"))
+    bad = records[0]
+    bad.inputs = {**bad.inputs, "beta": bad.inputs["beta"] * 1.1}
+    store = MixerStore(records, torch.float32)
+    with pytest.raises(MixerCheckFailed, match="misses the kernel's output"):
+        store.tensor(bad.block, "gated_delta")
+    assert store.tensor(records[1].block, "gated_delta").shape[1:] == (N, N)
+
+
+def test_capture_is_scoped_to_the_recording_thread():
+    """The wrapped core function records only inside this thread's recording block."""
+    model = _model("bamba")
+    mixer_capture.install(model)
+    ids = torch.tensor([IDS])
+    seen: list[int] = []
+
+    def other():
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=False)  # no recorder in this thread
+        seen.append(1)
+
+    with recording({}) as rec, torch.inference_mode():
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert seen and rec.mixers == []
+        model(input_ids=ids, use_cache=False)
+    assert [r.block for r in rec.mixers] == [0, 2]
+    with torch.inference_mode():
+        model(input_ids=ids, use_cache=False)  # outside: nothing more
+    assert len(rec.mixers) == 2 and not rec.mixer_stack
+
+
+def test_blocks_list_their_mixers_and_parallel_blocks_say_so():
+    lm = _loaded("falcon_h1")
+    assert lm.layout.mixers == (("attention", "mamba2"),) * 2
+    assert "2 branches (attention + mamba2)" in lm.layout.mixer_note(0)
+    res = attnviz.extract_ids(lm, IDS)
+    np.testing.assert_array_equal(res.layer(1, mixer="attention"), res.layer(1))
+    with pytest.raises(attnviz.errors.BadIndex, match="no gated_delta mixer"):
+        res.layer(0, mixer="gated_delta")
+    assert "signed, not probabilities" in res.mixer_meaning("mamba2")
+
+
+def test_pure_recurrent_models_load_and_name_what_they_cannot_show():
+    lm = _loaded("mamba")
+    assert lm.layout.n_layers == 0 and lm.layout.mixers == (("mamba",),) * 2
+    res = attnviz.extract_ids(lm, IDS)
+    assert res.layer(1).shape == (1, N, N)  # no attention at all: the block's first mixer
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=archs._tokenizer(), pad_token="<pad>")
+    torch.manual_seed(0)
+    rwkv = attnviz.wrap_model(tf.AutoModelForCausalLM.from_config(archs.tiny_config("rwkv")).eval(), tok)
+    assert rwkv.layout.mixers == (("rwkv",),) * 2
+    with pytest.raises(MixerNotShown, match="RWKV-4"):
+        attnviz.extract_ids(rwkv, IDS).layer(0)
