@@ -137,8 +137,14 @@ def head_view(
     log: bool = False,
     max_cells: int | None = None,
     heading: str = "",
+    block: int | None = None,
 ) -> go.Figure:
     """The heads of one layer as a grid of heatmaps (the app's explorer grid).
+
+    ``block`` draws the model's block ``block`` by its token mixers instead
+    (`attnviz.figures.mixers.block_view`: a non-softmax mixer's exact effective attention on a
+    diverging scale, parallel branches side by side); a model with no softmax attention at all
+    (Mamba) reads ``layer`` as its block.
 
     ``layer=None`` puts every layer in one figure behind a layer slider, on one colour scale;
     all layers share the cell budget, so long inputs are pooled more than for one layer.
@@ -149,6 +155,15 @@ def head_view(
     """
     from .. import figures as F
 
+    mixers = getattr(result.layout, "mixers", ())
+    if block is None and layer is not None and not result.layout.n_layers and mixers:
+        block = layer
+    if block is not None and tuple(mixers[block]) != ("attention",):
+        from .mixers import block_view
+
+        return block_view(result, block, heads)
+    if block is not None:
+        layer = result.layout.attention_layer_of(block)
     stack = result.resolve_stack(stack)
     chosen = _heads(result, heads)
     layers = _layers(result, layer, stack)
