@@ -25,7 +25,7 @@ from .hook import active_recorder
 from .records import CapturedMixer
 
 _BLOCK = re.compile(r"\.(\d+)(?:\.|$)")
-_OUT_PROJ = ("out_proj", "o_proj")
+_OUT_PROJ = ("out_proj", "o_proj", "output")  # RWKV names its projection "output"
 _HOOKED = "_attnviz_mixer_hooks"
 
 

@@ -74,16 +74,15 @@ CORE_FUNCTIONS: dict[str, tuple[str, ...]] = {
 MODULE_TAPS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "lightning": (("act_fn", "output", "qkv"), ("norm", "input", "output")),
     "short_conv": (("in_proj", "output", "BCx"),),
+    "rwkv": (("receptance", "output", "r_pre"),),
 }
 
 # Kinds whose effective attention is one signed scalar per (query, key) per head.
 PER_HEAD = frozenset({"mamba2", "gated_delta", "kimi_delta", "lightning"})
 # Kinds attnviz shows in this version (the others are listed per block and refused with a reason).
-SHOWN = frozenset({"mamba2", "gated_delta", "kimi_delta", "lightning", "mamba", "short_conv"})
+SHOWN = frozenset({"mamba2", "gated_delta", "kimi_delta", "lightning", "mamba", "short_conv", "rwkv"})
 # Why a listed kind is not shown yet (completes "block b's <kind> mixer ...").
 NOT_YET: dict[str, str] = {
-    "rwkv": "(RWKV-4 WKV) is exact only per channel; its contribution view is not implemented in "
-    "this version",
     "mlstm": "(xLSTM mLSTM) is not implemented in this version (its parallel form with the "
     "stabiliser is known, its capture is not)",
     "rglru": "(RecurrentGemma RG-LRU) is exact only per channel; its contribution view is not "
@@ -102,6 +101,8 @@ MEANING: dict[str, str] = {
     "A[t,s] = (φ(q_t)·φ(k_s))·exp(-λ_h (t-s)) over φ(v)",
     "short_conv": "token contribution norms ‖c_{t,s}‖ through out_proj (the LFM2 gated short "
     "convolution is exact per channel, a K-band; C gate frozen at its forward value)",
+    "rwkv": "token contribution norms ‖c_{t,s}‖ through the output projection (RWKV-4's WKV is "
+    "exact per channel, rows of probabilities; receptance gate frozen at its forward value)",
     "mamba": "token contribution norms ‖c_{t,s}‖ through out_proj (Mamba-1 is exact per channel; "
     "gates frozen at their forward values)",
 }

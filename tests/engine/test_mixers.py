@@ -16,7 +16,7 @@ import attnviz
 from attnviz.capture import mixers as mixer_capture
 from attnviz.capture.hook import recording
 from attnviz.errors import MixerCheckFailed, MixerNotShown
-from attnviz.mixers import conv, delta, linear, reference, selective, ssd
+from attnviz.mixers import conv, delta, linear, reference, selective, ssd, wkv
 from attnviz.mixers.store import MixerStore
 
 # Per family: sizes that keep the models tiny and the token count past the kernel's chunk.
@@ -42,6 +42,7 @@ SHAPES: dict[str, dict] = {
     "granitemoehybrid": {},
     "zamba2": {},
     "bailing_hybrid": {},
+    "rwkv": {},  # RWKV-4 WKV, per channel
 }
 N = 40  # > every chunk above (16), so the inter-chunk paths run
 IDS = [3 + (i * 37) % 300 for i in range(N)]
@@ -92,6 +93,7 @@ EXPECTED_KIND = {
     "granitemoehybrid": "mamba2",
     "zamba2": "mamba2",
     "bailing_hybrid": "kimi_delta",
+    "rwkv": "rwkv",
 }
 
 
@@ -157,10 +159,14 @@ def test_lightning_matches_the_textbook_decay_across_blocks():
 
 
 def test_per_channel_mixers_sum_their_contributions_to_the_mixer_output():
-    """Mamba-1 and the short conv: Σ_s c_{t,s} (+ skip, biases) == the mixer's own output."""
-    for model_type, mod in (("mamba", selective), ("lfm2_moe", conv)):
+    """Mamba-1, the short conv and RWKV-4: Σ_s c_{t,s} (+ skip, biases) == the mixer's own output."""
+    cases = (
+        ("mamba", selective, selective.selective_parts),
+        ("lfm2_moe", conv, conv.conv_parts),
+        ("rwkv", wkv, wkv.wkv_parts),
+    )
+    for model_type, mod, build in cases:
         rec = _records(_model(model_type))[0]
-        build = selective.selective_parts if mod is selective else conv.conv_parts
         parts = build(rec.inputs)
         for t in (0, 7, N - 1):
             got = mod.contribution_sum(parts, rec.out_weight, rec.out_bias, t)
@@ -230,7 +236,7 @@ def test_pure_recurrent_models_load_and_name_what_they_cannot_show():
     assert lm.layout.n_layers == 0 and lm.layout.mixers == (("mamba",),) * 2
     res = attnviz.extract_ids(lm, IDS)
     assert res.layer(1).shape == (1, N, N)  # no attention at all: the block's first mixer
-    rwkv = _loaded_tiny("rwkv")
-    assert rwkv.layout.mixers == (("rwkv",),) * 2
-    with pytest.raises(MixerNotShown, match="RWKV-4"):
-        attnviz.extract_ids(rwkv, IDS).layer(0)
+    xlstm = _loaded_tiny("xlstm")
+    assert xlstm.layout.mixers == (("mlstm",),) * 2
+    with pytest.raises(MixerNotShown, match="xLSTM"):
+        attnviz.extract_ids(xlstm, IDS).layer(0)
