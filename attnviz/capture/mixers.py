@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from ..mixers.kinds import CORE_FUNCTIONS, MODULE_TAPS, mixer_kind
+from ..mixers.kinds import CORE_FUNCTIONS, CORE_METHODS, MODULE_TAPS, mixer_kind
 from .hook import active_recorder
 from .records import CapturedMixer
 
 _BLOCK = re.compile(r"\.(\d+)(?:\.|$)")
-_OUT_PROJ = ("out_proj", "o_proj", "output")  # RWKV names its projection "output"
+_OUT_PROJ = ("out_proj", "o_proj", "output", "linear_out")  # RWKV: "output"; RG-LRU: "linear_out"
 _HOOKED = "_attnviz_mixer_hooks"
 
 
@@ -57,6 +57,11 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
     for site in sites:
         module = modules[site.module_name]
         _wrap_core_functions(sys.modules[type(module).__module__], site.kind)
+        if site.kind in CORE_METHODS:  # a method of a submodule's class (RG-LRU's _rnn_scan)
+            attr, method = CORE_METHODS[site.kind]
+            sub = getattr(module, attr, None)
+            if sub is not None:
+                _wrap_core_functions(type(sub), site.kind, (method,))
         if getattr(module, _HOOKED, False):
             continue
         module.register_forward_pre_hook(_enter(site))
@@ -75,8 +80,8 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
     return sites
 
 
-def _wrap_core_functions(modeling: Any, kind: str) -> None:
-    for fname in CORE_FUNCTIONS.get(kind, ()):
+def _wrap_core_functions(modeling: Any, kind: str, names: tuple[str, ...] | None = None) -> None:
+    for fname in CORE_FUNCTIONS.get(kind, ()) if names is None else names:
         fn = getattr(modeling, fname, None)
         if fn is not None and not getattr(fn, "_attnviz_core", False):
             setattr(modeling, fname, _recording_core(fn, fname))
@@ -93,6 +98,7 @@ def _recording_core(fn: Callable, fname: str) -> Callable:
             kind, name, block = rec.mixer_stack[-1]
             bound = signature.bind_partial(*args, **kwargs).arguments
             extra = bound.pop("kwargs", {}) or {}
+            bound.pop("self", None)
             inputs = {k: _detach(v) for k, v in {**bound, **extra}.items()}
             output = (out[0] if isinstance(out, tuple) else out).detach()
             last = _record_of(rec, name)

@@ -67,6 +67,7 @@ CORE_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "gated_delta": ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
     "kimi_delta": ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"),
     "rwkv": ("rwkv_linear_attention",),
+    "rglru": ("_rnn_scan",),
     "short_conv": ("causal_conv1d_fn",),  # LFM2: the conv over B·x (no other conv in those files)
 }
 # Mixers without a core function (or whose core function misses a part): what their submodules'
@@ -75,18 +76,21 @@ MODULE_TAPS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "lightning": (("act_fn", "output", "qkv"), ("norm", "input", "output")),
     "short_conv": (("in_proj", "output", "BCx"),),
     "rwkv": (("receptance", "output", "r_pre"),),
+    "rglru": (("act_fn", "output", "gate"),),
 }
+# Core functions that are methods of a submodule's class: kind -> (submodule attribute, method).
+CORE_METHODS: dict[str, tuple[str, str]] = {"rglru": ("rg_lru", "_rnn_scan")}
 
 # Kinds whose effective attention is one signed scalar per (query, key) per head.
 PER_HEAD = frozenset({"mamba2", "gated_delta", "kimi_delta", "lightning"})
 # Kinds attnviz shows in this version (the others are listed per block and refused with a reason).
-SHOWN = frozenset({"mamba2", "gated_delta", "kimi_delta", "lightning", "mamba", "short_conv", "rwkv"})
+SHOWN = frozenset(
+    {"mamba2", "gated_delta", "kimi_delta", "lightning", "mamba", "short_conv", "rwkv", "rglru"}
+)
 # Why a listed kind is not shown yet (completes "block b's <kind> mixer ...").
 NOT_YET: dict[str, str] = {
     "mlstm": "(xLSTM mLSTM) is not implemented in this version (its parallel form with the "
     "stabiliser is known, its capture is not)",
-    "rglru": "(RecurrentGemma RG-LRU) is exact only per channel; its contribution view is not "
-    "implemented in this version",
 }
 # What a shown matrix is, for labels.
 MEANING: dict[str, str] = {
@@ -103,6 +107,8 @@ MEANING: dict[str, str] = {
     "convolution is exact per channel, a K-band; C gate frozen at its forward value)",
     "rwkv": "token contribution norms ‖c_{t,s}‖ through the output projection (RWKV-4's WKV is "
     "exact per channel, rows of probabilities; receptance gate frozen at its forward value)",
+    "rglru": "token contribution norms ‖c_{t,s}‖ through linear_out (RecurrentGemma's RG-LRU is "
+    "exact per channel; the GeLU branch frozen at its forward value)",
     "mamba": "token contribution norms ‖c_{t,s}‖ through out_proj (Mamba-1 is exact per channel; "
     "gates frozen at their forward values)",
 }

@@ -15,7 +15,7 @@ import torch
 
 from ..capture.records import CapturedMixer
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
-from . import conv, delta, linear, selective, ssd, wkv
+from . import conv, delta, linear, rglru, selective, ssd, wkv
 from .kinds import MEANING, NOT_YET, SHOWN
 
 # Allowed max |Δ| relative to the output's scale: the kernels compute in float32 (the model's
@@ -97,6 +97,7 @@ class MixerStore:
                 "lightning": linear.lightning_parts,
                 "short_conv": conv.conv_parts,
                 "rwkv": wkv.wkv_parts,
+                "rglru": rglru.rglru_parts,
             }.get(kind, delta.delta_parts)
             self._parts[key] = build(inputs)
         return self._parts[key]
@@ -125,7 +126,7 @@ class MixerStore:
             return ssd.ssd_rows(parts, heads, idx)
         if kind == "lightning":
             return linear.lightning_rows(parts, heads, idx)
-        if kind in ("mamba", "short_conv", "rwkv"):
+        if kind in ("mamba", "short_conv", "rwkv", "rglru"):
             rec = self.record(block, kind)
             if rec.out_weight is None:
                 raise MixerNotShown(
@@ -133,8 +134,9 @@ class MixerStore:
                 )
             if kind == "short_conv":
                 return conv.contribution_rows(parts, rec.out_weight, idx.tolist())[None]
-            if kind == "rwkv":
-                return wkv.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
+            if kind in ("rwkv", "rglru"):
+                mod = wkv if kind == "rwkv" else rglru
+                return mod.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
             return selective.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
         return delta.delta_rows(parts, heads, idx)
 
@@ -176,15 +178,17 @@ class MixerStore:
             got = linear.lightning_outputs(parts, linear.lightning_rows(parts, heads, idx), heads)
             want = out.reshape(out.shape[0], len(heads), -1)[idx]
             against = "the lightning attention's output before its norm (Σ_s A[t,s]·v_s)"
-        elif kind == "rwkv":
-            got = torch.stack([wkv.wkv_output(parts, int(t)) for t in idx])
+        elif kind in ("rwkv", "rglru"):
+            mod = wkv if kind == "rwkv" else rglru
+            each = wkv.wkv_output if kind == "rwkv" else rglru.rglru_output
+            got = torch.stack([each(parts, int(t)) for t in idx])
             want = out[idx]
             against = f"the {rec.function} output (per channel)"
             if rec.out_weight is not None and rec.out_out is not None:
-                total = [wkv.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
+                total = [mod.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
                 got = torch.cat([got, torch.stack(total)], 1)
                 want = torch.cat([want, rec.out_out[0].double()[idx]], 1)
-                against += " and the block's attention output (Σ_s contributions)"
+                against += " and the block's mixer output (Σ_s contributions)"
         elif kind == "short_conv":
             got = torch.stack([conv.conv_output(parts, int(t)) for t in idx])
             want = out.T[idx]

@@ -16,7 +16,7 @@ import attnviz
 from attnviz.capture import mixers as mixer_capture
 from attnviz.capture.hook import recording
 from attnviz.errors import MixerCheckFailed, MixerNotShown
-from attnviz.mixers import conv, delta, linear, reference, selective, ssd, wkv
+from attnviz.mixers import conv, delta, linear, reference, rglru, selective, ssd, wkv
 from attnviz.mixers.store import MixerStore
 
 # Per family: sizes that keep the models tiny and the token count past the kernel's chunk.
@@ -43,6 +43,7 @@ SHAPES: dict[str, dict] = {
     "zamba2": {},
     "bailing_hybrid": {},
     "rwkv": {},  # RWKV-4 WKV, per channel
+    "recurrent_gemma": {},  # RG-LRU, per channel
 }
 N = 40  # > every chunk above (16), so the inter-chunk paths run
 IDS = [3 + (i * 37) % 300 for i in range(N)]
@@ -94,6 +95,7 @@ EXPECTED_KIND = {
     "zamba2": "mamba2",
     "bailing_hybrid": "kimi_delta",
     "rwkv": "rwkv",
+    "recurrent_gemma": "rglru",
 }
 
 
@@ -159,11 +161,12 @@ def test_lightning_matches_the_textbook_decay_across_blocks():
 
 
 def test_per_channel_mixers_sum_their_contributions_to_the_mixer_output():
-    """Mamba-1, the short conv and RWKV-4: Σ_s c_{t,s} (+ skip, biases) == the mixer's own output."""
+    """Mamba-1, the short conv, RWKV-4 and RG-LRU: Σ_s c_{t,s} (+ skip, biases) == the mixer's own output."""
     cases = (
         ("mamba", selective, selective.selective_parts),
         ("lfm2_moe", conv, conv.conv_parts),
         ("rwkv", wkv, wkv.wkv_parts),
+        ("recurrent_gemma", rglru, rglru.rglru_parts),
     )
     for model_type, mod, build in cases:
         rec = _records(_model(model_type))[0]
