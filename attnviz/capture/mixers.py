@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from ..mixers.kinds import CORE_FUNCTIONS, mixer_kind
+from ..mixers.kinds import CORE_FUNCTIONS, CORE_METHODS, MODULE_TAPS, mixer_kind
 from .hook import active_recorder
 from .records import CapturedMixer
 
 _BLOCK = re.compile(r"\.(\d+)(?:\.|$)")
-_OUT_PROJ = ("out_proj", "o_proj")
+_OUT_PROJ = ("out_proj", "o_proj", "output", "linear_out")  # RWKV: "output"; RG-LRU: "linear_out"
 _HOOKED = "_attnviz_mixer_hooks"
 
 
@@ -57,6 +57,11 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
     for site in sites:
         module = modules[site.module_name]
         _wrap_core_functions(sys.modules[type(module).__module__], site.kind)
+        if site.kind in CORE_METHODS:  # a method of a submodule's class (RG-LRU's _rnn_scan)
+            attr, method = CORE_METHODS[site.kind]
+            sub = getattr(module, attr, None)
+            if sub is not None:
+                _wrap_core_functions(type(sub), site.kind, (method,))
         if getattr(module, _HOOKED, False):
             continue
         module.register_forward_pre_hook(_enter(site))
@@ -67,12 +72,16 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
         )
         if out is not None:
             out.register_forward_hook(_projection(site))
+        for attr, where, key in MODULE_TAPS.get(site.kind, ()):
+            sub = getattr(module, attr, None)
+            if isinstance(sub, torch.nn.Module):
+                sub.register_forward_hook(_tap(site, where, key))
         setattr(module, _HOOKED, True)
     return sites
 
 
-def _wrap_core_functions(modeling: Any, kind: str) -> None:
-    for fname in CORE_FUNCTIONS.get(kind, ()):
+def _wrap_core_functions(modeling: Any, kind: str, names: tuple[str, ...] | None = None) -> None:
+    for fname in CORE_FUNCTIONS.get(kind, ()) if names is None else names:
         fn = getattr(modeling, fname, None)
         if fn is not None and not getattr(fn, "_attnviz_core", False):
             setattr(modeling, fname, _recording_core(fn, fname))
@@ -89,13 +98,27 @@ def _recording_core(fn: Callable, fname: str) -> Callable:
             kind, name, block = rec.mixer_stack[-1]
             bound = signature.bind_partial(*args, **kwargs).arguments
             extra = bound.pop("kwargs", {}) or {}
+            bound.pop("self", None)
             inputs = {k: _detach(v) for k, v in {**bound, **extra}.items()}
-            output = out[0] if isinstance(out, tuple) else out
-            rec.mixers.append(CapturedMixer(kind, name, block, fname, inputs, output.detach()))
+            output = (out[0] if isinstance(out, tuple) else out).detach()
+            last = _record_of(rec, name)
+            if last is not None and not last.function:  # the record `_enter` opened for this call
+                last.function, last.output = fname, output
+                last.inputs.update(inputs)
+            else:  # a second call in one module call (Zamba's per-head scans): the store refuses it
+                rec.mixers.append(CapturedMixer(kind, name, block, fname, inputs, output))
         return out
 
     core._attnviz_core = True  # type: ignore[attr-defined]
     return core
+
+
+_EMPTY = torch.empty(0)
+
+
+def _record_of(rec, module_name: str) -> CapturedMixer | None:
+    """The latest record of ``module_name`` in this forward."""
+    return next((r for r in reversed(rec.mixers) if r.module_name == module_name), None)
 
 
 def _detach(v: Any) -> Any:
@@ -103,10 +126,15 @@ def _detach(v: Any) -> Any:
 
 
 def _enter(site: MixerSite):
-    def hook(_module, _args):
+    def hook(module, _args):
         rec = active_recorder()
         if rec is not None:
             rec.mixer_stack.append((site.kind, site.module_name, site.block))
+            # the record this call fills: the core function's arguments, the taps, the projection
+            no_core = site.kind not in CORE_FUNCTIONS  # named by its module; its taps fill it
+            inputs = {k: _detach(v) for k, v in module.named_buffers(recurse=False)} if no_core else {}
+            name = type(module).__name__ if no_core else ""
+            rec.mixers.append(CapturedMixer(site.kind, site.module_name, site.block, name, inputs, _EMPTY))
 
     return hook
 
@@ -120,13 +148,28 @@ def _leave(site: MixerSite):
     return hook
 
 
+def _tap(site: MixerSite, where: str, key: str):
+    def hook(_module, args, output):
+        rec = active_recorder()
+        if rec is None or not rec.mixer_stack or rec.mixer_stack[-1][1] != site.module_name:
+            return
+        last = _record_of(rec, site.module_name)
+        if last is None:
+            return
+        value = (args[0] if where == "input" else output).detach()
+        if key == "output":
+            last.output = value
+        else:
+            last.inputs.setdefault(key, value)
+
+    return hook
+
+
 def _projection(site: MixerSite):
     def hook(module, args, output):
         rec = active_recorder()
-        if rec is None or not rec.mixers or rec.mixers[-1].module_name != site.module_name:
-            return
-        last = rec.mixers[-1]
-        if last.out_in is None and isinstance(output, torch.Tensor):
+        last = None if rec is None else _record_of(rec, site.module_name)
+        if last is not None and last.out_in is None and isinstance(output, torch.Tensor):
             last.out_in, last.out_out = args[0].detach(), output.detach()
             last.out_weight = module.weight.detach()
             last.out_bias = None if module.bias is None else module.bias.detach()

@@ -67,24 +67,30 @@ CORE_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "gated_delta": ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
     "kimi_delta": ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"),
     "rwkv": ("rwkv_linear_attention",),
+    "rglru": ("_rnn_scan",),
+    "short_conv": ("causal_conv1d_fn",),  # LFM2: the conv over B·x (no other conv in those files)
 }
+# Mixers without a core function (or whose core function misses a part): what their submodules'
+# hooks keep, as (submodule attribute, "input" | "output", record key; "output" = the core output).
+MODULE_TAPS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "lightning": (("act_fn", "output", "qkv"), ("norm", "input", "output")),
+    "short_conv": (("in_proj", "output", "BCx"),),
+    "rwkv": (("receptance", "output", "r_pre"),),
+    "rglru": (("act_fn", "output", "gate"),),
+}
+# Core functions that are methods of a submodule's class: kind -> (submodule attribute, method).
+CORE_METHODS: dict[str, tuple[str, str]] = {"rglru": ("rg_lru", "_rnn_scan")}
 
 # Kinds whose effective attention is one signed scalar per (query, key) per head.
-PER_HEAD = frozenset({"mamba2", "gated_delta", "kimi_delta"})
+PER_HEAD = frozenset({"mamba2", "gated_delta", "kimi_delta", "lightning"})
 # Kinds attnviz shows in this version (the others are listed per block and refused with a reason).
-SHOWN = frozenset({"mamba2", "gated_delta", "kimi_delta", "mamba"})
+SHOWN = frozenset(
+    {"mamba2", "gated_delta", "kimi_delta", "lightning", "mamba", "short_conv", "rwkv", "rglru"}
+)
 # Why a listed kind is not shown yet (completes "block b's <kind> mixer ...").
 NOT_YET: dict[str, str] = {
-    "lightning": "(MiniMax lightning attention) runs an in-module loop with no core function to "
-    "capture; its exact matrix φ(q)·φ(k)·e^(-λ(t-s)) is not implemented in this version",
-    "short_conv": "(LFM2 gated short convolution) is exact only per channel (a K-band); its "
-    "contribution view is not implemented in this version",
-    "rwkv": "(RWKV-4 WKV) is exact only per channel; its contribution view is not implemented in "
-    "this version",
     "mlstm": "(xLSTM mLSTM) is not implemented in this version (its parallel form with the "
     "stabiliser is known, its capture is not)",
-    "rglru": "(RecurrentGemma RG-LRU) is exact only per channel; its contribution view is not "
-    "implemented in this version",
 }
 # What a shown matrix is, for labels.
 MEANING: dict[str, str] = {
@@ -95,6 +101,14 @@ MEANING: dict[str, str] = {
     "A[t,s] = β_s k_sᵀ M_{s+1}⋯M_t q_t over v",
     "kimi_delta": "effective attention (signed, not probabilities): Kimi delta attention "
     "(per-key-channel decay), A[t,s] = β_s k_sᵀ M_{s+1}ᵀ⋯M_tᵀ q_t over v",
+    "lightning": "effective attention (signed, not probabilities): MiniMax lightning attention, "
+    "A[t,s] = (φ(q_t)·φ(k_s))·exp(-λ_h (t-s)) over φ(v)",
+    "short_conv": "token contribution norms ‖c_{t,s}‖ through out_proj (the LFM2 gated short "
+    "convolution is exact per channel, a K-band; C gate frozen at its forward value)",
+    "rwkv": "token contribution norms ‖c_{t,s}‖ through the output projection (RWKV-4's WKV is "
+    "exact per channel, rows of probabilities; receptance gate frozen at its forward value)",
+    "rglru": "token contribution norms ‖c_{t,s}‖ through linear_out (RecurrentGemma's RG-LRU is "
+    "exact per channel; the GeLU branch frozen at its forward value)",
     "mamba": "token contribution norms ‖c_{t,s}‖ through out_proj (Mamba-1 is exact per channel; "
     "gates frozen at their forward values)",
 }

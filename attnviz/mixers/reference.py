@@ -57,3 +57,17 @@ def selective_dense(parts: dict, channel: int) -> torch.Tensor:
                 decay = decay * torch.exp(A * dt[r])
             out[t, s] = (parts["C"][t] * parts["B"][s] * decay).sum() * dt[s]
     return out
+
+
+def lightning_dense(parts: dict) -> torch.Tensor:
+    """A_h[t,s] = (q_t·k_s) · Π_{r=s+1..t} e^{-λ_h}: the state decays once per step."""
+    q, k, lam = parts["q"], parts["k"], parts["slope"]
+    n, h, _ = q.shape
+    out = torch.zeros(h, n, n, dtype=torch.float64)
+    for head in range(h):
+        for t in range(n):
+            decay = 1.0
+            for s in range(t, -1, -1):
+                out[head, t, s] = float(q[t, head] @ k[s, head]) * decay
+                decay *= math.exp(-float(lam[head]))
+    return out

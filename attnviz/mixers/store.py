@@ -15,7 +15,7 @@ import torch
 
 from ..capture.records import CapturedMixer
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
-from . import delta, selective, ssd
+from . import conv, delta, linear, rglru, selective, ssd, wkv
 from .kinds import MEANING, NOT_YET, SHOWN
 
 # Allowed max |Δ| relative to the output's scale: the kernels compute in float32 (the model's
@@ -31,14 +31,17 @@ class MixerStore:
         self._records: dict[tuple[int, str], CapturedMixer] = {}
         self._calls: dict[tuple[int, str], int] = {}  # core-function calls per block and kind
         for r in records:
+            if r.output.numel() == 0:  # the module ran without its core function (another path)
+                continue
             self._records.setdefault((r.block, r.kind), r)
             self._calls[(r.block, r.kind)] = self._calls.get((r.block, r.kind), 0) + 1
         self.dtype = dtype
         self._parts: dict[tuple[int, str], dict] = {}
         self._checks: dict[tuple[int, str], Any] = {}
         first = next(iter(self._records.values()), None)
-        # (1, N, heads, d) outputs; Mamba-1's scan keeps the kernel layout (1, d_inner, N)
-        self.n_tokens = 0 if first is None else int(first.output.shape[2 if first.kind == "mamba" else 1])
+        # (1, N, ...) outputs; Mamba-1's scan and the short conv keep the kernel layout (1, D, N)
+        channels_first = first is not None and first.kind in ("mamba", "short_conv")
+        self.n_tokens = 0 if first is None else int(first.output.shape[2 if channels_first else 1])
 
     def __len__(self) -> int:
         return len(self._records)
@@ -80,13 +83,22 @@ class MixerStore:
             return int(rec.inputs["hidden_states"].shape[2])
         if kind in ("gated_delta", "kimi_delta"):
             return int(rec.inputs["value"].shape[2])
+        if kind == "lightning":
+            return int(rec.inputs["slope_rate"].numel())
         return 1
 
     def parts(self, block: int, kind: str) -> dict:
         key = (block, kind)
         if key not in self._parts:
             inputs = self.record(block, kind).inputs
-            build = {"mamba2": ssd.ssd_parts, "mamba": selective.selective_parts}.get(kind, delta.delta_parts)
+            build = {
+                "mamba2": ssd.ssd_parts,
+                "mamba": selective.selective_parts,
+                "lightning": linear.lightning_parts,
+                "short_conv": conv.conv_parts,
+                "rwkv": wkv.wkv_parts,
+                "rglru": rglru.rglru_parts,
+            }.get(kind, delta.delta_parts)
             self._parts[key] = build(inputs)
         return self._parts[key]
 
@@ -112,12 +124,19 @@ class MixerStore:
         parts = self.parts(block, kind)
         if kind == "mamba2":
             return ssd.ssd_rows(parts, heads, idx)
-        if kind == "mamba":
+        if kind == "lightning":
+            return linear.lightning_rows(parts, heads, idx)
+        if kind in ("mamba", "short_conv", "rwkv", "rglru"):
             rec = self.record(block, kind)
             if rec.out_weight is None:
                 raise MixerNotShown(
-                    f"block {block}'s mamba mixer has no output projection to push contributions through"
+                    f"block {block}'s {kind} mixer has no output projection to push contributions through"
                 )
+            if kind == "short_conv":
+                return conv.contribution_rows(parts, rec.out_weight, idx.tolist())[None]
+            if kind in ("rwkv", "rglru"):
+                mod = wkv if kind == "rwkv" else rglru
+                return mod.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
             return selective.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
         return delta.delta_rows(parts, heads, idx)
 
@@ -154,6 +173,31 @@ class MixerStore:
                 )
                 got, want = torch.cat([got, sums], 1), torch.cat([want, rec.out_out[0].double()[idx]], 1)
                 against += " and the mixer output (Σ_s contributions + skip + bias)"
+        elif kind == "lightning":
+            heads = list(range(self.n_heads(block, kind)))
+            got = linear.lightning_outputs(parts, linear.lightning_rows(parts, heads, idx), heads)
+            want = out.reshape(out.shape[0], len(heads), -1)[idx]
+            against = "the lightning attention's output before its norm (Σ_s A[t,s]·v_s)"
+        elif kind in ("rwkv", "rglru"):
+            mod = wkv if kind == "rwkv" else rglru
+            each = wkv.wkv_output if kind == "rwkv" else rglru.rglru_output
+            got = torch.stack([each(parts, int(t)) for t in idx])
+            want = out[idx]
+            against = f"the {rec.function} output (per channel)"
+            if rec.out_weight is not None and rec.out_out is not None:
+                total = [mod.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
+                got = torch.cat([got, torch.stack(total)], 1)
+                want = torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                against += " and the block's mixer output (Σ_s contributions)"
+        elif kind == "short_conv":
+            got = torch.stack([conv.conv_output(parts, int(t)) for t in idx])
+            want = out.T[idx]
+            against = f"the {rec.function} output (per channel)"
+            if rec.out_weight is not None and rec.out_out is not None:
+                total = [conv.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
+                got = torch.cat([got, torch.stack(total)], 1)
+                want = torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                against += " and the mixer output (Σ_s contributions + bias)"
         else:
             heads = list(range(self.n_heads(block, kind)))
             got = delta.delta_outputs(parts, delta.delta_rows(parts, heads, idx), heads)

@@ -16,7 +16,7 @@ import attnviz
 from attnviz.capture import mixers as mixer_capture
 from attnviz.capture.hook import recording
 from attnviz.errors import MixerCheckFailed, MixerNotShown
-from attnviz.mixers import delta, reference, ssd
+from attnviz.mixers import conv, delta, linear, reference, rglru, selective, ssd, wkv
 from attnviz.mixers.store import MixerStore
 
 # Per family: sizes that keep the models tiny and the token count past the kernel's chunk.
@@ -34,6 +34,16 @@ SHAPES: dict[str, dict] = {
     "mamba": {},  # Mamba-1, per channel
     "falcon_mamba": {},
     "jamba": {},
+    "minimax": {"block_size": 8},  # lightning attention, its block loop crossed
+    "lfm2_moe": {},  # gated short conv, per channel
+    "qwen3_next": {"linear_num_key_heads": 2, "linear_num_value_heads": 2},
+    "olmo_hybrid": {},
+    "nemotron_h": {"mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 8, "n_groups": 2},
+    "granitemoehybrid": {},
+    "zamba2": {},
+    "bailing_hybrid": {},
+    "rwkv": {},  # RWKV-4 WKV, per channel
+    "recurrent_gemma": {},  # RG-LRU, per channel
 }
 N = 40  # > every chunk above (16), so the inter-chunk paths run
 IDS = [3 + (i * 37) % 300 for i in range(N)]
@@ -54,6 +64,12 @@ def _loaded(model_type: str) -> attnviz.LoadedModel:
     return attnviz.wrap_model(_model(model_type), tok, spec=f"tiny-{model_type}")
 
 
+def _loaded_tiny(model_type: str) -> attnviz.LoadedModel:
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=archs._tokenizer(), pad_token="<pad>")
+    torch.manual_seed(0)
+    return attnviz.wrap_model(tf.AutoModelForCausalLM.from_config(archs.tiny_config(model_type)).eval(), tok)
+
+
 def _records(model) -> list:
     mixer_capture.install(model)
     with recording({}) as rec, torch.inference_mode():
@@ -70,6 +86,16 @@ EXPECTED_KIND = {
     "mamba": "mamba",
     "falcon_mamba": "mamba",
     "jamba": "mamba",
+    "minimax": "lightning",
+    "lfm2_moe": "short_conv",
+    "qwen3_next": "gated_delta",
+    "olmo_hybrid": "gated_delta",
+    "nemotron_h": "mamba2",
+    "granitemoehybrid": "mamba2",
+    "zamba2": "mamba2",
+    "bailing_hybrid": "kimi_delta",
+    "rwkv": "rwkv",
+    "recurrent_gemma": "rglru",
 }
 
 
@@ -121,6 +147,44 @@ def test_delta_rule_rows_match_the_textbook_products_and_the_kernel(model_type):
     o = delta.delta_outputs(parts, scan, heads)
     out = rec.output[0][:, heads].double()
     assert (o - out).abs().max() <= 1e-5 * out.abs().max()
+
+
+def test_lightning_matches_the_textbook_decay_across_blocks():
+    model = _model("minimax")
+    (rec,) = [r for r in _records(model) if r.kind == "lightning"]
+    parts = linear.lightning_parts(rec.inputs)
+    heads = list(range(parts["slope"].shape[0]))
+    m = linear.lightning_rows(parts, heads, torch.arange(N))
+    assert (m - reference.lightning_dense(parts)).abs().max() < 1e-9 * m.abs().max()
+    out = rec.output[0].double().reshape(N, len(heads), -1)
+    assert (linear.lightning_outputs(parts, m, heads) - out).abs().max() <= 1e-5 * out.abs().max()
+
+
+def test_per_channel_mixers_sum_their_contributions_to_the_mixer_output():
+    """Mamba-1, the short conv, RWKV-4 and RG-LRU: Σ_s c_{t,s} (+ skip, biases) == the mixer's own output."""
+    cases = (
+        ("mamba", selective, selective.selective_parts),
+        ("lfm2_moe", conv, conv.conv_parts),
+        ("rwkv", wkv, wkv.wkv_parts),
+        ("recurrent_gemma", rglru, rglru.rglru_parts),
+    )
+    for model_type, mod, build in cases:
+        rec = _records(_model(model_type))[0]
+        parts = build(rec.inputs)
+        for t in (0, 7, N - 1):
+            got = mod.contribution_sum(parts, rec.out_weight, rec.out_bias, t)
+            want = rec.out_out[0, t].double()
+            assert (got - want).abs().max() <= 1e-5 * want.abs().max(), model_type
+    parts = selective.selective_parts(_records(_model("mamba"))[0].inputs)
+    row = selective.channel_rows(parts, N - 1)[5]
+    assert (row - reference.selective_dense(parts, 5)[N - 1]).abs().max() < 1e-12
+
+
+def test_a_mixer_calling_its_scan_per_sub_head_is_refused_with_the_reason():
+    lm = _loaded_tiny("zamba")
+    res = attnviz.extract_ids(lm, IDS)
+    with pytest.raises(MixerNotShown, match="2 times in one forward"):
+        res.layer(0, mixer="mamba")
 
 
 def test_a_matrix_that_misses_the_kernel_is_refused_not_shown():
@@ -175,9 +239,7 @@ def test_pure_recurrent_models_load_and_name_what_they_cannot_show():
     assert lm.layout.n_layers == 0 and lm.layout.mixers == (("mamba",),) * 2
     res = attnviz.extract_ids(lm, IDS)
     assert res.layer(1).shape == (1, N, N)  # no attention at all: the block's first mixer
-    tok = tf.PreTrainedTokenizerFast(tokenizer_object=archs._tokenizer(), pad_token="<pad>")
-    torch.manual_seed(0)
-    rwkv = attnviz.wrap_model(tf.AutoModelForCausalLM.from_config(archs.tiny_config("rwkv")).eval(), tok)
-    assert rwkv.layout.mixers == (("rwkv",),) * 2
-    with pytest.raises(MixerNotShown, match="RWKV-4"):
-        attnviz.extract_ids(rwkv, IDS).layer(0)
+    xlstm = _loaded_tiny("xlstm")
+    assert xlstm.layout.mixers == (("mlstm",),) * 2
+    with pytest.raises(MixerNotShown, match="xLSTM"):
+        attnviz.extract_ids(xlstm, IDS).layer(0)
