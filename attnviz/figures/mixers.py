@@ -28,6 +28,7 @@ from plotly.subplots import make_subplots
 from attnviz.figures.bins import SINGLE_MAX_CELLS, SINGLE_MAX_KEYS, downsample
 from attnviz.figures.colour import DIVERGING
 from attnviz.figures.labels import TITLE_MARGIN, _title, bin_labels, escape, token_ticks
+from attnviz.mixers import MIXER_KINDS, PER_HEAD
 
 SIGNED = "effective attention (signed, not probabilities)"
 NORMS = "token contribution norms ‖c_{t,s}‖ (not probabilities)"
@@ -43,8 +44,9 @@ KIND_NAMES = {
     "mlstm": "mLSTM",
     "rglru": "RG-LRU",
 }
-# The kinds whose one "head" is a non-negative contribution norm, not a signed matrix.
-NORM_KINDS = frozenset({"mamba", "short_conv", "rwkv", "rglru"})
+# The kinds whose one "head" is a non-negative contribution norm, not a signed matrix: every
+# mixer the engine does not show per head (`attnviz.mixers.PER_HEAD`).
+NORM_KINDS = frozenset(MIXER_KINDS) - PER_HEAD - {"attention"}
 
 
 def kind_name(kind: str) -> str:

@@ -1,0 +1,64 @@
+"""Explorer on tiny hybrids (tests/hybrids_tiny.py, served as ``hybrid:<model_type>``): the block
+picker lists every block with its mixer, a non-attention block draws its exact effective
+attention (signed, centred at 0) and its self-check line, a parallel block both branches."""
+
+from __future__ import annotations
+
+import hybrids_tiny
+import numpy as np
+from apptest import TEXT, heatmaps, new_app, ok, specs, titled, z_of
+
+import attnviz
+from ui.mixers import BLOCK_KEY
+
+hybrids_tiny.register()
+QWEN = "hybrid:qwen3_5_text"
+
+
+def _engine(model_type: str) -> attnviz.AttentionResult:
+    return attnviz.extract(hybrids_tiny.loaded(model_type), TEXT)
+
+
+def test_picker_lists_every_block_with_its_mixer_and_draws_the_delta_rule_head(env):
+    at = new_app(model=QWEN, text=TEXT).run()
+    ok(at)
+    picker = at.selectbox(key=BLOCK_KEY)
+    assert picker.options == [
+        "block 0 · Gated DeltaNet",
+        "block 1 · softmax attention",
+        "block 2 · Gated DeltaNet",
+        "block 3 · softmax attention",
+    ]
+    picker.set_value(2).run()
+    ok(at)
+    big = titled(at, "block 2 · head 0 · Gated DeltaNet · effective attention (signed, not probabilities)")
+    trace = heatmaps(big)[0]
+    want = _engine("qwen3_5_text").head(2, 0, mixer="gated_delta")
+    np.testing.assert_allclose(z_of(trace), want, atol=1e-7)
+    ax = big["layout"]["coloraxis"]
+    assert ax["cmid"] == 0 and ax["cmin"] == -ax["cmax"]
+    exact = [c.value for c in at.caption if c.value.startswith("Exact: gated_delta block 2 checked")]
+    assert exact and "max |Δ|" in exact[0]
+    bars = [s for s in specs(at) if s["data"][0]["type"] == "bar"]
+    assert bars and "each source token's weight" in bars[0]["layout"]["title"]["text"]
+
+
+def test_an_attention_block_hands_over_to_the_attention_layer_view(env):
+    at = new_app(model=QWEN, text=TEXT).run()
+    at.selectbox(key=BLOCK_KEY).set_value(3).run()
+    ok(at)
+    head = titled(at, "head 0 ")
+    trace = heatmaps(head)[0]
+    np.testing.assert_allclose(z_of(trace), _engine("qwen3_5_text").head(1, 0), atol=1e-6)  # layer 1
+    assert np.allclose(z_of(trace).sum(-1), 1.0, atol=1e-5)
+
+
+def test_parallel_block_shows_both_branches_and_their_shares(env):
+    at = new_app(model="hybrid:falcon_h1", text=TEXT).run()
+    ok(at)
+    assert at.selectbox(key=BLOCK_KEY).options[0] == "block 0 · softmax attention + Mamba-2 (SSD)"
+    both = titled(at, "parallel branches")
+    assert len(heatmaps(both)) == 2
+    names = [a["text"] for a in both["layout"]["annotations"]]
+    assert "of the block's output" in names[0] and "signed, not probabilities" in names[1]
+    assert any("2 branches" in i.value for i in at.info)

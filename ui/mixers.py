@@ -1,0 +1,182 @@
+"""The explorer's view of a model's blocks by their token mixers (hybrids: Qwen3.5, Falcon-H1, ...).
+
+A model with any non-softmax mixer gets a block picker listing every block with its mixers
+("block 0 · Gated DeltaNet"). An attention block hands over to the usual layer view (the picker
+writes its attention layer into ``layer``, the URL's parameter); any other block draws its exact
+effective attention with `attnviz.figures.mixers` (signed, diverging scale centred at 0), the
+per-head token-contribution bars of one query, a parallel block's branches side by side with
+their shares, and the block's self-check line from ``res.checks`` / ``res.mixer_check``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from attnviz import AttentionResult, AttnvizError
+from attnviz.figures import mixers as M
+from attnviz.figures.branches import BranchShares, branch_shares
+from attnviz.layout import AttentionLayout
+from ui import export, models, state
+
+BLOCK_KEY = "_attnviz_mixer_block"
+HEAD_KEY = "_attnviz_mixer_head"
+QUERY_KEY = "_attnviz_mixer_query"
+MAX_ROWS = 512  # query rows of a mixer head drawn at once (rows are computed on demand)
+
+
+def applies(layout: AttentionLayout) -> bool:
+    """Whether the model has a block with a mixer other than softmax attention."""
+    return any(tuple(kinds) != ("attention",) for kinds in layout.mixers)
+
+
+def block_label(layout: AttentionLayout, block: int) -> str:
+    """ "block 3 · Gated DeltaNet", "block 0 · softmax attention + Mamba-2 (SSD)"."""
+    return f"block {block} · " + " + ".join(M.kind_name(k) for k in layout.mixers[block])
+
+
+def block_picker(res: AttentionResult) -> int | None:
+    """The block picker; returns the chosen block when it needs the mixer view, None when it is
+    an attention-only block (its attention layer is then put in ``layer`` for the layer view)."""
+    lay = res.layout
+    blocks = list(range(len(lay.mixers)))
+    if BLOCK_KEY not in st.session_state:  # a link's layer: start on its block
+        try:
+            st.session_state[BLOCK_KEY] = lay.model_layer(int(state.get("layer") or 0)) if lay.n_layers else 0
+        except (AttnvizError, IndexError, ValueError):
+            st.session_state[BLOCK_KEY] = 0
+    if st.session_state[BLOCK_KEY] not in blocks:
+        st.session_state[BLOCK_KEY] = 0
+    block = int(
+        st.selectbox(
+            "Block (layer) · token mixer",
+            blocks,
+            key=BLOCK_KEY,
+            format_func=lambda b: block_label(lay, b),
+            help="Every block of the model with its token mixers. Softmax attention shows "
+            "probabilities; the other mixers show their exact effective attention (signed, not "
+            "probabilities).",
+        )
+    )
+    if tuple(lay.mixers[block]) == ("attention",):
+        state.put("layer", lay.attention_layer_of(block))
+        return None
+    return block
+
+
+def check_lines(res: AttentionResult, block: int) -> list[tuple[bool, str]]:
+    """(passed, sentence) per non-softmax mixer of the block: its self-check against the kernel's
+    own output (from ``res.checks`` when extract ran it on this block, else run now)."""
+    lines = []
+    for kind in res.mixers(block):
+        if kind == "attention":
+            continue
+        done = next((c for c in res.checks if c.mixer == kind and c.layer == block), None)
+        try:
+            check = done or res.mixer_check(block, kind)
+        except AttnvizError as err:
+            lines.append((False, str(err)))
+            continue
+        lines.append((True, "Exact: " + check.caption() + "."))
+    return lines
+
+
+def _keep_in(key: str, hi: int) -> None:
+    """A session-only widget value kept in 0..hi (another block or text can have fewer)."""
+    if not 0 <= int(st.session_state.get(key, 0)) <= hi:
+        st.session_state[key] = 0
+
+
+def _rows(n: int) -> slice:
+    """All rows, or a window of `MAX_ROWS` query rows chosen with a slider."""
+    if n <= MAX_ROWS:
+        return slice(0, n)
+    _keep_in("_attnviz_mixer_row0", n - MAX_ROWS)
+    r0 = int(
+        st.slider(f"Query rows ({MAX_ROWS} of {n} at a time)", 0, n - MAX_ROWS, key="_attnviz_mixer_row0")
+    )
+    return slice(r0, r0 + MAX_ROWS)
+
+
+def _shares(ref: models.ResultRef, res: AttentionResult, block: int) -> BranchShares | None:
+    lm = models.load(ref.spec, ref.token)
+    if lm is None:
+        return None
+    try:
+        return models.cached(
+            "branch-shares", (*ref.key, block), lambda: branch_shares(lm, list(res.tokens.ids), block)
+        )
+    except AttnvizError as err:
+        st.caption(f"Branch shares are not available here: {err}.")
+        return None
+
+
+def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
+    """Block ``block``'s non-softmax mixers: figures, the token-contribution view, the checks."""
+    lay = res.layout
+    kinds = [k for k in res.mixers(block) if k != "attention"]
+    lines = check_lines(res, block)
+    for passed, text in lines:
+        (st.caption if passed else st.error)(text)
+    if not all(p for p, _ in lines):
+        state.share_box()
+        return
+    if lay.mixer_note(block):
+        st.info(
+            lay.mixer_note(block)[0].upper() + lay.mixer_note(block)[1:] + ".", icon=":material/call_split:"
+        )
+    for kind in kinds:
+        st.caption(f"{M.kind_name(kind)}: {res.mixer_meaning(kind)}.")
+    n_heads = max(res.mixer_heads(block, k) for k in kinds)
+    _keep_in(HEAD_KEY, n_heads - 1)
+    head = int(st.selectbox("Head", list(range(n_heads)), key=HEAD_KEY)) if n_heads > 1 else 0
+    labels = list(res.tokens.labels)
+    rows = _rows(res.n_tokens)
+    q_labels = labels[rows]
+    where = f"{ref.name} · block {block}"
+    if len(res.mixers(block)) > 1:
+        shares = _shares(ref, res, block)
+        branches = [
+            (k, res.head(block, min(head, res.mixer_heads(block, k) - 1), mixer=k, rows=rows))
+            for k in res.mixers(block)
+        ]
+        fig = M.parallel_block(
+            branches,
+            q_labels,
+            labels,
+            shares=shares.shares if shares else None,
+            title=f"{where} · head {head}",
+        )
+        export.chart(fig, f"attnviz_{ref.name}_B{block}_H{head}_branches", key="mixer_branches")
+        if shares is not None:
+            st.caption(shares.how[0].upper() + shares.how[1:] + ".")
+    kind = kinds[0]
+    h = min(head, res.mixer_heads(block, kind) - 1)
+    z = res.head(block, h, mixer=kind, rows=rows)
+    left, right = st.columns([1, 1], gap="medium")
+    with left:
+        n = res.mixer_heads(block, kind)
+        if n > 1:
+            stack = np.stack([res.head(block, i, mixer=kind, rows=rows) for i in range(n)])
+            grid = M.mixer_grid(stack, q_labels, labels, kind=kind, title=where)
+            export.chart(grid, f"attnviz_{ref.name}_B{block}_grid", key="mixer_grid")
+    with right:
+        big = M.mixer_heatmap(z, q_labels, labels, kind=kind, title=f"{where} · head {h}")
+        export.chart(big, f"attnviz_{ref.name}_B{block}_H{h}", key="mixer_head")
+    st.subheader("Token contributions")
+    q = int(
+        st.selectbox(
+            "Query token",
+            list(range(rows.start, rows.stop)),
+            index=rows.stop - rows.start - 1,
+            key=QUERY_KEY,
+            format_func=lambda i: labels[i],
+        )
+    )
+    bars = M.token_contributions(
+        z[q - rows.start], labels, kind=kind, query_label=labels[q], title=f"{where} · head {h}"
+    )
+    export.chart(bars, f"attnviz_{ref.name}_B{block}_H{h}_q{q}", key="mixer_bars")
+    state.share_box(
+        note="The link opens this text and model; pick the block again (blocks are not in the link)."
+    )
