@@ -10,6 +10,8 @@ their shares, and the block's self-check line from ``res.checks`` / ``res.mixer_
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import streamlit as st
 
@@ -179,4 +181,76 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
     export.chart(bars, f"attnviz_{ref.name}_B{block}_H{h}_q{q}", key="mixer_bars")
     state.share_box(
         note="The link opens this text and model; pick the block again (blocks are not in the link)."
+    )
+
+
+STAT_NAMES = {
+    "distance": "mean |A| distance",
+    "self": "self share of |A|",
+    "negative": "negative share of |A|",
+    "row_sum": "mean row sum Σ_s A",
+}
+OVERVIEW_ROWS = 1024  # past this many tokens the mixer statistics read the last rows only
+
+
+def overview(ref: models.ResultRef, res: AttentionResult) -> None:
+    """Every block of a hybrid with the statistics that apply to it: attention blocks keep the
+    page's attention statistics; a non-softmax mixer gets the |A| statistics of
+    `attnviz.figures.mixer_stats` per head, and entropy / sink share / rollout / induction are
+    labelled not applicable (signed, unnormalised)."""
+    from attnviz.figures.mixer_stats import NOT_APPLICABLE, STATISTICS, WHY_NOT, mixer_statistics
+
+    st.subheader("Every block")
+    n = res.n_tokens
+    rows = slice(max(0, n - OVERVIEW_ROWS), n)
+    table: dict[str, list] = {"block": [], "mixer": [], "head": [], "exact": []}
+    table |= {STAT_NAMES[s]: [] for s in STATISTICS}
+    table |= {name: [] for name in NOT_APPLICABLE}
+    lay = res.layout
+    for block, kinds in enumerate(lay.mixers):
+        for kind in kinds:
+            if kind == "attention":
+                table["block"].append(block)
+                table["mixer"].append(M.kind_name(kind))
+                table["head"].append(f"all {lay.n_heads}")
+                table["exact"].append(f"attention layer {lay.attention_layer_of(block)}: see below")
+                for s in STATISTICS:
+                    table[STAT_NAMES[s]].append(None)
+                for name in NOT_APPLICABLE:
+                    table[name].append("see the attention statistics below")
+                continue
+            try:
+                check = res.mixer_check(block, kind)
+                stats = models.cached(
+                    "mixer-stats",
+                    (*ref.key, block, kind, rows.start),
+                    functools.partial(mixer_statistics, res, block, kind, rows),
+                )
+            except AttnvizError as err:
+                table["block"].append(block)
+                table["mixer"].append(M.kind_name(kind))
+                table["head"].append("—")
+                table["exact"].append(f"not shown: {err}")
+                for s in STATISTICS:
+                    table[STAT_NAMES[s]].append(None)
+                for name in NOT_APPLICABLE:
+                    table[name].append(WHY_NOT)
+                continue
+            for h, row in enumerate(stats):
+                table["block"].append(block)
+                table["mixer"].append(M.kind_name(kind))
+                table["head"].append(str(h) if kind not in M.NORM_KINDS else "all channels")
+                table["exact"].append(f"max |Δ| {check.max_abs_diff:.1e} (scale {check.scale or 0:.1e})")
+                for s, v in zip(STATISTICS, row, strict=True):
+                    table[STAT_NAMES[s]].append(float(v))
+                for name in NOT_APPLICABLE:
+                    table[name].append(WHY_NOT)
+    st.dataframe(table, hide_index=True)
+    part = "" if rows.start == 0 else f" over the last {n - rows.start} query rows"
+    st.caption(
+        "Statistics that apply to a non-softmax mixer's effective attention A (signed, not "
+        f"probabilities), per head{part}: the mean |A|-weighted distance back (tokens), the share "
+        "of Σ|A| on the token itself and on negative entries, and the mean row sum Σ_s A[t,s]. "
+        f"Entropy, sink share, rollout and the induction score assume probabilities: {WHY_NOT}. "
+        "Per-channel mixers (Mamba-1 ...) are summarised by their token-contribution norms."
     )

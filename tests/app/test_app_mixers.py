@@ -62,3 +62,17 @@ def test_parallel_block_shows_both_branches_and_their_shares(env):
     names = [a["text"] for a in both["layout"]["annotations"]]
     assert "of the block's output" in names[0] and "signed, not probabilities" in names[1]
     assert any("2 branches" in i.value for i in at.info)
+
+
+def test_overview_covers_every_block_and_says_what_does_not_apply(env):
+    at = new_app("pages/1_Model_overview.py", model=QWEN, text=TEXT).run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert sorted(set(table["block"])) == [0, 1, 2, 3]
+    delta = table[table["mixer"] == "Gated DeltaNet"]
+    assert len(delta) == 2 * 4  # two blocks x four value heads
+    assert set(delta["entropy"]) == {"not applicable: signed, unnormalised"}
+    assert delta["mean |A| distance"].notna().all()
+    assert set(table[table["mixer"] == "softmax attention"]["entropy"]) == {
+        "see the attention statistics below"
+    }

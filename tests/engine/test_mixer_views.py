@@ -103,3 +103,25 @@ def test_branch_shares_apply_the_blocks_multipliers():
     finally:
         layer.attn_out_multiplier = before
     assert shares.shares["attention"] == 0 and shares.shares["mamba2"] == 1
+
+
+def test_mixer_statistics_match_their_definitions_on_the_dense_matrix(qwen, monkeypatch):
+    from attnviz.figures import mixer_stats
+
+    monkeypatch.setattr(mixer_stats, "TILE_ROWS", 3)  # tiles that split the rows unevenly
+    got = mixer_stats.mixer_statistics(qwen, 2, "gated_delta")
+    a = qwen.layer(2, mixer="gated_delta").astype(np.float64)  # (heads, N, N)
+    n = a.shape[1]
+    mag = np.abs(a)
+    back = (np.arange(n)[:, None] - np.arange(n)[None, :]).clip(min=0)
+    want = np.stack(
+        [
+            (mag * back).sum((1, 2)) / mag.sum((1, 2)),
+            np.trace(mag, axis1=1, axis2=2) / mag.sum((1, 2)),
+            np.where(a < 0, mag, 0).sum((1, 2)) / mag.sum((1, 2)),
+            a.sum((1, 2)) / n,
+        ],
+        1,
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    assert (got[:, 2] > 0).all()  # the delta rule's A really is signed here
