@@ -112,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--no-stats", action="store_true", help="the extraction table only (no whole-model statistics rows)"
     )
+    bench.add_argument(
+        "--hybrid",
+        type=token_sizes,
+        help="only the hybrid rows (a Qwen3.5-shaped Gated DeltaNet model on the CPU) at these token counts",
+    )
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 
@@ -305,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
             return _warmup(args)
         if args.command == "app":
             return _app(args)
+        if getattr(args, "hybrid", None):
+            from .bench.hybrid import main as hybrid_bench
+
+            out = [] if args.no_write else ["--out", str(args.out)]
+            return hybrid_bench(["--tokens", str(args.hybrid), "--repeats", str(args.repeats), *out])
         from .bench.extraction import run_bench
 
         return run_bench(args)

@@ -285,6 +285,17 @@ class AttentionResult:
             raise BadIndex("this result kept no captured mixers")
         return self._mixers.check(block, mixer)
 
+    def mixer_pooled(self, block: int, mixer: str, head: int, cells: int = 256):
+        """One mixer head's pooled view (`attnviz.mixers.pooling.MixerPooled`: signed mean and
+        max |A| per block of tokens), computed without the N×N matrix."""
+        from .mixers.pooling import mixer_pooled
+
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers")
+        if not 0 <= int(head) < self._mixers.n_heads(block, mixer):
+            raise BadIndex(f"head {head} is out of range for block {block}'s {mixer} mixer")
+        return mixer_pooled(self._mixers, block, mixer, int(head), cells)
+
     @staticmethod
     def mixer_meaning(mixer: str) -> str:
         """What ``layer(b, mixer=...)`` returns, in words, for a label."""

@@ -17,6 +17,7 @@ from ..capture import mixers as mixer_capture
 from ..capture.sites import AttentionSite, Probe, probe
 from ..errors import AttnvizError, ModelHasNoAttention, OutOfMemory
 from ..layout import AttentionLayout, block_mixers
+from ..mixers.kinds import NOT_YET, SHOWN
 from .config import attention_layout
 from .device import is_out_of_memory
 
@@ -205,6 +206,12 @@ def _mixers_only(model, tokenizer, spec, source, dtype, layout, sites) -> Loaded
     if not sites:
         raise ModelHasNoAttention(
             f"this {layout.model_type!r} model has neither softmax attention nor a token mixer attnviz knows"
+        )
+    hidden = sorted({s.kind for s in sites} - SHOWN)
+    if hidden and not ({s.kind for s in sites} & SHOWN):
+        raise ModelHasNoAttention(
+            f"this {layout.model_type!r} model has no softmax attention, and its {', '.join(hidden)} "
+            f"mixer {NOT_YET.get(hidden[0], 'is not shown in this version')}"
         )
     return LoadedModel(
         spec=spec,

@@ -17,11 +17,12 @@ r ← Q_a r, so a full N×N head is N²·d flops in matrix products. The token-b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 CHUNK = 64
+Emit = Callable[[torch.Tensor, int, int, torch.Tensor], None]  # (row indices, lo, hi, block)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -73,12 +74,17 @@ def scan_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.Te
     return out
 
 
-def chunked_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
-    """The same rows by chunks: C sequential steps per chunk on d×d matrices, the rest matmuls."""
+def chunked_rows(
+    parts: dict, heads: Sequence[int], rows: torch.Tensor, chunk: int = CHUNK, emit: Emit | None = None
+) -> torch.Tensor:
+    """The same rows by chunks: C sequential steps per chunk on d×d matrices, the rest matmuls.
+
+    ``emit(row_indices, lo, hi, block)`` receives each computed (H', rows, hi - lo) block instead
+    (a pooled view never holds the (rows, N) matrix); the return value is then empty."""
     q, k, a, beta = _head_parts(parts, heads)
     n, h, d = q.shape
     rows_l = rows.tolist()
-    out = q.new_zeros(h, len(rows_l), n)
+    out = q.new_zeros(h, len(rows_l), n if emit is None else 0)
     r = q.new_zeros(h, len(rows_l), d)  # each row's r at the start of the chunk above
     rows_t = torch.as_tensor(rows_l, device=q.device)
     eye = torch.eye(d, dtype=q.dtype, device=q.device).expand(h, d, d)
@@ -90,6 +96,7 @@ def chunked_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor, chunk: i
         w = q.new_zeros(h, hi - lo, d)  # W[s] = β_s k_sᵀ Q_s
         qm = eye.clone()  # Q_s = M_{s+1}ᵀ⋯M_{hi-1}ᵀ as a left factor on r (r ↦ Q r)
         r_in = q.new_zeros(h, len(inside), d)
+        block_in = q.new_zeros(h, len(inside), hi - lo)
         pos_in = rows_t[inside].tolist()
         for s in range(hi - 1, lo - 1, -1):
             ks, bs, as_ = k[s], beta[s], a[s]  # (H, d), (H,), (H, d)
@@ -101,12 +108,20 @@ def chunked_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor, chunk: i
                     r_in[:, j] = q[s]
             if len(pos_in):
                 dot = r_in @ ks[:, :, None]
-                out[:, inside, s] = bs[:, None] * dot[..., 0]
+                block_in[:, :, s - lo] = bs[:, None] * dot[..., 0]
                 r_in = as_[:, None, :] * (r_in - bs[:, None, None] * ks[:, None, :] * dot)
         if len(after):
-            out[:, after, lo:hi] = r[:, after] @ w.transpose(1, 2)
+            block_after = r[:, after] @ w.transpose(1, 2)
+            if emit is None:
+                out[:, after, lo:hi] = block_after
+            else:
+                emit(after, lo, hi, block_after)
             r[:, after] = r[:, after] @ qm.transpose(1, 2)
         if len(inside):
+            if emit is None:
+                out[:, inside, lo:hi] = block_in
+            else:
+                emit(inside, lo, hi, block_in)
             r[:, inside] = r_in
     return out
 

@@ -70,10 +70,10 @@ def _loaded_tiny(model_type: str) -> attnviz.LoadedModel:
     return attnviz.wrap_model(tf.AutoModelForCausalLM.from_config(archs.tiny_config(model_type)).eval(), tok)
 
 
-def _records(model) -> list:
+def _records(model, ids: list[int] = IDS) -> list:
     mixer_capture.install(model)
     with recording({}) as rec, torch.inference_mode():
-        model(input_ids=torch.tensor([IDS]), use_cache=False)
+        model(input_ids=torch.tensor([ids]), use_cache=False)
     return rec.mixers
 
 
@@ -239,7 +239,23 @@ def test_pure_recurrent_models_load_and_name_what_they_cannot_show():
     assert lm.layout.n_layers == 0 and lm.layout.mixers == (("mamba",),) * 2
     res = attnviz.extract_ids(lm, IDS)
     assert res.layer(1).shape == (1, N, N)  # no attention at all: the block's first mixer
-    xlstm = _loaded_tiny("xlstm")
-    assert xlstm.layout.mixers == (("mlstm",),) * 2
-    with pytest.raises(MixerNotShown, match="xLSTM"):
-        attnviz.extract_ids(xlstm, IDS).layer(0)
+    with pytest.raises(attnviz.errors.ModelHasNoAttention, match="no softmax attention, and its mlstm mixer"):
+        _loaded_tiny("xlstm")  # nothing it could show: refused at load, with what is missing
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "bamba"])
+def test_a_pooled_view_is_the_full_matrix_pooled(model_type):
+    from attnviz.mixers.pooling import mixer_pooled
+
+    n = 150  # past the delta rule's 64-token chunks
+    records = _records(_model(model_type), [3 + (i * 37) % 300 for i in range(n)])
+    store = MixerStore(records, torch.float32)
+    kind, block = records[0].kind, records[0].block
+    full = store.tensor(block, kind, [1])[0].double()  # (N, N)
+    view = mixer_pooled(store, block, kind, 1, cells=7)  # blocks of 22, the last of 18
+    w = view.tokens_per_bin
+    for i in range(view.mean.shape[0]):
+        for j in range(view.mean.shape[1]):
+            tile = full[i * w : (i + 1) * w, j * w : (j + 1) * w]
+            assert abs(view.mean[i, j] - float(tile.mean())) < 1e-6
+            assert abs(view.absmax[i, j] - float(tile.abs().max())) < 1e-6
