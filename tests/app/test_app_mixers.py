@@ -76,3 +76,20 @@ def test_overview_covers_every_block_and_says_what_does_not_apply(env):
     assert set(table[table["mixer"] == "softmax attention"]["entropy"]) == {
         "see the attention statistics below"
     }
+
+
+def test_from_scratch_recomputes_a_delta_rule_head_three_ways(env):
+    at = new_app("pages/2_From_scratch.py", model=QWEN, text=TEXT).run()
+    ok(at)
+    at.selectbox(key="_attnviz_scratch_mixer").set_value("block 2 · Gated DeltaNet").run()
+    ok(at)
+    shown = {m.label: m.value for m in at.metric}
+    for name in ("recurrence vs model", "closed form vs model", "recurrence vs closed form"):
+        value = shown[f"max |Δ| {name}"]
+        assert value.endswith("✓") and float(value.split()[0]) < 1e-6, (name, value)
+    closed = titled(at, "block 2 · head 0 · closed form")
+    want = _engine("qwen3_5_text").head(2, 0, mixer="gated_delta")
+    np.testing.assert_allclose(z_of(heatmaps(closed)[0]), want, atol=1e-6)
+    assert "S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1}" in at.code[0].value
+    table = at.dataframe[0].value
+    np.testing.assert_allclose(table["recurrence o_t"], table["model (kernel)"], atol=1e-6)
