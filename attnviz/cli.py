@@ -254,6 +254,8 @@ def _info(args) -> int:
         rows.append(("layer types", ", ".join(f"{k} x{lay.layer_types.count(k)}" for k in kinds)))
     if lay.softcap:
         rows.append(("logit soft-cap", str(lay.softcap)))
+    if lay.mixer_summary():  # hybrids and recurrent models (attnviz.mixers)
+        rows.append(("token mixers", lay.mixer_summary()))
     width = max(len(k) for k, _ in rows)
     sys.stdout.write("".join(f"{k:<{width}}  {v}\n" for k, v in rows))
     return 0
