@@ -165,6 +165,8 @@ def _extract(args) -> int:
     sys.stdout.write(
         f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path}; {how})\n"
     )
+    if res.layout.mixer_summary():  # the file holds every mixer too (attnviz.load_npz)
+        sys.stdout.write(f"token mixers: {res.layout.mixer_summary()}\n")
     if res.checks:  # one figure per stack (encoder, decoder, cross)
         sys.stdout.write(res.check_caption() + "\n")
     return 0

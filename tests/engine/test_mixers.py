@@ -275,3 +275,22 @@ def test_the_notebook_draws_a_mixer_head_signed_and_labelled():
     pure = attnviz.extract_ids(_loaded("mamba"), IDS)
     bundle = pure._repr_mimebundle_()
     assert "token mixers: mamba in blocks 0, 1" in bundle["text/plain"]
+
+
+@pytest.mark.parametrize("fmt", ["dense", "compact"])
+def test_a_saved_result_keeps_its_mixers(tmp_path, fmt):
+    """Both file formats rebuild the mixers from their kernel inputs (re-checked on load); a
+    dense file also holds each block's matrices for numpy alone."""
+    from attnviz.export import load_npz, save_npz
+
+    res = attnviz.extract_ids(_loaded("bamba"), IDS)
+    path = tmp_path / "r.npz"
+    save_npz(res, path, format=fmt)
+    back = load_npz(path)
+    for b in (0, 2):
+        np.testing.assert_array_equal(back.layer(b, mixer="mamba2"), res.layer(b, mixer="mamba2"))
+    assert back.mixer_check(2, "mamba2").max_abs_diff == res.mixer_check(2, "mamba2").max_abs_diff
+    with np.load(path) as data:
+        assert ("mixer_0_mamba2" in data.files) == (fmt == "dense")
+        if fmt == "dense":
+            np.testing.assert_array_equal(data["mixer_0_mamba2"], res.layer(0, mixer="mamba2"))
