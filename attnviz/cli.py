@@ -165,6 +165,8 @@ def _extract(args) -> int:
     sys.stdout.write(
         f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path}; {how})\n"
     )
+    if res.layout.mixer_summary():  # the file holds every mixer too (attnviz.load_npz)
+        sys.stdout.write(f"token mixers: {res.layout.mixer_summary()}\n")
     if res.checks:  # one figure per stack (encoder, decoder, cross)
         sys.stdout.write(res.check_caption() + "\n")
     return 0
@@ -254,6 +256,8 @@ def _info(args) -> int:
         rows.append(("layer types", ", ".join(f"{k} x{lay.layer_types.count(k)}" for k in kinds)))
     if lay.softcap:
         rows.append(("logit soft-cap", str(lay.softcap)))
+    if lay.mixer_summary():  # hybrids and recurrent models (attnviz.mixers)
+        rows.append(("token mixers", lay.mixer_summary()))
     width = max(len(k) for k, _ in rows)
     sys.stdout.write("".join(f"{k:<{width}}  {v}\n" for k, v in rows))
     return 0

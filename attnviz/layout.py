@@ -53,6 +53,25 @@ class AttentionLayout:
             )
         return self.attention_layers.index(block)
 
+    def mixer_summary(self) -> str:
+        """Where each token mixer is, e.g. "gated_delta in blocks 0, 1, 2; attention in block 3"
+        ("" when every block is softmax attention)."""
+        where: dict[str, list[int]] = {}
+        for b, kinds in enumerate(self.mixers):
+            for k in kinds:
+                where.setdefault(k, []).append(b)
+        if set(where) <= {"attention"}:
+            return ""
+        parts = [
+            f"{k} in block{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}" for k, bs in where.items()
+        ]
+        both = [b for b, kinds in enumerate(self.mixers) if len(kinds) > 1]
+        if both:
+            parts.append(
+                f"blocks {', '.join(map(str, both))} run {' + '.join(self.mixers[both[0]])} side by side"
+            )
+        return "; ".join(parts)
+
     def mixer_note(self, block: int) -> str:
         """What a page must say next to one mixer's map of block ``block`` ("" when nothing)."""
         kinds = self.mixers[block] if block < len(self.mixers) else ()

@@ -285,6 +285,12 @@ class AttentionResult:
             raise BadIndex("this result kept no captured mixers")
         return self._mixers.check(block, mixer)
 
+    def mixer_records(self) -> tuple[list, str]:
+        """(the captured mixer records, the model dtype name) for export; ([], "") without mixers."""
+        if self._mixers is None:
+            return [], ""
+        return self._mixers.records(), str(self._mixers.dtype).removeprefix("torch.")
+
     def mixer_pooled(self, block: int, mixer: str, head: int, cells: int = 256):
         """One mixer head's pooled view (`attnviz.mixers.pooling.MixerPooled`: signed mean and
         max |A| per block of tokens), computed without the N×N matrix."""

@@ -26,7 +26,9 @@ def conv_parts(inputs: dict) -> dict[str, torch.Tensor]:
         "C": C,
         "x": x,
         "w": w.reshape(w.shape[0], -1),
-        "bias": torch.zeros(w.shape[0], dtype=torch.float64) if bias is None else bias.double(),
+        "bias": torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
+        if bias is None
+        else bias.double(),
     }
 
 
@@ -34,7 +36,7 @@ def channel_band(parts: dict, t: int) -> torch.Tensor:
     """float64 (D, N): row t of A^c for every channel (non-zero only for t-K < s ≤ t)."""
     d, k = parts["w"].shape
     n = parts["x"].shape[0]
-    out = torch.zeros(d, n, dtype=torch.float64)
+    out = torch.zeros(d, n, dtype=torch.float64, device=parts["x"].device)
     for lag in range(min(k, t + 1)):  # s = t - lag
         s = t - lag
         out[:, s] = parts["C"][t] * parts["w"][:, k - 1 - lag] * parts["B"][s]
@@ -54,7 +56,7 @@ def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int]) -> tor
     """float64 (len(rows), N): ‖W_out (A[:, t, s] ⊙ x_s)‖."""
     n = parts["x"].shape[0]
     w = weight.double()
-    out = torch.zeros(len(rows), n, dtype=torch.float64)
+    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
     for i, t in enumerate(rows):
         vec = channel_band(parts, t).T * parts["x"]  # (N, D)
         out[i] = torch.linalg.vector_norm(vec @ w.T, dim=-1)

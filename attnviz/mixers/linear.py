@@ -30,10 +30,11 @@ def lightning_parts(inputs: dict) -> dict[str, torch.Tensor]:
 def lightning_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
     """float64 (len(heads), len(rows), N)."""
     hs = list(heads)
+    rows = rows.to(parts["q"].device)
     q = parts["q"][rows][:, hs].transpose(0, 1)  # (H', R, d)
     k = parts["k"][:, hs].transpose(0, 1)  # (H', N, d)
     n = k.shape[1]
-    gap = (rows[:, None] - torch.arange(n)[None, :]).double()  # (R, N)  t - s
+    gap = (rows[:, None] - torch.arange(n, device=rows.device)[None, :]).double()  # (R, N)  t - s
     decay = torch.exp(-parts["slope"][hs][:, None, None] * gap.clamp(min=0)) * (gap >= 0)
     return (q @ k.transpose(1, 2)) * decay
 

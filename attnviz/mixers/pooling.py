@@ -41,9 +41,9 @@ def mixer_pooled(store: MixerStore, block: int, kind: str, head: int, cells: int
     bin_of = torch.arange(n) // width
 
     def add(rows: torch.Tensor, lo: int, hi: int, values: torch.Tensor) -> None:  # values (R, hi-lo)
-        rb, cb = bin_of[rows], bin_of[lo:hi]
+        rb, cb = bin_of[rows.cpu()], bin_of[lo:hi]
         flat = (rb[:, None] * bins + cb[None, :]).reshape(-1)
-        v = values.reshape(-1)
+        v = values.reshape(-1).double().cpu()
         sums.view(-1).index_add_(0, flat, v)
         maxes.view(-1).scatter_reduce_(0, flat, v.abs(), "amax")
 

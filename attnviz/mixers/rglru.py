@@ -36,7 +36,7 @@ def rglru_output(parts: dict, t: int) -> torch.Tensor:
 
 def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
     w = weight.double()
-    out = torch.zeros(len(rows), n, dtype=torch.float64)
+    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
     for i, t in enumerate(rows):
         vec = channel_rows(parts, t).T * parts["x"][: t + 1] * parts["gate"][t]
         out[i, : t + 1] = torch.linalg.vector_norm(vec @ w.T, dim=-1)

@@ -36,7 +36,7 @@ def selective_parts(inputs: dict) -> dict[str, torch.Tensor]:
         "A": inputs["A"].double(),
         "B": inputs["B"][0].double().T,  # (N, n)
         "C": inputs["C"][0].double().T,
-        "D": torch.zeros(x.shape[1], dtype=x.dtype) if D is None else D.double(),
+        "D": torch.zeros(x.shape[1], dtype=x.dtype, device=x.device) if D is None else D.double(),
         "gate": gate,
     }
 
@@ -61,7 +61,7 @@ def core_output(parts: dict, t: int) -> torch.Tensor:
 def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
     """float64 (len(rows), N): ‖c_{t,s}‖ for each row t (0 for s > t)."""
     w = weight.double()
-    out = torch.zeros(len(rows), n, dtype=torch.float64)
+    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
     for i, t in enumerate(rows):
         m = channel_rows(parts, t)  # (d, t+1)
         vec = m.T * parts["x"][: t + 1] * parts["gate"][t]  # (s, d)

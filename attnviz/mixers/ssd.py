@@ -32,7 +32,11 @@ def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
     C = inputs["C"][0].double().repeat_interleave(n_heads // groups, dim=1)
     cum = torch.cumsum(inputs["A"].double() * dt, dim=0)  # (N, H) Σ_{r<=t} A_h Δ_r
     D = inputs.get("D")
-    D = torch.zeros(n_heads, dtype=torch.float64) if D is None else D.double().reshape(n_heads, -1)[:, 0]
+    D = (
+        torch.zeros(n_heads, dtype=torch.float64, device=x.device)
+        if D is None
+        else D.double().reshape(n_heads, -1)[:, 0]
+    )
     return {"x": x, "dt": dt, "cum": cum, "B": B, "C": C, "D": D.to(x.device)}
 
 

@@ -43,6 +43,10 @@ class MixerStore:
         channels_first = first is not None and first.kind in ("mamba", "short_conv")
         self.n_tokens = 0 if first is None else int(first.output.shape[2 if channels_first else 1])
 
+    def records(self) -> list[CapturedMixer]:
+        """Every captured core call, in (block, kind) order (for export)."""
+        return [self._records[key] for key in sorted(self._records)]
+
     def __len__(self) -> int:
         return len(self._records)
 

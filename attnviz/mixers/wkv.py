@@ -30,7 +30,7 @@ def wkv_parts(inputs: dict) -> dict[str, torch.Tensor]:
 
 def channel_rows(parts: dict, t: int) -> torch.Tensor:
     """float64 (D, t + 1): row t of A^c for every channel (each row sums to 1)."""
-    s = torch.arange(t + 1, dtype=torch.float64)
+    s = torch.arange(t + 1, dtype=torch.float64, device=parts["k"].device)
     logits = parts["k"][: t + 1] - (t - 1 - s)[:, None] * parts["decay"][None, :]  # (s, D)
     logits[t] = parts["u"] + parts["k"][t]
     return torch.softmax(logits, dim=0).T
@@ -44,7 +44,7 @@ def wkv_output(parts: dict, t: int) -> torch.Tensor:
 def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
     """float64 (len(rows), N): ‖W_out (σ(r_t) ⊙ A[:, t, s] ⊙ v_s)‖ (0 for s > t)."""
     w = weight.double()
-    out = torch.zeros(len(rows), n, dtype=torch.float64)
+    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
     for i, t in enumerate(rows):
         vec = channel_rows(parts, t).T * parts["v"][: t + 1] * parts["gate"][t]
         out[i, : t + 1] = torch.linalg.vector_norm(vec @ w.T, dim=-1)

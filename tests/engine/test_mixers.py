@@ -259,3 +259,38 @@ def test_a_pooled_view_is_the_full_matrix_pooled(model_type):
             tile = full[i * w : (i + 1) * w, j * w : (j + 1) * w]
             assert abs(view.mean[i, j] - float(tile.mean())) < 1e-6
             assert abs(view.absmax[i, j] - float(tile.abs().max())) < 1e-6
+
+
+def test_the_notebook_draws_a_mixer_head_signed_and_labelled():
+    lm = _loaded("qwen3_5_text")
+    res = attnviz.extract_ids(lm, IDS)
+    fig = attnviz.head_view(res, layer=0, mixer="gated_delta", heads=[0, 3])
+    title = fig.layout.title.text
+    assert "block 0 · gated_delta" in title and "effective attention (signed, not probabilities)" in title
+    np.testing.assert_allclose(
+        np.asarray(fig.data[0].z, dtype=float), res.head(0, 0, mixer="gated_delta"), atol=1e-6
+    )
+    axis = fig.layout.coloraxis
+    assert axis.cmid == 0 and axis.cmin == -axis.cmax and "effective attention" in axis.colorbar.title.text
+    pure = attnviz.extract_ids(_loaded("mamba"), IDS)
+    bundle = pure._repr_mimebundle_()
+    assert "token mixers: mamba in blocks 0, 1" in bundle["text/plain"]
+
+
+@pytest.mark.parametrize("fmt", ["dense", "compact"])
+def test_a_saved_result_keeps_its_mixers(tmp_path, fmt):
+    """Both file formats rebuild the mixers from their kernel inputs (re-checked on load); a
+    dense file also holds each block's matrices for numpy alone."""
+    from attnviz.export import load_npz, save_npz
+
+    res = attnviz.extract_ids(_loaded("bamba"), IDS)
+    path = tmp_path / "r.npz"
+    save_npz(res, path, format=fmt)
+    back = load_npz(path)
+    for b in (0, 2):
+        np.testing.assert_array_equal(back.layer(b, mixer="mamba2"), res.layer(b, mixer="mamba2"))
+    assert back.mixer_check(2, "mamba2").max_abs_diff == res.mixer_check(2, "mamba2").max_abs_diff
+    with np.load(path) as data:
+        assert ("mixer_0_mamba2" in data.files) == (fmt == "dense")
+        if fmt == "dense":
+            np.testing.assert_array_equal(data["mixer_0_mamba2"], res.layer(0, mixer="mamba2"))
