@@ -57,22 +57,21 @@ def test_token_contributions_bars_are_the_row_coloured_by_sign(qwen):
     assert "signed, not probabilities" in fig.layout.title.text
 
 
-def test_head_view_on_a_mixer_block_draws_its_exact_heads_signed(qwen):
-    fig = attnviz.head_view(qwen, block=0)
+def test_block_view_draws_a_mixer_blocks_exact_heads_signed(qwen):
+    fig = M.block_view(qwen, 0)
     assert len(fig.data) == qwen.mixer_heads(0, "gated_delta") == 4
     for h, trace in enumerate(fig.data):
         np.testing.assert_array_equal(np.asarray(trace.z), qwen.head(0, h, mixer="gated_delta"))
     assert fig.layout.coloraxis.cmid == 0 and "signed, not probabilities" in fig.layout.title.text
-    # an attention block keeps the attention grid (block 1 is attention layer 0)
-    att = attnviz.head_view(qwen, block=1)
-    assert "signed" not in att.layout.title.text
+    with pytest.raises(ValueError, match="softmax attention only"):
+        M.block_view(qwen, 1)
 
 
-def test_pure_mamba_head_view_reads_layer_as_block():
+def test_pure_mamba_block_view_is_its_contribution_norms():
     res = attnviz.extract(hybrids_tiny.loaded("mamba"), TEXT)
-    fig = attnviz.head_view(res, layer=1)
+    fig = M.block_view(res, 1)
     np.testing.assert_array_equal(np.asarray(fig.data[0].z), res.head(1, 0, mixer="mamba"))
-    assert "not probabilities" in fig.layout.title.text
+    assert "not probabilities" in fig.layout.title.text and fig.layout.coloraxis.cmin == 0
 
 
 def test_parallel_block_shows_both_branches_with_their_shares():
