@@ -18,6 +18,7 @@ import streamlit as st
 from attnviz import AttentionResult, AttnvizError
 from attnviz.figures import mixers as M
 from attnviz.figures.branches import BranchShares, branch_shares
+from attnviz.figures.labels import bin_labels
 from attnviz.layout import AttentionLayout
 from ui import export, models, state
 
@@ -25,6 +26,8 @@ BLOCK_KEY = "_attnviz_mixer_block"
 HEAD_KEY = "_attnviz_mixer_head"
 QUERY_KEY = "_attnviz_mixer_query"
 MAX_ROWS = 512  # query rows of a mixer head drawn at once (rows are computed on demand)
+HEAD_CELLS = 256  # past MAX_ROWS tokens: bins a side of the big head's pooled view
+GRID_CELLS = 96  # ... and of each head of the grid
 
 
 def applies(layout: AttentionLayout) -> bool:
@@ -100,6 +103,27 @@ def _rows(n: int) -> slice:
     return slice(r0, r0 + MAX_ROWS)
 
 
+def _heads(
+    res: AttentionResult, block: int, kind: str, heads: list[int], cells: int
+) -> tuple[np.ndarray, list[str]]:
+    """(heads, N, N) exact matrices and token labels; past `MAX_ROWS` tokens each head's pooled
+    view (the signed mean over blocks of tokens, never the N×N matrix) and bin labels."""
+    labels = list(res.tokens.labels)
+    if res.n_tokens <= MAX_ROWS:
+        return np.stack([res.head(block, h, mixer=kind) for h in heads]), labels
+    views = [res.mixer_pooled(block, kind, h, cells=cells) for h in heads]
+    edges = np.arange(0, res.n_tokens, views[0].tokens_per_bin)
+    return np.stack([v.mean for v in views]), bin_labels(labels, edges)
+
+
+def _pooled_note(res: AttentionResult, shown: list[str]) -> str:
+    return (
+        ""
+        if len(shown) == res.n_tokens
+        else f" (mean over blocks of {-(-res.n_tokens // len(shown))} tokens)"
+    )
+
+
 def _shares(ref: models.ResultRef, res: AttentionResult, block: int) -> BranchShares | None:
     lm = models.load(ref.spec, ref.token)
     if lm is None:
@@ -133,11 +157,11 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
     _keep_in(HEAD_KEY, n_heads - 1)
     head = int(st.selectbox("Head", list(range(n_heads)), key=HEAD_KEY)) if n_heads > 1 else 0
     labels = list(res.tokens.labels)
-    rows = _rows(res.n_tokens)
-    q_labels = labels[rows]
     where = f"{ref.name} · block {block}"
     if len(res.mixers(block)) > 1:
         shares = _shares(ref, res, block)
+        rows = _rows(res.n_tokens)  # a window of exact query rows past MAX_ROWS tokens
+        q_labels = labels[rows]
         branches = [
             (k, res.head(block, min(head, res.mixer_heads(block, k) - 1), mixer=k, rows=rows))
             for k in res.mixers(block)
@@ -154,30 +178,34 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
             st.caption(shares.how[0].upper() + shares.how[1:] + ".")
     kind = kinds[0]
     h = min(head, res.mixer_heads(block, kind) - 1)
-    z = res.head(block, h, mixer=kind, rows=rows)
+    n = res.mixer_heads(block, kind)
     left, right = st.columns([1, 1], gap="medium")
     with left:
-        n = res.mixer_heads(block, kind)
         if n > 1:
-            stack = np.stack([res.head(block, i, mixer=kind, rows=rows) for i in range(n)])
-            grid = M.mixer_grid(stack, q_labels, labels, kind=kind, title=where)
+            stack, g_labels = _heads(res, block, kind, list(range(n)), GRID_CELLS)
+            grid = M.mixer_grid(stack, g_labels, kind=kind, title=where + _pooled_note(res, g_labels))
             export.chart(grid, f"attnviz_{ref.name}_B{block}_grid", key="mixer_grid")
     with right:
-        big = M.mixer_heatmap(z, q_labels, labels, kind=kind, title=f"{where} · head {h}")
+        (z,), b_labels = _heads(res, block, kind, [h], HEAD_CELLS)
+        big = M.mixer_heatmap(
+            z, b_labels, kind=kind, title=f"{where} · head {h}" + _pooled_note(res, b_labels)
+        )
         export.chart(big, f"attnviz_{ref.name}_B{block}_H{h}", key="mixer_head")
     st.subheader("Token contributions")
-    q = int(
-        st.selectbox(
-            "Query token",
-            list(range(rows.start, rows.stop)),
-            index=rows.stop - rows.start - 1,
-            key=QUERY_KEY,
-            format_func=lambda i: labels[i],
+    if res.n_tokens <= MAX_ROWS:
+        q = int(
+            st.selectbox(
+                "Query token",
+                list(range(res.n_tokens)),
+                index=res.n_tokens - 1,
+                key=QUERY_KEY,
+                format_func=lambda i: labels[i],
+            )
         )
-    )
-    bars = M.token_contributions(
-        z[q - rows.start], labels, kind=kind, query_label=labels[q], title=f"{where} · head {h}"
-    )
+    else:
+        q = int(st.number_input("Query position", 0, res.n_tokens - 1, res.n_tokens - 1, key=QUERY_KEY))
+    row = res.head(block, h, mixer=kind, rows=slice(q, q + 1))[0]  # one exact row, on demand
+    bars = M.token_contributions(row, labels, kind=kind, query_label=labels[q], title=f"{where} · head {h}")
     export.chart(bars, f"attnviz_{ref.name}_B{block}_H{h}_q{q}", key="mixer_bars")
     state.share_box(
         note="The link opens this text and model; pick the block again (blocks are not in the link)."

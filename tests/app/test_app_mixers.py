@@ -93,3 +93,21 @@ def test_from_scratch_recomputes_a_delta_rule_head_three_ways(env):
     assert "S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1}" in at.code[0].value
     table = at.dataframe[0].value
     np.testing.assert_allclose(table["recurrence o_t"], table["model (kernel)"], atol=1e-6)
+
+
+def test_a_long_text_draws_pooled_heads_and_exact_rows(env, monkeypatch):
+    import ui.mixers
+
+    monkeypatch.setattr(ui.mixers, "MAX_ROWS", 6)  # the tiny text is "long" past 6 tokens
+    monkeypatch.setattr(ui.mixers, "HEAD_CELLS", 3)
+    at = new_app(model=QWEN, text=TEXT).run()
+    at.selectbox(key=BLOCK_KEY).set_value(0).run()
+    ok(at)
+    res = _engine("qwen3_5_text")
+    big = titled(at, "block 0 · head 0 (mean over blocks of")
+    pooled = res.mixer_pooled(0, "gated_delta", 0, cells=3).mean
+    np.testing.assert_allclose(z_of(heatmaps(big)[0]), pooled, atol=1e-7)
+    bars = next(s for s in specs(at) if s["data"][0]["type"] == "bar")
+    from apptest import vals
+
+    np.testing.assert_allclose(vals(bars["data"][0]["y"]), res.head(0, 0, mixer="gated_delta")[-1], atol=1e-7)
