@@ -45,9 +45,10 @@ def block_picker(res: AttentionResult) -> int | None:
     an attention-only block (its attention layer is then put in ``layer`` for the layer view)."""
     lay = res.layout
     blocks = list(range(len(lay.mixers)))
-    if BLOCK_KEY not in st.session_state:  # a link's layer: start on its block
+    if BLOCK_KEY not in st.session_state:  # a link's layer: start on its block; else block 0
         try:
-            st.session_state[BLOCK_KEY] = lay.model_layer(int(state.get("layer") or 0)) if lay.n_layers else 0
+            linked = lay.n_layers and state.linked("layer")
+            st.session_state[BLOCK_KEY] = lay.model_layer(int(state.get("layer") or 0)) if linked else 0
         except (AttnvizError, IndexError, ValueError):
             st.session_state[BLOCK_KEY] = 0
     if st.session_state[BLOCK_KEY] not in blocks:

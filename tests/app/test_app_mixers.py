@@ -111,3 +111,11 @@ def test_a_long_text_draws_pooled_heads_and_exact_rows(env, monkeypatch):
     from apptest import vals
 
     np.testing.assert_allclose(vals(bars["data"][0]["y"]), res.head(0, 0, mixer="gated_delta")[-1], atol=1e-7)
+
+
+def test_a_link_to_an_attention_layer_opens_its_block(env):
+    at = new_app(model=QWEN, text=TEXT, layer=1).run()
+    ok(at)
+    assert at.selectbox(key=BLOCK_KEY).value == 3  # attention layer 1 is block 3
+    fresh = new_app(model=QWEN, text=TEXT).run()
+    assert fresh.selectbox(key=BLOCK_KEY).value == 0  # no link: the first block
