@@ -84,6 +84,11 @@ def _pooled(z: np.ndarray, rows: list[str], cols: list[str], max_cells: int):
     return z, bin_labels(rows, re), bin_labels(cols, ce), f" (mean-pooled to {z.shape[0]}×{z.shape[1]})"
 
 
+def _top(text: str) -> dict:
+    """A title at the top of the figure (above the subplot titles of a grid)."""
+    return {**_title(text), "yref": "container", "y": 1, "yanchor": "top", "pad": dict(t=12)}
+
+
 def _hover(kind: str) -> str:
     name = "‖c‖" if kind in NORM_KINDS else "A"
     return f"query %{{y}}<br>key %{{x}}<br>{name} = %{{z:.4g}}<extra></extra>"
@@ -108,12 +113,12 @@ def mixer_heatmap(
     z, rows, cols, note = _pooled(z, list(q_labels), list(k_labels), max_cells)
     x, y = [escape(s) for s in cols], [escape(s) for s in rows]
     fig = go.Figure(go.Heatmap(z=z, x=x, y=y, coloraxis="coloraxis", hovertemplate=_hover(kind)))
-    head = f"{escape(title)} · " if title else ""
+    head = f"{escape(title)}<br>" if title else ""
     fig.update_layout(
-        title=_title(f"{head}{kind_name(kind)} · {what_it_is(kind)}{note}"),
+        title=_top(f"{head}{kind_name(kind)}<br>{what_it_is(kind)}{note}"),
         coloraxis=colour_axis(kind, z),
         height=height,
-        margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),
+        margin=dict(l=10, r=10, t=TITLE_MARGIN + 40, b=10),
         xaxis=dict(type="category", title=dict(text="key"), tickangle=-60, **token_ticks(x)),
         yaxis=dict(type="category", title=dict(text="query"), autorange="reversed", **token_ticks(y)),
     )
@@ -150,13 +155,13 @@ def mixer_grid(
         )
     fig.update_xaxes(type="category", showticklabels=False)
     fig.update_yaxes(type="category", showticklabels=False, autorange="reversed")
-    head = f"{escape(title)} · " if title else ""
+    head = f"{escape(title)}<br>" if title else ""
     note = pooled[0][3] if pooled else ""
     fig.update_layout(
-        title=_title(f"{head}{kind_name(kind)} · {what_it_is(kind)}{note}"),
+        title=_top(f"{head}{kind_name(kind)}<br>{what_it_is(kind)}{note}"),
         coloraxis=colour_axis(kind, stack),
-        height=max(320, 220 * n_rows + TITLE_MARGIN),
-        margin=dict(l=10, r=10, t=TITLE_MARGIN + 20, b=10),
+        height=max(360, 220 * n_rows + TITLE_MARGIN + 60),
+        margin=dict(l=10, r=10, t=TITLE_MARGIN + 50, b=10),
     )
     return fig
 
@@ -189,7 +194,7 @@ def token_contributions(
             x=x, y=row, marker_color=colour, hovertemplate=f"key %{{x}}<br>{name} = %{{y:.4g}}<extra></extra>"
         )
     )
-    head = f"{escape(title)} · " if title else ""
+    head = f"{escape(title)}<br>" if title else ""
     fig.update_layout(
         title=_title(
             f"{head}{kind_name(kind)} · query {escape(query_label)}: each source token's weight · "
@@ -240,11 +245,11 @@ def parallel_block(
         axes[name] = ax
     fig.update_xaxes(type="category", tickangle=-60)
     fig.update_yaxes(type="category", autorange="reversed")
-    head = f"{escape(title)} · " if title else ""
+    head = f"{escape(title)}<br>" if title else ""
     fig.update_layout(
-        title=_title(f"{head}parallel branches: each draws one branch, not the block's whole token mixing"),
+        title=_top(f"{head}parallel branches: each draws one branch, not the block's whole token mixing"),
         height=560,
-        margin=dict(l=10, r=10, t=TITLE_MARGIN + 20, b=10),
+        margin=dict(l=10, r=10, t=TITLE_MARGIN + 50, b=10),
         **axes,
     )
     return fig

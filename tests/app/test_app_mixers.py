@@ -31,7 +31,7 @@ def test_picker_lists_every_block_with_its_mixer_and_draws_the_delta_rule_head(e
     ]
     picker.set_value(2).run()
     ok(at)
-    big = titled(at, "block 2 · head 0 · Gated DeltaNet · effective attention (signed, not probabilities)")
+    big = titled(at, "block 2 · head 0<br>Gated DeltaNet<br>effective attention (signed, not probabilities)")
     trace = heatmaps(big)[0]
     want = _engine("qwen3_5_text").head(2, 0, mixer="gated_delta")
     np.testing.assert_allclose(z_of(trace), want, atol=1e-7)
