@@ -239,7 +239,7 @@ def test_pure_recurrent_models_load_and_name_what_they_cannot_show():
     assert lm.layout.n_layers == 0 and lm.layout.mixers == (("mamba",),) * 2
     res = attnviz.extract_ids(lm, IDS)
     assert res.layer(1).shape == (1, N, N)  # no attention at all: the block's first mixer
-    with pytest.raises(attnviz.errors.ModelHasNoAttention, match="no softmax attention, and its mlstm mixer"):
+    with pytest.raises(attnviz.errors.ModelHasNoAttention, match="no softmax attention, and its mLSTM mixer"):
         _loaded_tiny("xlstm")  # nothing it could show: refused at load, with what is missing
 
 
