@@ -122,6 +122,15 @@ class MixerStore:
         idx = torch.arange(self.n_tokens)[rows or slice(None)]
         if len(idx) == 0:
             return torch.zeros(len(heads), 0, self.n_tokens)
+        from ..limits import require
+
+        device = self.record(block, kind).output.device
+        require(  # float64 while computed, float32 returned
+            len(heads) * len(idx) * self.n_tokens * 12,
+            device,
+            what=f"block {block}'s {kind} matrix ({len(heads)} heads × {len(idx)} × {self.n_tokens})",
+            hint="fewer rows (rows=slice(...)) or one head at a time, or res.mixer_pooled",
+        )
         return self._rows(block, kind, heads, idx).float()
 
     def _rows(self, block: int, kind: str, heads: list[int], idx: torch.Tensor) -> torch.Tensor:

@@ -294,3 +294,13 @@ def test_a_saved_result_keeps_its_mixers(tmp_path, fmt):
         assert ("mixer_0_mamba2" in data.files) == (fmt == "dense")
         if fmt == "dense":
             np.testing.assert_array_equal(data["mixer_0_mamba2"], res.layer(0, mixer="mamba2"))
+
+
+def test_a_matrix_too_big_for_free_memory_is_refused_before_it_is_computed(monkeypatch):
+    import attnviz.limits
+
+    res = attnviz.extract_ids(_loaded("bamba"), IDS)
+    monkeypatch.setattr(attnviz.limits, "free_bytes", lambda device: 10_000)
+    with pytest.raises(attnviz.errors.OutOfMemory, match="one head at a time"):
+        res.layer(0, mixer="mamba2")
+    assert res.head(0, 1, mixer="mamba2", rows=slice(0, 2)).shape == (2, N)  # a tile still fits
