@@ -4,6 +4,7 @@ shown wrong) when it does not check."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import archs
@@ -304,3 +305,12 @@ def test_a_matrix_too_big_for_free_memory_is_refused_before_it_is_computed(monke
     with pytest.raises(attnviz.errors.OutOfMemory, match="one head at a time"):
         res.layer(0, mixer="mamba2")
     assert res.head(0, 1, mixer="mamba2", rows=slice(0, 2)).shape == (2, N)  # a tile still fits
+
+
+def test_attention_maps_of_blocks_that_mix_tokens_another_way_too_say_so():
+    res = attnviz.extract_ids(_loaded("falcon_h1"), IDS)
+    title = attnviz.head_view(res, layer=0).layout.title.text
+    assert "2 branches (attention + mamba2)" in title
+    lay = dataclasses.replace(res.layout, model_type="zaya", mixers=(("attention",),))
+    assert "short convolution on q/k" in lay.mixer_note(0)
+    assert lay.mixer_note(0) and not dataclasses.replace(lay, model_type="llama").mixer_note(0)
