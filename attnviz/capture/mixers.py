@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..mixers.kinds import CORE_FUNCTIONS, CORE_METHODS, MODULE_TAPS, mixer_kind
+from ..mixers.kinds import CORE_FUNCTIONS, CORE_METHODS, MODULE_TAPS, PER_HEAD, mixer_kind
 from .hook import active_recorder
 from .records import CapturedMixer
 
@@ -70,7 +70,7 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
             (getattr(module, n) for n in _OUT_PROJ if isinstance(getattr(module, n, None), torch.nn.Linear)),
             None,
         )
-        if out is not None:
+        if out is not None and site.kind not in PER_HEAD:  # per channel: the contribution view
             out.register_forward_hook(_projection(site))
         for attr, where, key in MODULE_TAPS.get(site.kind, ()):
             sub = getattr(module, attr, None)
@@ -169,8 +169,8 @@ def _projection(site: MixerSite):
     def hook(module, args, output):
         rec = active_recorder()
         last = None if rec is None else _record_of(rec, site.module_name)
-        if last is not None and last.out_in is None and isinstance(output, torch.Tensor):
-            last.out_in, last.out_out = args[0].detach(), output.detach()
+        if last is not None and last.out_out is None and isinstance(output, torch.Tensor):
+            last.out_out = output.detach()
             last.out_weight = module.weight.detach()
             last.out_bias = None if module.bias is None else module.bias.detach()
 

@@ -22,6 +22,7 @@ from .kinds import MEANING, NOT_YET, SHOWN
 # own rounding dominates, measured 1e-7 of scale); a bf16 / fp16 model rounds its output.
 RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
 HALF_RELATIVE_TOLERANCE = 2e-2
+PARTS_KEPT = 2  # blocks whose float64 inputs stay built (the rest are rebuilt when asked again)
 
 
 class MixerStore:
@@ -103,6 +104,8 @@ class MixerStore:
                 "rwkv": wkv.wkv_parts,
                 "rglru": rglru.rglru_parts,
             }.get(kind, delta.delta_parts)
+            while len(self._parts) >= PARTS_KEPT:  # float64 copies of a block's inputs: a few at most
+                self._parts.pop(next(iter(self._parts)))
             self._parts[key] = build(inputs)
         return self._parts[key]
 
