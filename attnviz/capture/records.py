@@ -51,7 +51,9 @@ class CapturedMixer:
     function: str  # the core function's global name
     inputs: dict  # argument name -> tensor / number, detached
     output: torch.Tensor
-    out_out: torch.Tensor | None = None  # (1, N, hidden): the mixer's output
+    out_out: torch.Tensor | None = None  # (1, rows, hidden): the mixer's output at output_rows
+    n_tokens: int = 0  # N (0: read it from ``output``, which then has every row)
+    output_rows: tuple[int, ...] = ()  # the rows of ``output`` / ``out_out`` kept (`check_rows`)
     out_weight: torch.Tensor | None = None  # the output projection's weight (a reference)
     out_bias: torch.Tensor | None = None
 

@@ -16,7 +16,7 @@ import torch
 from ..capture.records import CapturedMixer
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
 from . import conv, delta, linear, rglru, selective, ssd, wkv
-from .kinds import MEANING, NOT_YET, SHOWN
+from .kinds import CHANNELS_FIRST, MEANING, NOT_YET, SHOWN, check_rows
 
 # Allowed max |Δ| relative to the output's scale: the kernels compute in float32 (the model's
 # own rounding dominates, measured 1e-7 of scale); a bf16 / fp16 model rounds its output.
@@ -40,9 +40,7 @@ class MixerStore:
         self._parts: dict[tuple[int, str], dict] = {}
         self._checks: dict[tuple[int, str], Any] = {}
         first = next(iter(self._records.values()), None)
-        # (1, N, ...) outputs; Mamba-1's scan and the short conv keep the kernel layout (1, D, N)
-        channels_first = first is not None and first.kind in ("mamba", "short_conv")
-        self.n_tokens = 0 if first is None else int(first.output.shape[2 if channels_first else 1])
+        self.n_tokens = 0 if first is None else _n_tokens(first)
 
     def records(self) -> list[CapturedMixer]:
         """Every captured core call, in (block, kind) order (for export)."""
@@ -172,8 +170,17 @@ class MixerStore:
         rec = self.record(block, kind)
         parts = self.parts(block, kind)
         n = self.n_tokens
-        idx = torch.tensor(sorted({0, n // 3, (2 * n) // 3, n - 1}))
+        idx = torch.tensor(check_rows(n))
         out = rec.output[0].double()
+        if rec.output_rows:  # the capture kept only these rows: read them in place
+            if list(rec.output_rows) != idx.tolist():
+                return MixerCheckFailed(
+                    f"block {block}'s {kind} record kept rows {rec.output_rows}, not {idx.tolist()}"
+                )
+            out = out[..., : len(idx)] if kind in CHANNELS_FIRST else out[: len(idx)]
+            out = _spread(out, idx, n, kind)
+        # the projection's output is always kept at the check's rows only
+        out_out = None if rec.out_out is None else _spread(rec.out_out[0].double(), idx, n, None)
         if kind == "mamba2":
             heads = list(range(self.n_heads(block, kind)))
             got = ssd.ssd_outputs(parts, ssd.ssd_rows(parts, heads, idx), heads, idx)
@@ -183,11 +190,11 @@ class MixerStore:
             got = torch.stack([selective.core_output(parts, int(t)) for t in idx])
             want = out.T[idx]
             against = f"the {rec.function} output (per channel, gate frozen)"
-            if rec.out_weight is not None and rec.out_out is not None:
+            if rec.out_weight is not None and out_out is not None:
                 sums = torch.stack(
                     [selective.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
                 )
-                got, want = torch.cat([got, sums], 1), torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                got, want = torch.cat([got, sums], 1), torch.cat([want, out_out[idx]], 1)
                 against += " and the mixer output (Σ_s contributions + skip + bias)"
         elif kind == "lightning":
             heads = list(range(self.n_heads(block, kind)))
@@ -200,19 +207,19 @@ class MixerStore:
             got = torch.stack([each(parts, int(t)) for t in idx])
             want = out[idx]
             against = f"the {rec.function} output (per channel)"
-            if rec.out_weight is not None and rec.out_out is not None:
+            if rec.out_weight is not None and out_out is not None:
                 total = [mod.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
                 got = torch.cat([got, torch.stack(total)], 1)
-                want = torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                want = torch.cat([want, out_out[idx]], 1)
                 against += " and the block's mixer output (Σ_s contributions)"
         elif kind == "short_conv":
             got = torch.stack([conv.conv_output(parts, int(t)) for t in idx])
             want = out.T[idx]
             against = f"the {rec.function} output (per channel)"
-            if rec.out_weight is not None and rec.out_out is not None:
+            if rec.out_weight is not None and out_out is not None:
                 total = [conv.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
                 got = torch.cat([got, torch.stack(total)], 1)
-                want = torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                want = torch.cat([want, out_out[idx]], 1)
                 against += " and the mixer output (Σ_s contributions + bias)"
         else:
             heads = list(range(self.n_heads(block, kind)))
@@ -239,6 +246,23 @@ class MixerStore:
             mixer=kind,
             scale=scale,
         )
+
+
+def _n_tokens(rec: CapturedMixer) -> int:
+    """N of a record: kept, or read from a whole output ((1, N, ...); (1, D, N) channels first)."""
+    return rec.n_tokens or int(rec.output.shape[2 if rec.kind in CHANNELS_FIRST else 1])
+
+
+def _spread(kept: torch.Tensor, idx: torch.Tensor, n: int, kind: str | None) -> torch.Tensor:
+    """Rows kept at ``idx`` placed back on a length-N axis (zeros elsewhere, never read), so that
+    the check indexes every record the same way."""
+    if kind in CHANNELS_FIRST:
+        out = kept.new_zeros(*kept.shape[:-1], n)
+        out[..., idx.to(kept.device)] = kept
+        return out
+    out = kept.new_zeros(n, *kept.shape[1:])
+    out[idx.to(kept.device)] = kept
+    return out
 
 
 def meaning(kind: str) -> str:
