@@ -31,11 +31,16 @@ class MixerStore:
     def __init__(self, records: Sequence[CapturedMixer], dtype: torch.dtype) -> None:
         self._records: dict[tuple[int, str], CapturedMixer] = {}
         self._calls: dict[tuple[int, str], int] = {}  # core-function calls per block and kind
-        for r in records:
-            if r.output.numel() == 0:  # the module ran without its core function (another path)
-                continue
-            self._records.setdefault((r.block, r.kind), r)
-            self._calls[(r.block, r.kind)] = self._calls.get((r.block, r.kind), 0) + 1
+        # a module that ran without its core function (another path) left an empty record
+        self._all = [r for r in records if r.output.numel()]
+        groups: dict[tuple[int, str], list[CapturedMixer]] = {}
+        for r in self._all:
+            groups.setdefault((r.block, r.kind), []).append(r)
+        for key, group in groups.items():
+            # Zamba's Mamba-1 scans each channel group ("mamba head") with its own B and C
+            merge = len(group) > 1 and key[1] == "mamba"
+            self._records[key] = _channel_groups(group) if merge else group[0]
+            self._calls[key] = 1 if merge else len(group)
         self.dtype = dtype
         self._parts: dict[tuple[int, str], dict] = {}
         self._checks: dict[tuple[int, str], Any] = {}
@@ -43,8 +48,8 @@ class MixerStore:
         self.n_tokens = 0 if first is None else _n_tokens(first)
 
     def records(self) -> list[CapturedMixer]:
-        """Every captured core call, in (block, kind) order (for export)."""
-        return [self._records[key] for key in sorted(self._records)]
+        """Every captured core call, in call order (for export)."""
+        return list(self._all)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -246,6 +251,17 @@ class MixerStore:
             mixer=kind,
             scale=scale,
         )
+
+
+def _channel_groups(group: list[CapturedMixer]) -> CapturedMixer:
+    """One record for scans over consecutive channel groups of one mixer (concatenated in order,
+    as the mixer concatenates their outputs before its projection)."""
+    last = group[-1]  # the projection ran after the last scan
+    return CapturedMixer(
+        last.kind, last.module_name, last.block, last.function, {"groups": [r.inputs for r in group]},
+        torch.cat([r.output for r in group], dim=1), out_out=last.out_out, out_weight=last.out_weight,
+        out_bias=last.out_bias, n_tokens=last.n_tokens, output_rows=last.output_rows,
+    )  # fmt: skip
 
 
 def _n_tokens(rec: CapturedMixer) -> int:

@@ -184,11 +184,23 @@ def test_per_channel_mixers_sum_their_contributions_to_the_mixer_output():
     assert (row - reference.selective_dense(parts, 5)[N - 1]).abs().max() < 1e-12
 
 
-def test_a_mixer_calling_its_scan_per_sub_head_is_refused_with_the_reason():
+def test_a_mixer_scanning_channel_groups_separately_is_read_as_one_and_checked():
+    """Zamba's Mamba-1 runs one scan per "mamba head" (its own B and C) in one module call: the
+    groups are read in order, and both the scans' outputs and the mixer output check."""
     lm = _loaded_tiny("zamba")
-    res = attnviz.extract_ids(lm, IDS)
+    res = attnviz.extract_ids(lm, IDS, verify=True)
+    check = res.mixer_check(0, "mamba")
+    assert check.max_abs_diff <= 1e-5 * check.scale and "mixer output" in check.against
+    assert res.layer(0, mixer="mamba").shape == (1, N, N)
+
+
+def test_a_second_core_call_of_a_per_head_mixer_is_refused_with_the_reason():
+    records = _records(_model("bamba"))
+    twice = dataclasses.replace(records[0])  # the same block's scan called again
+    store = MixerStore([records[0], twice, records[1]], torch.float32)
     with pytest.raises(MixerNotShown, match="2 times in one forward"):
-        res.layer(0, mixer="mamba")
+        store.tensor(records[0].block, "mamba2")
+    assert store.tensor(records[1].block, "mamba2").shape[1:] == (N, N)
 
 
 def test_a_matrix_that_misses_the_kernel_is_refused_not_shown():
