@@ -72,6 +72,31 @@ def bench(lm: LoadedModel, n: int, repeats: int) -> str:
     )
 
 
+def row_at(n: int, heads: int = 16, d: int = 128) -> str:
+    """One Gated DeltaNet head's last row at ``n`` tokens from synthetic kernel inputs (random
+    unit q/k, decays in (0.9, 1), β in (0, 1); no forward: a forward at 32k does not fit this bench)."""
+    import time
+
+    from ..mixers import delta
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (
+        torch.nn.functional.normalize(torch.randn(n, heads, d, generator=g, dtype=torch.float64), dim=-1)
+        for _ in "qk"
+    )
+    parts = {
+        "q": q * d**-0.5,
+        "k": k,
+        "a": (0.9 + 0.1 * torch.rand(n, heads, 1, generator=g, dtype=torch.float64)).expand(n, heads, d),
+        "beta": torch.rand(n, heads, generator=g, dtype=torch.float64),
+    }
+    t0 = time.perf_counter()
+    row = delta.delta_rows(parts, [0], torch.tensor([n - 1]))
+    seconds = time.perf_counter() - t0
+    what = f"one GDN head's row at {n} tokens (d = {d}, backward scan, float64)"
+    return f"{what}: {seconds:.2f} s, {row.shape[-1]} keys"
+
+
 HEADER = (
     "| N | (a) plain forward | (b) forward with capture | (b)/(a) | (c) one GDN head pooled 256² | "
     "(c)/(a) | block 0 self-check |\n|---|---|---|---|---|---|---|"
@@ -83,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="2048,8192", help="comma-separated token counts")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="write the rows into this Markdown file")
+    ap.add_argument(
+        "--row-tokens", type=int, default=0, help="also time one head's row at this N (e.g. 32768)"
+    )
     args = ap.parse_args(argv)
     logging.disable(logging.WARNING)
     lm = qwen35_shaped()
@@ -99,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(bench(lm, n, args.repeats))
         sys.stdout.write(lines[-1] + "\n")
         sys.stdout.flush()
+    if args.row_tokens:
+        lines += ["", row_at(args.row_tokens)]
+        sys.stdout.write(lines[-1] + "\n")
     if args.out is not None:
         replace_section(args.out, "hybrid", "\n".join(lines))
     return 0

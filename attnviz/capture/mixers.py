@@ -20,7 +20,15 @@ from typing import Any
 
 import torch
 
-from ..mixers.kinds import CORE_FUNCTIONS, CORE_METHODS, MODULE_TAPS, mixer_kind
+from ..mixers.kinds import (
+    CHANNELS_FIRST,
+    CORE_FUNCTIONS,
+    CORE_METHODS,
+    MODULE_TAPS,
+    PER_HEAD,
+    check_rows,
+    mixer_kind,
+)
 from .hook import active_recorder
 from .records import CapturedMixer
 
@@ -70,7 +78,7 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
             (getattr(module, n) for n in _OUT_PROJ if isinstance(getattr(module, n, None), torch.nn.Linear)),
             None,
         )
-        if out is not None:
+        if out is not None and site.kind not in PER_HEAD:  # per channel: the contribution view
             out.register_forward_hook(_projection(site))
         for attr, where, key in MODULE_TAPS.get(site.kind, ()):
             sub = getattr(module, attr, None)
@@ -102,11 +110,12 @@ def _recording_core(fn: Callable, fname: str) -> Callable:
             inputs = {k: _detach(v) for k, v in {**bound, **extra}.items()}
             output = (out[0] if isinstance(out, tuple) else out).detach()
             last = _record_of(rec, name)
-            if last is not None and not last.function:  # the record `_enter` opened for this call
-                last.function, last.output = fname, output
-                last.inputs.update(inputs)
-            else:  # a second call in one module call (Zamba's per-head scans): the store refuses it
-                rec.mixers.append(CapturedMixer(kind, name, block, fname, inputs, output))
+            if last is None or last.function:  # a second call in one module call (Zamba's per-head
+                last = CapturedMixer(kind, name, block, "", {}, _EMPTY)  # scans): the store refuses it
+                rec.mixers.append(last)
+            last.function = fname
+            last.inputs.update(inputs)
+            _keep_output(last, output)
         return out
 
     core._attnviz_core = True  # type: ignore[attr-defined]
@@ -114,6 +123,15 @@ def _recording_core(fn: Callable, fname: str) -> Callable:
 
 
 _EMPTY = torch.empty(0)
+
+
+def _keep_output(record: CapturedMixer, output: torch.Tensor) -> None:
+    """Keep the core output only at the self-check's rows (never the whole (N, ...) tensor)."""
+    axis = 2 if record.kind in CHANNELS_FIRST else 1
+    n = int(output.shape[axis])
+    rows = check_rows(n)
+    record.output = output.index_select(axis, torch.tensor(rows, device=output.device))
+    record.n_tokens, record.output_rows = n, tuple(rows)
 
 
 def _record_of(rec, module_name: str) -> CapturedMixer | None:
@@ -158,7 +176,7 @@ def _tap(site: MixerSite, where: str, key: str):
             return
         value = (args[0] if where == "input" else output).detach()
         if key == "output":
-            last.output = value
+            _keep_output(last, value)
         else:
             last.inputs.setdefault(key, value)
 
@@ -169,8 +187,8 @@ def _projection(site: MixerSite):
     def hook(module, args, output):
         rec = active_recorder()
         last = None if rec is None else _record_of(rec, site.module_name)
-        if last is not None and last.out_in is None and isinstance(output, torch.Tensor):
-            last.out_in, last.out_out = args[0].detach(), output.detach()
+        if last is not None and last.out_out is None and isinstance(output, torch.Tensor):
+            last.out_out = output.detach()[:, check_rows(output.shape[1])]
             last.out_weight = module.weight.detach()
             last.out_bias = None if module.bias is None else module.bias.detach()
 

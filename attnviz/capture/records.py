@@ -40,8 +40,9 @@ class CapturedMixer:
 
     ``inputs`` are the core function's arguments by name, as the kernel got them (e.g. for
     ``mamba2_chunk_scan``: hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, dt_limit);
-    ``output`` its output; ``out_in`` / ``out_out`` what the mixer's output projection read and
-    returned (for the token-contribution view and its check). Never an N×N matrix.
+    ``output`` its output; for a per-channel mixer, ``out_out`` what its output projection
+    returned and that projection's weight and bias (the token-contribution view and its check).
+    Never an N×N matrix.
     """
 
     kind: str  # attnviz.mixers.MixerKind
@@ -50,13 +51,14 @@ class CapturedMixer:
     function: str  # the core function's global name
     inputs: dict  # argument name -> tensor / number, detached
     output: torch.Tensor
-    out_in: torch.Tensor | None = None  # (1, N, inner): the output projection's input
-    out_out: torch.Tensor | None = None  # (1, N, hidden): the mixer's output
+    out_out: torch.Tensor | None = None  # (1, rows, hidden): the mixer's output at output_rows
+    n_tokens: int = 0  # N (0: read it from ``output``, which then has every row)
+    output_rows: tuple[int, ...] = ()  # the rows of ``output`` / ``out_out`` kept (`check_rows`)
     out_weight: torch.Tensor | None = None  # the output projection's weight (a reference)
     out_bias: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
         ts = [v for v in self.inputs.values() if isinstance(v, torch.Tensor)]
-        ts += [t for t in (self.output, self.out_in, self.out_out) if t is not None]
+        ts += [t for t in (self.output, self.out_out) if t is not None]
         return sum(t.numel() * t.element_size() for t in ts)

@@ -170,6 +170,7 @@ def _mixer_arrays(result: AttentionResult, arrays: dict[str, np.ndarray], *, den
     entries = []
     for i, rec in enumerate(records):
         entry: dict[str, Any] = {"kind": rec.kind, "module_name": rec.module_name, "block": rec.block}
+        entry["n_tokens"], entry["output_rows"] = rec.n_tokens, list(rec.output_rows)
         entry["function"], entry["inputs"] = rec.function, {}
         named = {f"inputs.{k}": v for k, v in rec.inputs.items()}
         named |= {"output": rec.output, "out_out": rec.out_out, "out_weight": rec.out_weight}
@@ -206,6 +207,7 @@ def _mixers_from(data: Any, meta: dict, device: torch.device) -> MixerStore | No
             e["kind"], e["module_name"], e["block"], e["function"],
             {k: value(v) for k, v in e["inputs"].items()}, value(e["output"]),
         )  # fmt: skip
+        rec.n_tokens, rec.output_rows = e.get("n_tokens", 0), tuple(e.get("output_rows", ()))
         rec.out_out, rec.out_weight, rec.out_bias = (
             value(e.get(k)) for k in ("out_out", "out_weight", "out_bias")
         )

@@ -206,7 +206,14 @@ def head_view(
     )
     where = f"{result.model_name}" + ("" if stack == "self" else f" · {stack}")
     top = f"{html.escape(heading)}<br>" if heading else ""
-    titles = [top + html.escape(f"{where} · layer {i}{note}") for i in layers]
+    lay = result.layout  # a block that mixes tokens another way too says so (Falcon-H1, zaya)
+    extra = {i: lay.mixer_note(lay.model_layer(i)) for i in layers}
+    titles = [
+        top
+        + html.escape(f"{where} · layer {i}{note}")
+        + (f"<br>{html.escape(extra[i][:140])}" if extra[i] else "")
+        for i in layers
+    ]
     fig = figs[0]
     fig.update_layout(
         title=dict(text=titles[0], x=0.01, xanchor="left", y=0.99, yanchor="top"),

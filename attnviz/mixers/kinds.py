@@ -114,6 +114,15 @@ MEANING: dict[str, str] = {
 }
 
 
+# Kinds whose core output is laid out (1, channels, N) (the kernel's own layout).
+CHANNELS_FIRST = frozenset({"mamba", "short_conv"})
+
+
+def check_rows(n: int) -> list[int]:
+    """The query rows the self-check compares (the capture keeps the kernel's output only there)."""
+    return sorted({0, n // 3, (2 * n) // 3, n - 1})
+
+
 def mixer_kind(module) -> str | None:
     """The mixer kind of a module (None: not a non-softmax mixer)."""
     return MIXER_CLASSES.get(type(module).__name__)

@@ -18,8 +18,12 @@ import torch
 import torch.nn.functional as F
 
 
-def selective_parts(inputs: dict) -> dict[str, torch.Tensor]:
-    """x, Δ, cum ΣΔ, gate silu(z) (N, d_inner); A (d_inner, n); B, C (N, n); D (d_inner,): float64."""
+def selective_parts(inputs: dict) -> dict:
+    """x, Δ, cum ΣΔ, gate silu(z) (N, d_inner); A (d_inner, n); B, C (N, n); D (d_inner,): float64.
+    Scans over channel groups (Zamba: ``inputs["groups"]``) give {"groups": [parts, ...]}, read
+    below as the channels of all groups in order."""
+    if "groups" in inputs:
+        return {"groups": [selective_parts(g) for g in inputs["groups"]]}
     x = inputs["hidden_states"][0].double().T  # (N, d)
     dt = inputs["dt"][0].double().T
     if inputs.get("delta_bias") is not None:
@@ -41,8 +45,17 @@ def selective_parts(inputs: dict) -> dict[str, torch.Tensor]:
     }
 
 
+def _cat(parts: dict, key: str) -> torch.Tensor:
+    """A per-channel part over every channel group (the last axis is the channel)."""
+    if "groups" in parts:
+        return torch.cat([_cat(g, key) for g in parts["groups"]], dim=-1)
+    return parts[key]
+
+
 def channel_rows(parts: dict, t: int, channels: slice | None = None) -> torch.Tensor:
     """float64 (channels, t + 1): row t of M^c for every channel (keys 0..t)."""
+    if "groups" in parts:
+        return torch.cat([channel_rows(g, t) for g in parts["groups"]])[channels or slice(None)]
     ch = channels or slice(None)
     A = parts["A"][ch]  # (c, n)
     gap = parts["cum"][t, ch][None, :] - parts["cum"][: t + 1, ch]  # (s, c) Σ_{r=s+1..t} Δ_r
@@ -54,25 +67,24 @@ def channel_rows(parts: dict, t: int, channels: slice | None = None) -> torch.Te
 def core_output(parts: dict, t: int) -> torch.Tensor:
     """(d_inner,): the scan's output at t rebuilt from the per-channel rows (gate included)."""
     m = channel_rows(parts, t)
-    y = (m * parts["x"][: t + 1].T).sum(-1) + parts["D"] * parts["x"][t]
-    return y * parts["gate"][t]
+    x, D, gate = (_cat(parts, k) for k in ("x", "D", "gate"))
+    y = (m * x[: t + 1].T).sum(-1) + D * x[t]
+    return y * gate[t]
 
 
 def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
     """float64 (len(rows), N): ‖c_{t,s}‖ for each row t (0 for s > t)."""
     w = weight.double()
-    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
+    x, gate = _cat(parts, "x"), _cat(parts, "gate")
+    out = torch.zeros(len(rows), n, dtype=torch.float64, device=x.device)
     for i, t in enumerate(rows):
         m = channel_rows(parts, t)  # (d, t+1)
-        vec = m.T * parts["x"][: t + 1] * parts["gate"][t]  # (s, d)
+        vec = m.T * x[: t + 1] * gate[t]  # (s, d)
         out[i, : t + 1] = torch.linalg.vector_norm(vec @ w.T, dim=-1)
     return out
 
 
 def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
     """Σ_s c_{t,s} + the skip term + bias: (hidden,), to compare with the mixer's output at t."""
-    w = weight.double()
-    m = channel_rows(parts, t)
-    inner = ((m * parts["x"][: t + 1].T).sum(-1) + parts["D"] * parts["x"][t]) * parts["gate"][t]
-    out = w @ inner
+    out = weight.double() @ core_output(parts, t)
     return out if bias is None else out + bias.double()

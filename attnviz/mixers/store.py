@@ -16,12 +16,13 @@ import torch
 from ..capture.records import CapturedMixer
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
 from . import conv, delta, linear, rglru, selective, ssd, wkv
-from .kinds import MEANING, NOT_YET, SHOWN
+from .kinds import CHANNELS_FIRST, MEANING, NOT_YET, SHOWN, check_rows
 
 # Allowed max |Δ| relative to the output's scale: the kernels compute in float32 (the model's
 # own rounding dominates, measured 1e-7 of scale); a bf16 / fp16 model rounds its output.
 RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
 HALF_RELATIVE_TOLERANCE = 2e-2
+PARTS_KEPT = 2  # blocks whose float64 inputs stay built (the rest are rebuilt when asked again)
 
 
 class MixerStore:
@@ -30,22 +31,25 @@ class MixerStore:
     def __init__(self, records: Sequence[CapturedMixer], dtype: torch.dtype) -> None:
         self._records: dict[tuple[int, str], CapturedMixer] = {}
         self._calls: dict[tuple[int, str], int] = {}  # core-function calls per block and kind
-        for r in records:
-            if r.output.numel() == 0:  # the module ran without its core function (another path)
-                continue
-            self._records.setdefault((r.block, r.kind), r)
-            self._calls[(r.block, r.kind)] = self._calls.get((r.block, r.kind), 0) + 1
+        # a module that ran without its core function (another path) left an empty record
+        self._all = [r for r in records if r.output.numel()]
+        groups: dict[tuple[int, str], list[CapturedMixer]] = {}
+        for r in self._all:
+            groups.setdefault((r.block, r.kind), []).append(r)
+        for key, group in groups.items():
+            # Zamba's Mamba-1 scans each channel group ("mamba head") with its own B and C
+            merge = len(group) > 1 and key[1] == "mamba"
+            self._records[key] = _channel_groups(group) if merge else group[0]
+            self._calls[key] = 1 if merge else len(group)
         self.dtype = dtype
         self._parts: dict[tuple[int, str], dict] = {}
         self._checks: dict[tuple[int, str], Any] = {}
         first = next(iter(self._records.values()), None)
-        # (1, N, ...) outputs; Mamba-1's scan and the short conv keep the kernel layout (1, D, N)
-        channels_first = first is not None and first.kind in ("mamba", "short_conv")
-        self.n_tokens = 0 if first is None else int(first.output.shape[2 if channels_first else 1])
+        self.n_tokens = 0 if first is None else _n_tokens(first)
 
     def records(self) -> list[CapturedMixer]:
-        """Every captured core call, in (block, kind) order (for export)."""
-        return [self._records[key] for key in sorted(self._records)]
+        """Every captured core call, in call order (for export)."""
+        return list(self._all)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -103,6 +107,8 @@ class MixerStore:
                 "rwkv": wkv.wkv_parts,
                 "rglru": rglru.rglru_parts,
             }.get(kind, delta.delta_parts)
+            while len(self._parts) >= PARTS_KEPT:  # float64 copies of a block's inputs: a few at most
+                self._parts.pop(next(iter(self._parts)))
             self._parts[key] = build(inputs)
         return self._parts[key]
 
@@ -122,6 +128,15 @@ class MixerStore:
         idx = torch.arange(self.n_tokens)[rows or slice(None)]
         if len(idx) == 0:
             return torch.zeros(len(heads), 0, self.n_tokens)
+        from ..limits import require
+
+        device = self.record(block, kind).output.device
+        require(  # float64 while computed, float32 returned
+            len(heads) * len(idx) * self.n_tokens * 12,
+            device,
+            what=f"block {block}'s {kind} matrix ({len(heads)} heads × {len(idx)} × {self.n_tokens})",
+            hint="fewer rows (rows=slice(...)) or one head at a time, or res.mixer_pooled",
+        )
         return self._rows(block, kind, heads, idx).float()
 
     def _rows(self, block: int, kind: str, heads: list[int], idx: torch.Tensor) -> torch.Tensor:
@@ -160,8 +175,17 @@ class MixerStore:
         rec = self.record(block, kind)
         parts = self.parts(block, kind)
         n = self.n_tokens
-        idx = torch.tensor(sorted({0, n // 3, (2 * n) // 3, n - 1}))
+        idx = torch.tensor(check_rows(n))
         out = rec.output[0].double()
+        if rec.output_rows:  # the capture kept only these rows: read them in place
+            if list(rec.output_rows) != idx.tolist():
+                return MixerCheckFailed(
+                    f"block {block}'s {kind} record kept rows {rec.output_rows}, not {idx.tolist()}"
+                )
+            out = out[..., : len(idx)] if kind in CHANNELS_FIRST else out[: len(idx)]
+            out = _spread(out, idx, n, kind)
+        # the projection's output is always kept at the check's rows only
+        out_out = None if rec.out_out is None else _spread(rec.out_out[0].double(), idx, n, None)
         if kind == "mamba2":
             heads = list(range(self.n_heads(block, kind)))
             got = ssd.ssd_outputs(parts, ssd.ssd_rows(parts, heads, idx), heads, idx)
@@ -171,11 +195,11 @@ class MixerStore:
             got = torch.stack([selective.core_output(parts, int(t)) for t in idx])
             want = out.T[idx]
             against = f"the {rec.function} output (per channel, gate frozen)"
-            if rec.out_weight is not None and rec.out_out is not None:
+            if rec.out_weight is not None and out_out is not None:
                 sums = torch.stack(
                     [selective.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
                 )
-                got, want = torch.cat([got, sums], 1), torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                got, want = torch.cat([got, sums], 1), torch.cat([want, out_out[idx]], 1)
                 against += " and the mixer output (Σ_s contributions + skip + bias)"
         elif kind == "lightning":
             heads = list(range(self.n_heads(block, kind)))
@@ -188,19 +212,19 @@ class MixerStore:
             got = torch.stack([each(parts, int(t)) for t in idx])
             want = out[idx]
             against = f"the {rec.function} output (per channel)"
-            if rec.out_weight is not None and rec.out_out is not None:
+            if rec.out_weight is not None and out_out is not None:
                 total = [mod.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
                 got = torch.cat([got, torch.stack(total)], 1)
-                want = torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                want = torch.cat([want, out_out[idx]], 1)
                 against += " and the block's mixer output (Σ_s contributions)"
         elif kind == "short_conv":
             got = torch.stack([conv.conv_output(parts, int(t)) for t in idx])
             want = out.T[idx]
             against = f"the {rec.function} output (per channel)"
-            if rec.out_weight is not None and rec.out_out is not None:
+            if rec.out_weight is not None and out_out is not None:
                 total = [conv.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
                 got = torch.cat([got, torch.stack(total)], 1)
-                want = torch.cat([want, rec.out_out[0].double()[idx]], 1)
+                want = torch.cat([want, out_out[idx]], 1)
                 against += " and the mixer output (Σ_s contributions + bias)"
         else:
             heads = list(range(self.n_heads(block, kind)))
@@ -227,6 +251,34 @@ class MixerStore:
             mixer=kind,
             scale=scale,
         )
+
+
+def _channel_groups(group: list[CapturedMixer]) -> CapturedMixer:
+    """One record for scans over consecutive channel groups of one mixer (concatenated in order,
+    as the mixer concatenates their outputs before its projection)."""
+    last = group[-1]  # the projection ran after the last scan
+    return CapturedMixer(
+        last.kind, last.module_name, last.block, last.function, {"groups": [r.inputs for r in group]},
+        torch.cat([r.output for r in group], dim=1), out_out=last.out_out, out_weight=last.out_weight,
+        out_bias=last.out_bias, n_tokens=last.n_tokens, output_rows=last.output_rows,
+    )  # fmt: skip
+
+
+def _n_tokens(rec: CapturedMixer) -> int:
+    """N of a record: kept, or read from a whole output ((1, N, ...); (1, D, N) channels first)."""
+    return rec.n_tokens or int(rec.output.shape[2 if rec.kind in CHANNELS_FIRST else 1])
+
+
+def _spread(kept: torch.Tensor, idx: torch.Tensor, n: int, kind: str | None) -> torch.Tensor:
+    """Rows kept at ``idx`` placed back on a length-N axis (zeros elsewhere, never read), so that
+    the check indexes every record the same way."""
+    if kind in CHANNELS_FIRST:
+        out = kept.new_zeros(*kept.shape[:-1], n)
+        out[..., idx.to(kept.device)] = kept
+        return out
+    out = kept.new_zeros(n, *kept.shape[1:])
+    out[idx.to(kept.device)] = kept
+    return out
 
 
 def meaning(kind: str) -> str:

@@ -4,6 +4,7 @@ shown wrong) when it does not check."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import archs
@@ -126,7 +127,9 @@ def test_ssd_matches_the_textbook_recurrence_and_the_kernel():
     rows = torch.arange(N)
     m = ssd.ssd_rows(parts, heads, rows)
     assert (m - reference.ssd_dense(parts)).abs().max() < 1e-12
-    y = ssd.ssd_outputs(parts, m, heads, rows)
+    kept = list(rec.output_rows)  # the capture keeps the kernel's output at the check's rows
+    assert kept == [0, N // 3, 2 * N // 3, N - 1] and rec.n_tokens == N
+    y = ssd.ssd_outputs(parts, m, heads, rows)[kept]
     out = rec.output[0].double()
     assert (y - out).abs().max() <= 1e-5 * out.abs().max()
 
@@ -144,7 +147,7 @@ def test_delta_rule_rows_match_the_textbook_products_and_the_kernel(model_type):
         assert (delta.chunked_rows(parts, heads, rows, chunk=chunk) - oracle).abs().max() < 1e-12
     few = torch.tensor([3, 17, N - 1])
     assert (delta.delta_rows(parts, heads, few) - oracle[:, few]).abs().max() < 1e-12
-    o = delta.delta_outputs(parts, scan, heads)
+    o = delta.delta_outputs(parts, scan, heads)[list(rec.output_rows)]
     out = rec.output[0][:, heads].double()
     assert (o - out).abs().max() <= 1e-5 * out.abs().max()
 
@@ -156,8 +159,9 @@ def test_lightning_matches_the_textbook_decay_across_blocks():
     heads = list(range(parts["slope"].shape[0]))
     m = linear.lightning_rows(parts, heads, torch.arange(N))
     assert (m - reference.lightning_dense(parts)).abs().max() < 1e-9 * m.abs().max()
-    out = rec.output[0].double().reshape(N, len(heads), -1)
-    assert (linear.lightning_outputs(parts, m, heads) - out).abs().max() <= 1e-5 * out.abs().max()
+    out = rec.output[0].double().reshape(len(rec.output_rows), len(heads), -1)
+    got = linear.lightning_outputs(parts, m, heads)[list(rec.output_rows)]
+    assert (got - out).abs().max() <= 1e-5 * out.abs().max()
 
 
 def test_per_channel_mixers_sum_their_contributions_to_the_mixer_output():
@@ -171,20 +175,32 @@ def test_per_channel_mixers_sum_their_contributions_to_the_mixer_output():
     for model_type, mod, build in cases:
         rec = _records(_model(model_type))[0]
         parts = build(rec.inputs)
-        for t in (0, 7, N - 1):
+        for i, t in enumerate(rec.output_rows):
             got = mod.contribution_sum(parts, rec.out_weight, rec.out_bias, t)
-            want = rec.out_out[0, t].double()
+            want = rec.out_out[0, i].double()
             assert (got - want).abs().max() <= 1e-5 * want.abs().max(), model_type
     parts = selective.selective_parts(_records(_model("mamba"))[0].inputs)
     row = selective.channel_rows(parts, N - 1)[5]
     assert (row - reference.selective_dense(parts, 5)[N - 1]).abs().max() < 1e-12
 
 
-def test_a_mixer_calling_its_scan_per_sub_head_is_refused_with_the_reason():
+def test_a_mixer_scanning_channel_groups_separately_is_read_as_one_and_checked():
+    """Zamba's Mamba-1 runs one scan per "mamba head" (its own B and C) in one module call: the
+    groups are read in order, and both the scans' outputs and the mixer output check."""
     lm = _loaded_tiny("zamba")
-    res = attnviz.extract_ids(lm, IDS)
+    res = attnviz.extract_ids(lm, IDS, verify=True)
+    check = res.mixer_check(0, "mamba")
+    assert check.max_abs_diff <= 1e-5 * check.scale and "mixer output" in check.against
+    assert res.layer(0, mixer="mamba").shape == (1, N, N)
+
+
+def test_a_second_core_call_of_a_per_head_mixer_is_refused_with_the_reason():
+    records = _records(_model("bamba"))
+    twice = dataclasses.replace(records[0])  # the same block's scan called again
+    store = MixerStore([records[0], twice, records[1]], torch.float32)
     with pytest.raises(MixerNotShown, match="2 times in one forward"):
-        res.layer(0, mixer="mamba")
+        store.tensor(records[0].block, "mamba2")
+    assert store.tensor(records[1].block, "mamba2").shape[1:] == (N, N)
 
 
 def test_a_matrix_that_misses_the_kernel_is_refused_not_shown():
@@ -239,7 +255,7 @@ def test_pure_recurrent_models_load_and_name_what_they_cannot_show():
     assert lm.layout.n_layers == 0 and lm.layout.mixers == (("mamba",),) * 2
     res = attnviz.extract_ids(lm, IDS)
     assert res.layer(1).shape == (1, N, N)  # no attention at all: the block's first mixer
-    with pytest.raises(attnviz.errors.ModelHasNoAttention, match="no softmax attention, and its mlstm mixer"):
+    with pytest.raises(attnviz.errors.ModelHasNoAttention, match="no softmax attention, and its mLSTM mixer"):
         _loaded_tiny("xlstm")  # nothing it could show: refused at load, with what is missing
 
 
@@ -294,3 +310,22 @@ def test_a_saved_result_keeps_its_mixers(tmp_path, fmt):
         assert ("mixer_0_mamba2" in data.files) == (fmt == "dense")
         if fmt == "dense":
             np.testing.assert_array_equal(data["mixer_0_mamba2"], res.layer(0, mixer="mamba2"))
+
+
+def test_a_matrix_too_big_for_free_memory_is_refused_before_it_is_computed(monkeypatch):
+    import attnviz.limits
+
+    res = attnviz.extract_ids(_loaded("bamba"), IDS)
+    monkeypatch.setattr(attnviz.limits, "free_bytes", lambda device: 10_000)
+    with pytest.raises(attnviz.errors.OutOfMemory, match="one head at a time"):
+        res.layer(0, mixer="mamba2")
+    assert res.head(0, 1, mixer="mamba2", rows=slice(0, 2)).shape == (2, N)  # a tile still fits
+
+
+def test_attention_maps_of_blocks_that_mix_tokens_another_way_too_say_so():
+    res = attnviz.extract_ids(_loaded("falcon_h1"), IDS)
+    title = attnviz.head_view(res, layer=0).layout.title.text
+    assert "2 branches (attention + mamba2)" in title
+    lay = dataclasses.replace(res.layout, model_type="zaya", mixers=(("attention",),))
+    assert "short convolution on q/k" in lay.mixer_note(0)
+    assert lay.mixer_note(0) and not dataclasses.replace(lay, model_type="llama").mixer_note(0)
