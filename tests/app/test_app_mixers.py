@@ -119,3 +119,15 @@ def test_a_link_to_an_attention_layer_opens_its_block(env):
     assert at.selectbox(key=BLOCK_KEY).value == 3  # attention layer 1 is block 3
     fresh = new_app(model=QWEN, text=TEXT).run()
     assert fresh.selectbox(key=BLOCK_KEY).value == 0  # no link: the first block
+
+
+def test_a_pure_mamba_model_opens_in_the_explorer_and_the_overview(env):
+    at = new_app(model="hybrid:mamba", text=TEXT).run()
+    ok(at)
+    assert at.selectbox(key=BLOCK_KEY).options == ["block 0 · Mamba-1", "block 1 · Mamba-1"]
+    big = titled(at, "block 0 · head 0")
+    assert "token contribution norms" in big["layout"]["title"]["text"]
+    np.testing.assert_allclose(z_of(heatmaps(big)[0]), _engine("mamba").head(0, 0, mixer="mamba"), atol=1e-6)
+    over = new_app("pages/1_Model_overview.py", model="hybrid:mamba", text=TEXT).run()
+    ok(over)
+    assert list(over.dataframe[0].value["head"]) == ["all channels", "all channels"]
