@@ -57,8 +57,8 @@ def draw(lm: LoadedModel, text: str, chat: bool, block: int, kind: str) -> None:
         st.session_state[HEAD_KEY] = 0
     head = int(st.selectbox("Head", list(range(n_heads)), key=HEAD_KEY))
     try:
-        rec = R.capture(lm, list(res.tokens.ids), block, kind)
-        w = R.walkthrough(rec, head, res.head(block, head, mixer=kind))
+        rec, output = R.capture(lm, list(res.tokens.ids), block, kind)
+        w = R.walkthrough(rec, output, head, res.head(block, head, mixer=kind))
     except AttnvizError as err:
         st.error(f"Cannot recompute block {block}: {err}.")
         return
@@ -67,7 +67,9 @@ def draw(lm: LoadedModel, text: str, chat: bool, block: int, kind: str) -> None:
     st.caption(
         f"**{lm.spec}** · block {block} · {M.kind_name(kind)} · head {head} · {res.n_tokens} tokens"
         + (f" (the first {MAX_TOKENS})" if res.n_tokens >= MAX_TOKENS else "")
-        + f" · recomputed in float64 from the kernel's own inputs; the model ran in "
+        + " · recomputed in float64 from the kernel's own inputs (the model's column: its kernel run again "
+        "on them, equal to the forward's own output at the rows the capture keeps, max |Δ| "
+        f"{w.diffs['kernel re-run vs the forward (its kept rows)']:.0e}); the model ran in "
         f"{str(lm.dtype).removeprefix('torch.')} (its output's scale {scale:.2g})"
     )
     st.code(R.FORMULAS[kind], language=None)

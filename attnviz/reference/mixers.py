@@ -23,6 +23,7 @@ arithmetic here is float64; the model ran in its own dtype (float32 on the CPU).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,8 @@ KINDS = ("gated_delta", "mamba2")  # the two layers this walkthrough explains
 FORMULAS = {  # what a page shows above the numbers (the module docstring's, one per kind)
     "gated_delta": "S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ      (d_k × d_v state)\n"
     "o_t = S_tᵀ q_t\n"
-    "A   = (QKᵀ ⊙ Γ ⊙ tril) (I + L)⁻¹ diag(β)     Γ[t,s] = α_{s+1}⋯α_t,  L[t,s] = β_t Γ[t,s] k_t·k_s (s < t)\n"
+    "A   = (QKᵀ ⊙ Γ ⊙ tril) (I + L)⁻¹ diag(β)\n"
+    "      Γ[t,s] = α_{s+1}⋯α_t,  L[t,s] = β_t Γ[t,s] k_t·k_s (s < t)\n"
     "o_t = Σ_s A[t,s] v_s",
     "mamba2": "h_t = exp(A_h Δ_t) h_{t−1} + Δ_t x_t B_tᵀ      (P × n state)\n"
     "y_t = h_t C_t + D_h x_t\n"
@@ -71,16 +73,24 @@ class MixerWalkthrough:
     diffs: dict[str, float]
 
 
-def capture(lm, ids: list[int], block: int, kind: str) -> CapturedMixer:
-    """The kernel inputs and output of block ``block``'s ``kind`` mixer for ``ids`` (one forward,
-    under the model's lock, with the recorder active only in this thread)."""
+def capture(lm, ids: list[int], block: int, kind: str) -> tuple[CapturedMixer, torch.Tensor]:
+    """(record, full output) of block ``block``'s ``kind`` mixer for ``ids``: one forward under the
+    model's lock with the recorder active only in this thread. The record keeps the kernel's
+    output only at the self-check's rows, so the kernel is run once more on the captured inputs
+    (outside the recorder, the model's own function) for every row; `walkthrough` checks that
+    re-run against the forward's kept rows."""
     mixer_capture.install(lm.model)
     with lm.lock, recording({}) as rec, torch.inference_mode():
         lm.model(input_ids=torch.tensor([list(ids)], device=lm.device), use_cache=False)
     found = [r for r in rec.mixers if r.block == block and r.kind == kind]
-    if len(found) != 1:
+    if len(found) != 1 or not found[0].function:
         raise BadIndex(f"block {block} ran {len(found)} {kind} kernel calls; the walkthrough needs one")
-    return found[0]
+    record = found[0]
+    module = dict(lm.model.named_modules())[record.module_name]
+    kernel = getattr(sys.modules[type(module).__module__], record.function)
+    with lm.lock, torch.inference_mode():
+        out = kernel(**record.inputs)
+    return record, (out[0] if isinstance(out, tuple) else out).detach()
 
 
 def gdn_recurrence(q, k, v, alpha, beta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,12 +140,17 @@ def _max(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max())
 
 
-def walkthrough(rec: CapturedMixer, head: int, engine: np.ndarray | None = None) -> MixerWalkthrough:
-    """Head ``head`` of a captured GDN or SSD block, three ways; ``engine``: the (N, N) matrix
-    `AttentionResult.head(b, h, mixer=kind)` drew, compared with the closed form too."""
+def walkthrough(
+    rec: CapturedMixer, output: torch.Tensor, head: int, engine: np.ndarray | None = None
+) -> MixerWalkthrough:
+    """Head ``head`` of a captured GDN or SSD block, three ways (``rec``, ``output``: from
+    `capture`); ``engine``: the (N, N) matrix `AttentionResult.head(b, h, mixer=kind)` drew,
+    compared with the closed form too."""
     if rec.kind not in KINDS:
         raise BadIndex(f"the walkthrough covers {' and '.join(KINDS)}, not {rec.kind}")
-    model = rec.output[0][:, head].double().cpu()  # (N, d_v) the kernel's own output
+    model = output[0][:, head].double().cpu()  # (N, d_v) the kernel's own output
+    kept = list(rec.output_rows) or list(range(output.shape[1]))
+    rerun = float((output[0][kept] - rec.output[0]).abs().max())  # the re-run is the forward's
     if rec.kind == "gated_delta":
         p = delta.delta_parts(rec.inputs)
         q, k, v = p["q"][:, head], p["k"][:, head], p["v"][:, head]  # (N, d)
@@ -173,6 +188,7 @@ def walkthrough(rec: CapturedMixer, head: int, engine: np.ndarray | None = None)
             Step("A", "effective attention A[t,s] = (C_t·B_s)·exp(A_h Σ_{r=s+1..t} Δ_r)·Δ_s (N, N)", A),
         ]
     diffs = {
+        "kernel re-run vs the forward (its kept rows)": rerun,
         "recurrence vs model": _max(rec_out, model),
         "closed form vs model": _max(closed, model),
         "recurrence vs closed form": _max(rec_out, closed),

@@ -18,9 +18,10 @@ TEXT = "the bank of the river is where the fox jumps over the lazy dog"
 def test_recurrence_closed_form_and_model_agree(model_type, kind, block):
     lm = hybrids_tiny.loaded(model_type)
     res = attnviz.extract(lm, TEXT)
-    rec = R.capture(lm, list(res.tokens.ids), block, kind)
+    rec, output = R.capture(lm, list(res.tokens.ids), block, kind)
     for head in (0, res.mixer_heads(block, kind) - 1):
-        w = R.walkthrough(rec, head, res.head(block, head, mixer=kind))
+        w = R.walkthrough(rec, output, head, res.head(block, head, mixer=kind))
+        assert w.diffs["kernel re-run vs the forward (its kept rows)"] == 0
         scale = abs(w.model_output).max()
         assert scale > 1e-2  # a real output, not zeros
         assert w.diffs["recurrence vs model"] <= 1e-5 * scale
