@@ -299,8 +299,8 @@ kernel runs). The matrices are signed and not probabilities ("effective attentio
   per channel, the contributions must sum to the mixer's output) within 1e-4 of the output's
   scale in float32 (2e-2 in bf16/fp16) before anything is shown; `extract(verify=True)` puts one
   block per kind into `res.checks`; a mismatch raises `MixerCheckFailed` with the figures.
-- **not shown** (refused with the reason): xLSTM's mLSTM (no capture yet); Zamba's Mamba-1, which
-  runs one scan per sub-head in one block.
+- **not shown** (refused with the reason): xLSTM's mLSTM (no capture yet). Zamba's Mamba-1 runs
+  one scan per channel group in one block; the groups are read in order as one per-channel mixer.
 - Falcon-H1 (every block) and Zamba2 (its hybrid blocks) run attention and a Mamba-2 branch in the
   same block: both are listed, and `res.layout.mixer_note(b)` says each map shows one branch.
   zaya and inkling attention also mixes tokens through a short conv on q/k/v, which the softmax

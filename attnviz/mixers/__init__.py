@@ -18,14 +18,19 @@ What views should call (all on an `AttentionResult` from `attnviz.extract`):
   (a `Check`: max |Δ| against the kernel's own output, its scale and dtype). A block whose matrix
   does not reproduce its kernel raises `attnviz.errors.MixerCheckFailed` with the reason; a kind
   not shown yet raises `attnviz.errors.MixerNotShown` naming what is missing.
+- ``res.mixer_pooled(b, kind, head, cells=256)``: one head's pooled view (signed mean and max |A|
+  per block of tokens) without the N×N matrix: what an overview or a long input should draw.
+- ``attnviz.head_view(res, layer=b, mixer=kind)``: the notebook figure (diverging scale at 0).
 - Per-head kinds (``PER_HEAD``): mamba2 (SSD, over the scan's x, Δ_s inside, D·x separate),
-  gated_delta and kimi_delta (over v, β_s inside). Per-channel kinds: mamba (Mamba-1) returns one
-  "head": the norms ‖c_{t,s}‖ of each source token's contribution to the mixer's output through
-  out_proj, gates frozen at their forward values (non-negative, not probabilities either).
+  gated_delta and kimi_delta (over v, β_s inside), lightning (over v). Per-channel kinds (mamba =
+  Mamba-1, short_conv, rwkv, rglru) return one "head": the norms ‖c_{t,s}‖ of each source token's
+  contribution to the mixer's output through its output projection, gates frozen at their forward
+  values (non-negative, not probabilities either). Entropy, sink share and rollout do not apply.
+- Files: `attnviz.export.save_npz` keeps every mixer's kernel inputs; `load_npz` rebuilds them.
 
 Modules: `kinds` (which class is which mixer, the core function names), `ssd`, `delta`,
-`selective` (the fast formulas), `reference` (the token-by-token oracle the tests use),
-`store` (the captured records and the per-block self-check).
+`linear`, `selective`, `conv`, `wkv`, `rglru` (the formulas), `reference` (the token-by-token
+oracle the tests use), `store` (the captured records and the per-block self-check), `pooling`.
 """
 
 from .kinds import MIXER_KINDS, PER_HEAD, SHOWN, MixerKind

@@ -329,3 +329,20 @@ def test_attention_maps_of_blocks_that_mix_tokens_another_way_too_say_so():
     lay = dataclasses.replace(res.layout, model_type="zaya", mixers=(("attention",),))
     assert "short convolution on q/k" in lay.mixer_note(0)
     assert lay.mixer_note(0) and not dataclasses.replace(lay, model_type="llama").mixer_note(0)
+
+
+def test_the_cli_names_the_mixers_and_writes_them(tmp_path, capsys):
+    from attnviz import cli
+    from attnviz.export import load_npz
+
+    folder = tmp_path / "tiny-qwen35"
+    _model("qwen3_5_text").save_pretrained(folder)
+    tf.PreTrainedTokenizerFast(tokenizer_object=archs._tokenizer(), pad_token="<pad>").save_pretrained(folder)
+    assert cli.main(["info", "--model", str(folder)]) == 0
+    assert "token mixers    gated_delta in blocks 0, 2; attention in blocks 1, 3" in capsys.readouterr().out
+    out = tmp_path / "r.npz"
+    text = " ".join(f"t{i}" for i in range(1, 30))
+    assert cli.main(["extract", "--model", str(folder), "--text", text, "--out", str(out), "--verify"]) == 0
+    printed = capsys.readouterr().out
+    assert "token mixers: gated_delta in blocks 0, 2" in printed and "gated_delta block 2 checked" in printed
+    assert load_npz(out).layer(0, mixer="gated_delta").shape[0] == 4
