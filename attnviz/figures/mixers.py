@@ -225,8 +225,8 @@ def parallel_block(
     titles = []
     for kind, _ in branches:
         share = "" if not shares or kind not in shares else f" · {shares[kind]:.0%} of the block's output"
-        titles.append(f"{kind_name(kind)} ({what_it_is(kind)}){share}")
-    fig = make_subplots(1, len(branches), subplot_titles=titles, horizontal_spacing=0.12)
+        titles.append(f"{kind_name(kind)}{share}<br>{what_it_is(kind)}")
+    fig = make_subplots(1, len(branches), subplot_titles=titles, horizontal_spacing=0.22)
     axes = {}
     for i, (kind, z) in enumerate(branches):
         z = np.asarray(z, dtype=np.float32)
@@ -241,7 +241,8 @@ def parallel_block(
             )
         else:
             ax = colour_axis(kind, z)
-        ax["colorbar"] = {**ax["colorbar"], "x": (i + 1) / len(branches) - 0.02, "len": 0.9}
+        right = fig.layout["xaxis" if i == 0 else f"xaxis{i + 1}"].domain[1]  # beside its own plot
+        ax["colorbar"] = {**ax["colorbar"], "x": right + 0.01, "xanchor": "left", "len": 0.9, "thickness": 14}
         axes[name] = ax
     fig.update_xaxes(type="category", tickangle=-60)
     fig.update_yaxes(type="category", autorange="reversed")
