@@ -131,3 +131,21 @@ def test_a_pure_mamba_model_opens_in_the_explorer_and_the_overview(env):
     over = new_app("pages/1_Model_overview.py", model="hybrid:mamba", text=TEXT).run()
     ok(over)
     assert list(over.dataframe[0].value["head"]) == ["all channels", "all channels"]
+
+
+def test_a_block_that_fails_its_check_shows_the_reason_and_no_matrix(env, monkeypatch):
+    from attnviz.errors import MixerCheckFailed
+    from attnviz.mixers.store import MixerStore
+
+    real = MixerStore.check
+
+    def failing(self, block, kind):
+        if block == 0:
+            raise MixerCheckFailed(f"block {block}'s {kind} mixer: its effective attention misses the kernel")
+        return real(self, block, kind)
+
+    monkeypatch.setattr(MixerStore, "check", failing)
+    at = new_app(model=QWEN, text=TEXT).run()
+    assert not at.exception
+    assert any("misses the kernel" in e.value for e in at.error)
+    assert not [s for s in specs(at) if "block 0" in (s["layout"].get("title") or {}).get("text", "")]
