@@ -290,7 +290,8 @@ kernel runs). The matrices are signed and not probabilities ("effective attentio
 - **per head** (one signed matrix per head): mamba2 (SSD: A[t,s] = (C_t.B_s) exp(A_h sum Δ) Δ_s
   over the scan's x, D·x separate), gated_delta (Gated DeltaNet) and kimi_delta (KDA:
   A[t,s] = β_s k_s^T M_(s+1)...M_t q_t over v, by a backward scan or a chunked one), lightning
-  (MiniMax: (q_t.k_s) exp(-λ_h (t-s))).
+  (MiniMax: (q_t.k_s) exp(-λ_h (t-s))). `res.mixer_contributions(b, kind)` gives each head's
+  token-contribution norms through the output projection as well (gates and norm scales frozen).
 - **per channel** (mamba = Mamba-1, short_conv = LFM2's gated short conv, rwkv = RWKV-4 WKV,
   rglru = RG-LRU): exact only per channel; the per-block view is the norm of each source token's
   contribution to the mixer's output through its output projection, gates frozen at their forward
