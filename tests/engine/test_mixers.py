@@ -376,3 +376,10 @@ def test_per_head_contributions_are_the_vectors_that_sum_to_the_mixer_output(mod
             total += rec.out_bias.double()
         want = rec.out_out[0, i].double()
         assert (total - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_the_model_view_of_a_model_without_attention_says_what_to_draw_instead():
+    res = attnviz.extract_ids(_loaded("mamba"), IDS)
+    with pytest.raises(attnviz.errors.BadIndex, match="no softmax attention layers; draw its mixers"):
+        attnviz.model_view(res)
+    assert attnviz.head_view(res, layer=1, mixer="mamba").layout.title.text
