@@ -308,6 +308,7 @@ def extract_ids(
     kernels.synchronize(lm.device)  # CUDA runs asynchronously: time the work, not its queueing
     seconds = time.perf_counter() - t0
     log.info("extract model=%s tokens=%d path=%s seconds=%.3f", lm.spec, len(ids), used, seconds)
+    store = MixerStore(mixer_calls, lm.dtype) if lm.mixer_sites else None
     result = AttentionResult(
         model_name=lm.spec,
         layout=lm.layout,
@@ -320,10 +321,10 @@ def extract_ids(
         _layers=layers,
         _recompute=_eager_mode(lm) if layers else None,
         seconds=seconds,
-        _mixers=MixerStore(mixer_calls, lm.dtype) if lm.mixer_sites else None,
+        _mixers=store,
     )
-    if verify and result._mixers is not None and not (verify == "auto" and len(ids) > AUTO_VERIFY_TOKENS):
-        result = dataclasses.replace(result, checks=_mixer_checks(result._mixers))
+    if verify and store is not None and not (verify == "auto" and len(ids) > AUTO_VERIFY_TOKENS):
+        result = dataclasses.replace(result, checks=_mixer_checks(store))
     if verify == "auto" and (len(ids) > AUTO_VERIFY_TOKENS or used != "fast"):
         verify = False
     picks = pick_layers(result, verify) if lm.layout.n_layers else {}

@@ -285,6 +285,16 @@ class AttentionResult:
             raise BadIndex("this result kept no captured mixers")
         return self._mixers.check(block, mixer)
 
+    def mixer_contributions(
+        self, block: int, mixer: str, *, heads: Sequence[int] | None = None, rows: slice | None = None
+    ) -> np.ndarray:
+        """float32 (heads, query_pos, key_pos): ‖c_{t,s}‖, how much source token s adds to the
+        mixer's output at t through its output projection (per head: its channels), gates and
+        norm scales frozen at their forward values; the value-weighted view of a mixer."""
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers")
+        return self._mixers.contributions(block, mixer, heads, rows).cpu().numpy()
+
     def mixer_records(self) -> tuple[list, str]:
         """(the captured mixer records, the model dtype name) for export; ([], "") without mixers."""
         if self._mixers is None:

@@ -78,7 +78,7 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
             (getattr(module, n) for n in _OUT_PROJ if isinstance(getattr(module, n, None), torch.nn.Linear)),
             None,
         )
-        if out is not None and site.kind not in PER_HEAD:  # per channel: the contribution view
+        if out is not None:  # the token-contribution view through the output projection
             out.register_forward_hook(_projection(site))
         for attr, where, key in MODULE_TAPS.get(site.kind, ()):
             sub = getattr(module, attr, None)
@@ -132,6 +132,8 @@ def _keep_output(record: CapturedMixer, output: torch.Tensor) -> None:
     rows = check_rows(n)
     record.output = output.index_select(axis, torch.tensor(rows, device=output.device))
     record.n_tokens, record.output_rows = n, tuple(rows)
+    if record.kind in PER_HEAD:  # until out_proj runs: its input over this gives the scales
+        record.full_output = output
 
 
 def _record_of(rec, module_name: str) -> CapturedMixer | None:
@@ -191,5 +193,13 @@ def _projection(site: MixerSite):
             last.out_out = output.detach()[:, check_rows(output.shape[1])]
             last.out_weight = module.weight.detach()
             last.out_bias = None if module.bias is None else module.bias.detach()
+            full, last.full_output = last.full_output, None
+            if full is not None:  # per head: everything between the core and out_proj is per
+                # channel once its per-token norm scales and gates are fixed (read from the code
+                # of every per-head mixer): frozen, it is out_proj's input over the core output
+                inner = args[0].detach().float()
+                if full.numel() == inner.numel():
+                    core = full.detach().float().reshape(inner.shape)
+                    last.scale = torch.where(core != 0, inner / core.where(core != 0, 1.0), 0.0)
 
     return hook

@@ -52,6 +52,10 @@ class CapturedMixer:
     inputs: dict  # argument name -> tensor / number, detached
     output: torch.Tensor
     out_out: torch.Tensor | None = None  # (1, rows, hidden): the mixer's output at output_rows
+    # per head: the output path's frozen channel scales, out_proj's input over the core output
+    # (1, N, heads × d): gates and per-token norm scales at their forward values
+    scale: torch.Tensor | None = None
+    full_output: torch.Tensor | None = None  # transient: the whole core output until out_proj runs
     n_tokens: int = 0  # N (0: read it from ``output``, which then has every row)
     output_rows: tuple[int, ...] = ()  # the rows of ``output`` / ``out_out`` kept (`check_rows`)
     out_weight: torch.Tensor | None = None  # the output projection's weight (a reference)
@@ -60,5 +64,5 @@ class CapturedMixer:
     @property
     def nbytes(self) -> int:
         ts = [v for v in self.inputs.values() if isinstance(v, torch.Tensor)]
-        ts += [t for t in (self.output, self.out_out) if t is not None]
+        ts += [t for t in (self.output, self.out_out, self.scale) if t is not None]
         return sum(t.numel() * t.element_size() for t in ts)

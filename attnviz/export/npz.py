@@ -174,7 +174,7 @@ def _mixer_arrays(result: AttentionResult, arrays: dict[str, np.ndarray], *, den
         entry["function"], entry["inputs"] = rec.function, {}
         named = {f"inputs.{k}": v for k, v in rec.inputs.items()}
         named |= {"output": rec.output, "out_out": rec.out_out, "out_weight": rec.out_weight}
-        named |= {"out_bias": rec.out_bias}
+        named |= {"out_bias": rec.out_bias, "scale": rec.scale}
         for name, value in named.items():
             where = entry["inputs"] if name.startswith("inputs.") else entry
             key = name.removeprefix("inputs.")
@@ -208,6 +208,7 @@ def _mixers_from(data: Any, meta: dict, device: torch.device) -> MixerStore | No
             {k: value(v) for k, v in e["inputs"].items()}, value(e["output"]),
         )  # fmt: skip
         rec.n_tokens, rec.output_rows = e.get("n_tokens", 0), tuple(e.get("output_rows", ()))
+        rec.scale = value(e.get("scale"))
         rec.out_out, rec.out_weight, rec.out_bias = (
             value(e.get(k)) for k in ("out_out", "out_weight", "out_bias")
         )

@@ -296,6 +296,11 @@ def model_view(
 
     stack = result.resolve_stack(stack)
     n_layers, n_heads = result.n_layers(stack), result.n_heads
+    if n_layers == 0:
+        raise BadIndex(
+            "this model has no softmax attention layers; draw its mixers one block at a time: "
+            "attnviz.head_view(res, layer=block, mixer=res.layout.mixers[block][0])"
+        )
     side = F.mosaic_side(n_layers, n_heads)
     every = list(range(n_heads))
     tiles, q_lab, k_lab = [], None, None

@@ -150,6 +150,7 @@ def prepare(
     if not supports:
         model = _eager_model(model)
         adapted = adapters.install(model) > 0  # GPT-J, Falcon, BLOOM, ...: a fast path of their own
+        sites = mixer_capture.install(model)  # the rebuilt model's mixers (hooks are per module)
     lm = LoadedModel(
         spec=spec,
         model=model,

@@ -20,6 +20,10 @@ What views should call (all on an `AttentionResult` from `attnviz.extract`):
   not shown yet raises `attnviz.errors.MixerNotShown` naming what is missing.
 - ``res.mixer_pooled(b, kind, head, cells=256)``: one head's pooled view (signed mean and max |A|
   per block of tokens) without the N×N matrix: what an overview or a long input should draw.
+- ``res.mixer_contributions(b, kind, heads=..., rows=...)``: ‖c_{t,s}‖, how much source token s
+  adds to the mixer's output at t through its output projection (per head: its channels), gates
+  and norm scales frozen at their forward values: the value-weighted view of a mixer, the one
+  exact per-head view of the per-channel kinds, and the way to compare two parallel branches.
 - ``attnviz.head_view(res, layer=b, mixer=kind)``: the notebook figure (diverging scale at 0).
 - Per-head kinds (``PER_HEAD``): mamba2 (SSD, over the scan's x, Δ_s inside, D·x separate),
   gated_delta and kimi_delta (over v, β_s inside), lightning (over v). Per-channel kinds (mamba =

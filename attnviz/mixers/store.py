@@ -16,7 +16,7 @@ import torch
 from ..capture.records import CapturedMixer
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
 from . import conv, delta, linear, rglru, selective, ssd, wkv
-from .kinds import CHANNELS_FIRST, MEANING, NOT_YET, SHOWN, check_rows
+from .kinds import CHANNELS_FIRST, MEANING, NOT_YET, PER_HEAD, SHOWN, check_rows
 
 # Allowed max |Δ| relative to the output's scale: the kernels compute in float32 (the model's
 # own rounding dominates, measured 1e-7 of scale); a bf16 / fp16 model rounds its output.
@@ -159,6 +159,46 @@ class MixerStore:
             return selective.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
         return delta.delta_rows(parts, heads, idx)
 
+    def contributions(
+        self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
+    ) -> torch.Tensor:
+        """float32 (heads, rows, N): ‖c_{t,s}‖, the size of source token s's contribution to the
+        mixer's output at t through its output projection (per head: that head's channels),
+        gates and norm scales frozen at their forward values; SSD's D·x_t counts as token t's own.
+        Per-channel kinds: the same as `tensor`."""
+        if kind not in PER_HEAD:
+            return self.tensor(block, kind, heads, rows)
+        rec = self.record(block, kind)
+        if rec.scale is None or rec.out_weight is None:
+            raise MixerNotShown(
+                f"block {block}'s {kind} mixer kept no output path to push contributions through"
+            )
+        n_heads = self.n_heads(block, kind)
+        heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+        matrix = self.tensor(block, kind, heads, rows).double()  # checked, bounded
+        idx = torch.arange(self.n_tokens)[rows or slice(None)]
+        parts = self.parts(block, kind)
+        v = parts["x"] if kind == "mamba2" else parts["v"]  # (N, H, d)
+        d = v.shape[-1]
+        scale = rec.scale[0].double().reshape(self.n_tokens, -1, d)  # (N, H, d)
+        weight = rec.out_weight.double()
+        out = torch.empty_like(matrix)
+        for j, h in enumerate(heads):
+            w_h = weight[:, h * d : (h + 1) * d]
+            gram = w_h.T @ w_h  # ‖W_h (σ ⊙ v)‖² = (σ ⊙ v)ᵀ G (σ ⊙ v)
+            vh = v[:, h].to(gram.device)
+            a = matrix[j]
+            if kind == "mamba2":  # D_h x_t joins token t's own contribution
+                a = a.clone()
+                own = idx.to(a.device)
+                a[torch.arange(len(idx)), own] += parts["D"][h]
+            for r0 in range(0, len(idx), 16):
+                sig = scale[idx[r0 : r0 + 16].to(scale.device), h]  # (r, d)
+                sv = vh[None] * sig[:, None]  # (r, N, d)
+                size = ((sv @ gram) * sv).sum(-1).clamp(min=0).sqrt()
+                out[j, r0 : r0 + 16] = a[r0 : r0 + 16].abs() * size
+        return out.float()
+
     def check(self, block: int, kind: str):
         """The block's self-check (a `attnviz.result.Check`), run once; raises `MixerCheckFailed`."""
         key = (block, kind)
@@ -176,6 +216,7 @@ class MixerStore:
         parts = self.parts(block, kind)
         n = self.n_tokens
         idx = torch.tensor(check_rows(n))
+        extra: tuple[torch.Tensor, torch.Tensor] | None = None  # a second comparison (the mixer output)
         out = rec.output[0].double()
         if rec.output_rows:  # the capture kept only these rows: read them in place
             if list(rec.output_rows) != idx.tolist():
@@ -199,7 +240,7 @@ class MixerStore:
                 sums = torch.stack(
                     [selective.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
                 )
-                got, want = torch.cat([got, sums], 1), torch.cat([want, out_out[idx]], 1)
+                extra = (sums, out_out[idx])
                 against += " and the mixer output (Σ_s contributions + skip + bias)"
         elif kind == "lightning":
             heads = list(range(self.n_heads(block, kind)))
@@ -214,8 +255,7 @@ class MixerStore:
             against = f"the {rec.function} output (per channel)"
             if rec.out_weight is not None and out_out is not None:
                 total = [mod.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
-                got = torch.cat([got, torch.stack(total)], 1)
-                want = torch.cat([want, out_out[idx]], 1)
+                extra = (torch.stack(total), out_out[idx])
                 against += " and the block's mixer output (Σ_s contributions)"
         elif kind == "short_conv":
             got = torch.stack([conv.conv_output(parts, int(t)) for t in idx])
@@ -223,16 +263,24 @@ class MixerStore:
             against = f"the {rec.function} output (per channel)"
             if rec.out_weight is not None and out_out is not None:
                 total = [conv.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
-                got = torch.cat([got, torch.stack(total)], 1)
-                want = torch.cat([want, out_out[idx]], 1)
+                extra = (torch.stack(total), out_out[idx])
                 against += " and the mixer output (Σ_s contributions + bias)"
         else:
             heads = list(range(self.n_heads(block, kind)))
             got = delta.delta_outputs(parts, delta.delta_rows(parts, heads, idx), heads)
             want = out[idx]
             against = f"the {rec.function} output (Σ_s A[t,s]·v_s)"
-        diff = float((got - want).abs().max())
-        scale = float(want.abs().max())
+        if kind in PER_HEAD and rec.scale is not None and rec.out_weight is not None and out_out is not None:
+            sig = rec.scale[0].double()[idx.to(rec.scale.device)]  # (R, inner)
+            summed = (sig * got.reshape(len(idx), -1).to(sig.device)) @ rec.out_weight.double().T
+            if rec.out_bias is not None:
+                summed = summed + rec.out_bias.double()
+            extra = (summed, out_out[idx].to(summed.device))
+            against += " and the mixer output (Σ_s contributions through out_proj)"
+        # each comparison against its own scale (the mixer output may be far larger than the core's)
+        pairs = [(got, want)] + ([extra] if extra is not None else [])
+        figures = [(float((g - w).abs().max()), float(w.abs().max())) for g, w in pairs]
+        diff, scale = max(figures, key=lambda f: f[0] / max(f[1], 1e-6) if f[0] == f[0] else float("inf"))
         rel = RELATIVE_TOLERANCE.get(self.dtype, HALF_RELATIVE_TOLERANCE)
         tol = rel * max(scale, 1e-6)
         if not diff <= tol:  # NaN fails too

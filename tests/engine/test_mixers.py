@@ -346,3 +346,40 @@ def test_the_cli_names_the_mixers_and_writes_them(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "token mixers: gated_delta in blocks 0, 2" in printed and "gated_delta block 2 checked" in printed
     assert load_npz(out).layer(0, mixer="gated_delta").shape[0] == 4
+
+
+@pytest.mark.parametrize("model_type", ["bamba", "qwen3_5_text", "minimax"])
+def test_per_head_contributions_are_the_vectors_that_sum_to_the_mixer_output(model_type):
+    """‖c_{t,s}‖ per head equals the norm of W_out[:, head] (σ_t ⊙ A[t,s] v_s) (+ D x_t at s = t),
+    and those vectors over every head and source (+ bias) are the mixer's output at t."""
+    records = _records(_model(model_type))
+    rec = next(r for r in records if r.scale is not None)
+    store = MixerStore(records, torch.float32)
+    kind, block = rec.kind, rec.block
+    parts = store.parts(block, kind)
+    v = (parts["x"] if kind == "mamba2" else parts["v"]).double()  # (N, H, d)
+    n_heads, d = v.shape[1], v.shape[2]
+    sigma = rec.scale[0].double().reshape(N, n_heads, d)
+    w = rec.out_weight.double()
+    a = store.tensor(block, kind).double()  # (H, N, N)
+    norms = store.contributions(block, kind).double()
+    for i, t in enumerate(rec.output_rows):
+        total = torch.zeros(w.shape[0], dtype=torch.float64)
+        for h in range(n_heads):
+            coef = a[h, t].clone()
+            if kind == "mamba2":
+                coef[t] += parts["D"][h]
+            vec = (coef[:, None] * v[:, h] * sigma[t, h]) @ w[:, h * d : (h + 1) * d].T  # (N, hidden)
+            assert torch.allclose(norms[h, t], vec.norm(dim=-1), rtol=1e-4, atol=1e-7)
+            total += vec.sum(0)
+        if rec.out_bias is not None:
+            total += rec.out_bias.double()
+        want = rec.out_out[0, i].double()
+        assert (total - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_the_model_view_of_a_model_without_attention_says_what_to_draw_instead():
+    res = attnviz.extract_ids(_loaded("mamba"), IDS)
+    with pytest.raises(attnviz.errors.BadIndex, match="no softmax attention layers; draw its mixers"):
+        attnviz.model_view(res)
+    assert attnviz.head_view(res, layer=1, mixer="mamba").layout.title.text
