@@ -25,6 +25,14 @@ from ui import export, models, state
 BLOCK_KEY = "_attnviz_mixer_block"
 HEAD_KEY = "_attnviz_mixer_head"
 QUERY_KEY = "_attnviz_mixer_query"
+BARS_KEY = "_attnviz_mixer_bars"
+WEIGHT = "weight A[t,s] (signed)"
+CONTRIBUTION = "contribution ‖c_{t,s}‖ (through the output projection)"
+BARS_HELP = (
+    "A[t,s] is how much of source token s's value enters token t's output in this head (signed); "
+    "‖c_{t,s}‖ is the size of what s adds to the mixer's output through its output projection, gates "
+    "and norm scales frozen at their forward values (the value-weighted view)."
+)
 MAX_ROWS = 512  # query rows of a mixer head drawn at once (rows are computed on demand)
 HEAD_CELLS = 256  # past MAX_ROWS tokens: bins a side of the big head's pooled view
 GRID_CELLS = 96  # ... and of each head of the grid
@@ -205,8 +213,19 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
         )
     else:
         q = int(st.number_input("Query position", 0, res.n_tokens - 1, res.n_tokens - 1, key=QUERY_KEY))
-    row = res.head(block, h, mixer=kind, rows=slice(q, q + 1))[0]  # one exact row, on demand
-    bars = M.token_contributions(row, labels, kind=kind, query_label=labels[q], title=f"{where} · head {h}")
+    norms = (
+        kind in M.NORM_KINDS
+        or st.radio("Bars show", [WEIGHT, CONTRIBUTION], key=BARS_KEY, horizontal=True, help=BARS_HELP)
+        == CONTRIBUTION
+    )
+    one = slice(q, q + 1)  # one exact row, on demand
+    if norms and kind not in M.NORM_KINDS:
+        row = res.mixer_contributions(block, kind, heads=[h], rows=one)[0, 0]
+    else:
+        row = res.head(block, h, mixer=kind, rows=one)[0]
+    bars = M.token_contributions(
+        row, labels, kind=kind, query_label=labels[q], title=f"{where} · head {h}", norms=norms
+    )
     export.chart(bars, f"attnviz_{ref.name}_B{block}_H{h}_q{q}", key="mixer_bars")
     state.share_box(
         note="The link opens this text and model; pick the block again (blocks are not in the link)."

@@ -174,10 +174,12 @@ def token_contributions(
     query_label: str,
     title: str = "",
     max_keys: int = SINGLE_MAX_KEYS,
+    norms: bool | None = None,
 ) -> go.Figure:
     """One query's row of a mixer head as bars over the source tokens: how much each source token
     adds to that query's output in this head (signed A[t,s] per unit of its value for per-head
-    kinds, red > 0 > blue; ‖c_{t,s}‖ for the per-channel kinds)."""
+    kinds, red > 0 > blue; ``norms``, the default for the per-channel kinds: the row is
+    ‖c_{t,s}‖, the size of what s adds through the output projection)."""
     row = np.asarray(row, dtype=np.float32).reshape(-1)
     if len(row) != len(k_labels):
         raise ValueError(f"{len(k_labels)} key labels for a row of {len(row)}")
@@ -185,7 +187,7 @@ def token_contributions(
     if len(row) > max_keys:
         pooled, _, ce = downsample(row[None], 1, max_keys, "mean")
         row, labels, note = pooled[0], bin_labels(labels, ce), f" (keys mean-pooled to {max_keys})"
-    signed = kind not in NORM_KINDS
+    signed = not (kind in NORM_KINDS if norms is None else norms)
     colour = ["#b2182b" if v > 0 else "#2166ac" for v in row] if signed else "#440154"
     name = "A[t,s] (signed)" if signed else "‖c_{t,s}‖"
     x = [escape(s) for s in labels]
@@ -197,8 +199,8 @@ def token_contributions(
     head = f"{escape(title)}<br>" if title else ""
     fig.update_layout(
         title=_title(
-            f"{head}{kind_name(kind)} · query {escape(query_label)}: each source token's weight · "
-            f"{what_it_is(kind)}{note}"
+            f"{head}{kind_name(kind)} · query {escape(query_label)}: each source token's "
+            f"{'weight' if signed else 'contribution'} · {SIGNED if signed else NORMS}{note}"
         ),
         height=360,
         margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),

@@ -149,3 +149,20 @@ def test_a_block_that_fails_its_check_shows_the_reason_and_no_matrix(env, monkey
     assert not at.exception
     assert any("misses the kernel" in e.value for e in at.error)
     assert not [s for s in specs(at) if "block 0" in (s["layout"].get("title") or {}).get("text", "")]
+
+
+def test_contribution_bars_are_the_value_weighted_norms(env):
+    from apptest import vals
+
+    at = new_app(model=QWEN, text=TEXT).run()
+    at.radio(key="_attnviz_mixer_bars").set_value(
+        "contribution ‖c_{t,s}‖ (through the output projection)"
+    ).run()
+    ok(at)
+    bars = next(s for s in specs(at) if s["data"][0]["type"] == "bar")
+    want = _engine("qwen3_5_text").mixer_contributions(0, "gated_delta", heads=[0])[0, -1]
+    np.testing.assert_allclose(vals(bars["data"][0]["y"]), want, rtol=1e-6, atol=1e-9)
+    assert (
+        "contribution" in bars["layout"]["title"]["text"]
+        and "not probabilities" in bars["layout"]["title"]["text"]
+    )
