@@ -238,7 +238,7 @@ STAT_NAMES = {
     "negative": "negative share of |A|",
     "row_sum": "mean row sum Σ_s A",
 }
-OVERVIEW_ROWS = 1024  # past this many tokens the mixer statistics read the last rows only
+OVERVIEW_ROWS = 256  # past this many tokens the statistics read the last rows (rows × N per head)
 
 
 def overview(ref: models.ResultRef, res: AttentionResult) -> None:
