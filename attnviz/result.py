@@ -105,8 +105,9 @@ class AttentionResult:
 
     @property
     def check(self) -> Check | None:
-        """The self-check's worst stack (largest max |Δ|), or None when it did not run."""
-        return max(self.checks, key=lambda c: c.max_abs_diff) if self.checks else None
+        """The self-check's worst figure (largest max |Δ| for its tolerance: a mixer's Δ is against
+        outputs of any scale, a stack's against probabilities), or None when it did not run."""
+        return max(self.checks, key=lambda c: c.max_abs_diff / (c.tolerance or 1.0)) if self.checks else None
 
     def check_caption(self) -> str:
         """The self-check of every stack in one line ("" when it did not run)."""
