@@ -124,3 +124,30 @@ def test_mixer_statistics_match_their_definitions_on_the_dense_matrix(qwen, monk
     )
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     assert (got[:, 2] > 0).all()  # the delta rule's A really is signed here
+
+
+def test_zamba2_shares_measure_the_shared_attentions_write_through_its_linear():
+    """Zamba2's hybrid block adds the shared attention block's output, through ``linear``, to the
+    stream its Mamba-2 reads: with that linear zeroed the attention branch writes nothing."""
+    import archs
+    import tiny
+    import torch
+    import transformers as tf
+
+    cfg = archs.tiny_config("zamba2")
+    cfg.vocab_size = max(cfg.vocab_size, tiny.VOCAB)
+    torch.manual_seed(0)
+    lm = attnviz.wrap_model(tf.AutoModelForCausalLM.from_config(cfg).eval(), tiny.tokenizer(), spec="zamba2")
+    block = next(b for b, kinds in enumerate(lm.layout.mixers) if len(kinds) == 2)
+    ids = [1, 5, 9, 12, 30, 7]
+    shares = branch_shares(lm, ids, block)
+    assert abs(sum(shares.shares.values()) - 1) < 1e-9 and min(shares.shares.values()) > 0
+    linear = lm.model.model.layers[block].linear
+    with torch.no_grad():
+        saved = linear.weight.clone()
+        linear.weight.zero_()
+    try:
+        assert branch_shares(lm, ids, block).shares["attention"] == 0
+    finally:
+        with torch.no_grad():
+            linear.weight.copy_(saved)
