@@ -112,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--no-stats", action="store_true", help="the extraction table only (no whole-model statistics rows)"
     )
+    bench.add_argument(
+        "--hybrid",
+        type=token_sizes,
+        help="only the hybrid rows (a Qwen3.5-shaped Gated DeltaNet model on the CPU) at these token counts",
+    )
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 
@@ -160,6 +165,8 @@ def _extract(args) -> int:
     sys.stdout.write(
         f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path}; {how})\n"
     )
+    if res.layout.mixer_summary():  # the file holds every mixer too (attnviz.load_npz)
+        sys.stdout.write(f"token mixers: {res.layout.mixer_summary()}\n")
     if res.checks:  # one figure per stack (encoder, decoder, cross)
         sys.stdout.write(res.check_caption() + "\n")
     return 0
@@ -249,6 +256,8 @@ def _info(args) -> int:
         rows.append(("layer types", ", ".join(f"{k} x{lay.layer_types.count(k)}" for k in kinds)))
     if lay.softcap:
         rows.append(("logit soft-cap", str(lay.softcap)))
+    if lay.mixer_summary():  # hybrids and recurrent models (attnviz.mixers)
+        rows.append(("token mixers", lay.mixer_summary()))
     width = max(len(k) for k, _ in rows)
     sys.stdout.write("".join(f"{k:<{width}}  {v}\n" for k, v in rows))
     return 0
@@ -305,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             return _warmup(args)
         if args.command == "app":
             return _app(args)
+        if getattr(args, "hybrid", None):
+            from .bench.hybrid import main as hybrid_bench
+
+            out = [] if args.no_write else ["--out", str(args.out)]
+            return hybrid_bench(["--tokens", str(args.hybrid), "--repeats", str(args.repeats), *out])
         from .bench.extraction import run_bench
 
         return run_bench(args)

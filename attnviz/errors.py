@@ -50,3 +50,11 @@ class NotAllowed(AttnvizError):
 class CannotWrite(AttnvizError):
     """A file or folder could not be written (disk full, read-only, no permission); the message
     names the folder and the space needed."""
+
+
+class MixerNotShown(AttnvizError):
+    """A block's token mixer that attnviz lists but cannot show (yet), with the reason."""
+
+
+class MixerCheckFailed(AttnvizError):
+    """A mixer's effective attention did not reproduce the kernel's own output: nothing is shown."""

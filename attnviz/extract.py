@@ -18,13 +18,15 @@ from .capture import layerwise
 from .capture.generation import captured_generate
 from .capture.hook import IMPLEMENTATION, recording
 from .capture.layerwise import LayerInput
-from .capture.records import CapturedAttention
+from .capture.records import CapturedAttention, CapturedMixer
 from .capture.sites import decoder_start, eager_attentions, forward_inputs
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
 from .exact import kernels
 from .exact.eager import CannotCheck
 from .exact.verify import VerifyArg, pick_layers, self_check
 from .loading import LoadedModel, is_out_of_memory
+from .mixers.kinds import SHOWN
+from .mixers.store import MixerStore
 from .result import PATHS, AttentionResult, PathName
 from .tokens import Tokens
 
@@ -257,6 +259,7 @@ def extract_ids(
             # The same inputs (ids, all-ones masks) for the fast, eager and layer-at-a-time forwards
             inputs: dict = {**forward_inputs(model, ids, dec_ids), **forward_kwargs(lm)}
             captured: dict[str, list[CapturedAttention]] = {}
+            mixer_calls: list[CapturedMixer] = []
             eager: dict[str, list[torch.Tensor]] = {}
             layers: dict[str, list[LayerInput]] = {}
             used, method = path, "eager (all layers)"
@@ -267,7 +270,7 @@ def extract_ids(
                 if calls is None:
                     with recording(lm.module_names, on_call=tell, statistics=statistics) as rec:
                         model(**inputs)
-                    calls, unsupported = rec.calls, rec.unsupported
+                    calls, unsupported, mixer_calls = rec.calls, rec.unsupported, rec.mixers
                 grouped = _group(lm, calls)
                 if grouped is not None and not unsupported:
                     captured, method = grouped, FAST_METHOD
@@ -278,6 +281,10 @@ def extract_ids(
                 layers = _record_layers(lm, inputs)
             elif path == "eager":
                 eager = _run_eager(lm, inputs)
+            if lm.mixer_sites and not mixer_calls:  # generated, eager or layer-at-a-time: one more forward
+                with recording(lm.module_names) as rec:
+                    model(**inputs)
+                mixer_calls = rec.mixers
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
         if not is_out_of_memory(err):
             raise
@@ -301,6 +308,7 @@ def extract_ids(
     kernels.synchronize(lm.device)  # CUDA runs asynchronously: time the work, not its queueing
     seconds = time.perf_counter() - t0
     log.info("extract model=%s tokens=%d path=%s seconds=%.3f", lm.spec, len(ids), used, seconds)
+    store = MixerStore(mixer_calls, lm.dtype) if lm.mixer_sites else None
     result = AttentionResult(
         model_name=lm.spec,
         layout=lm.layout,
@@ -313,10 +321,13 @@ def extract_ids(
         _layers=layers,
         _recompute=_eager_mode(lm) if layers else None,
         seconds=seconds,
+        _mixers=store,
     )
+    if verify and store is not None and not (verify == "auto" and len(ids) > AUTO_VERIFY_TOKENS):
+        result = dataclasses.replace(result, checks=_mixer_checks(store))
     if verify == "auto" and (len(ids) > AUTO_VERIFY_TOKENS or used != "fast"):
         verify = False
-    picks = pick_layers(result, verify)
+    picks = pick_layers(result, verify) if lm.layout.n_layers else {}
     if picks:
         try:
             checks = self_check(lm.model, result, picks)
@@ -325,8 +336,18 @@ def extract_ids(
                 raise
             log.info("%s: no eager attention function to self-check against", lm.spec)
         else:
-            result = dataclasses.replace(result, checks=checks)
+            result = dataclasses.replace(result, checks=checks + result.checks)
     return result
+
+
+def _mixer_checks(store: MixerStore) -> tuple:
+    """The self-check of the middle block of each shown mixer kind (raises on a mismatch)."""
+    out = []
+    for kind in store.kinds():
+        blocks = [b for b in store.blocks(kind) if store.checkable(b, kind)]
+        if kind in SHOWN and blocks:
+            out.append(store.check(blocks[len(blocks) // 2], kind))
+    return tuple(out)
 
 
 @contextlib.contextmanager

@@ -37,6 +37,53 @@ class AttentionLayout:
     # own block index of each attention layer, in order (empty: attention layer i is block i).
     attention_layers: tuple[int, ...] = ()
     n_blocks: int = 0  # all blocks of the (decoder) stack, attention or not (0: same as n_layers)
+    # Each block's token mixers (`attnviz.mixers.MixerKind`), e.g. ("attention",), ("gated_delta",),
+    # ("attention", "mamba2") for a block with two branches (Falcon-H1, Zamba2's hybrid blocks).
+    mixers: tuple[tuple[str, ...], ...] = ()
+
+    def attention_layer_of(self, block: int) -> int:
+        """The attention layer index of the model's block ``block`` (inverse of `model_layer`)."""
+        from .errors import BadIndex
+
+        if not self.attention_layers:
+            return block
+        if block not in self.attention_layers:
+            raise BadIndex(
+                f"block {block} has no softmax attention; attention is in blocks {self.attention_layers}"
+            )
+        return self.attention_layers.index(block)
+
+    def mixer_summary(self) -> str:
+        """Where each token mixer is, e.g. "gated_delta in blocks 0, 1, 2; attention in block 3"
+        ("" when every block is softmax attention)."""
+        where: dict[str, list[int]] = {}
+        for b, kinds in enumerate(self.mixers):
+            for k in kinds:
+                where.setdefault(k, []).append(b)
+        if set(where) <= {"attention"}:
+            return ""
+        parts = [
+            f"{k} in block{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}" for k, bs in where.items()
+        ]
+        both = [b for b, kinds in enumerate(self.mixers) if len(kinds) > 1]
+        if both:
+            parts.append(
+                f"blocks {', '.join(map(str, both))} run {' + '.join(self.mixers[both[0]])} side by side"
+            )
+        return "; ".join(parts)
+
+    def mixer_note(self, block: int) -> str:
+        """What a page must say next to one mixer's map of block ``block`` ("" when nothing)."""
+        kinds = self.mixers[block] if block < len(self.mixers) else ()
+        notes = []
+        if len(kinds) > 1:
+            notes.append(
+                f"block {block} mixes tokens in {len(kinds)} branches ({' + '.join(kinds)}); each map "
+                "shows one branch, not the block's whole token mixing"
+            )
+        if "attention" in kinds and self.model_type in CONV_IN_ATTENTION:
+            notes.append(CONV_IN_ATTENTION[self.model_type])
+        return "; ".join(notes)
 
     def model_layer(self, layer: int) -> int:
         """The model's own block index of attention layer ``layer`` (they differ in hybrids)."""
@@ -67,6 +114,33 @@ class AttentionLayout:
         if stack in ("decoder", "cross"):
             return self.n_decoder_layers
         return self.n_layers
+
+
+# Attention blocks that also mix tokens through a short convolution the softmax map does not show.
+_CONV = (
+    "its attention also mixes neighbouring tokens through a short convolution on {}, "
+    "which this map does not show"
+)
+CONV_IN_ATTENTION = {
+    "zaya": _CONV.format("q/k (and half of v comes from the previous token)"),
+    "inkling": _CONV.format("k and v"),
+    "inkling2": _CONV.format("k and v (and after attention)"),
+}
+
+
+def block_mixers(
+    n_blocks: int, attention_blocks: Sequence[int], mixer_blocks: Sequence[tuple[int, str]]
+) -> tuple[tuple[str, ...], ...]:
+    """Each block's mixers: "attention" first where the block has softmax attention, then the
+    non-softmax mixers found in it (``mixer_blocks``: (block, kind) pairs)."""
+    n = max([n_blocks, *(b + 1 for b in attention_blocks), *(b + 1 for b, _ in mixer_blocks)])
+    out: list[list[str]] = [[] for _ in range(n)]
+    for b in attention_blocks:
+        out[b].append("attention")
+    for b, kind in mixer_blocks:
+        if kind not in out[b]:
+            out[b].append(kind)
+    return tuple(tuple(k) for k in out)
 
 
 # The one rule for grouped-query attention (GQA), in transformers' `repeat_kv` order: KV head g

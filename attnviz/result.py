@@ -16,6 +16,7 @@ from .capture.records import CapturedAttention
 from .errors import BadIndex
 from .exact.probabilities import probs_from_capture
 from .layout import AttentionLayout, Stack
+from .mixers.store import MixerStore, meaning
 from .tokens import Tokens
 
 # How a result was asked for: "fast" (captured Q/K/V, probabilities on demand) or "eager"
@@ -38,11 +39,18 @@ class Check:
     dtype: str  # e.g. "float32"
     tolerance: float
     against: str = "transformers' eager attention on the same layer input"
+    mixer: str = "attention"  # a non-softmax mixer's check: ``layer`` is then the model's block
+    scale: float | None = None  # max |output| a mixer's check compared against (its Δ is absolute)
 
     def caption(self) -> str:
         """e.g. "checked against eager: max |Δ| 3e-08, float32 (self layer 1)"."""
         if self.against == "eager itself":
             return f"eager's own probabilities (one layer at a time), {self.dtype}"
+        if self.mixer != "attention":
+            return (
+                f"{self.mixer} block {self.layer} checked against {self.against}: max |Δ| "
+                f"{self.max_abs_diff:.0e} at output scale {self.scale or 0:.0e}, {self.dtype}"
+            )
         where = f"{self.stack} layer {self.layer}"
         return f"checked against eager: max |Δ| {self.max_abs_diff:.0e}, {self.dtype} ({where})"
 
@@ -53,6 +61,10 @@ def checks_caption(checks: Sequence[Check]) -> str:
     2e-08 (cross layer 1)"; "" when none ran."""
     if not checks:
         return ""
+    mixers = [c for c in checks if c.mixer != "attention"]
+    if mixers:
+        rest = checks_caption([c for c in checks if c.mixer == "attention"])
+        return "; ".join([*([rest] if rest else []), *(c.caption() for c in mixers)])
     if len(checks) == 1 or all(c.against == "eager itself" for c in checks):
         return checks[0].caption()
     dtypes = ", ".join(dict.fromkeys(c.dtype for c in checks))
@@ -85,13 +97,17 @@ class AttentionResult:
     method: str = ""
     _layers: dict[str, list[LayerInput]] = field(default_factory=dict, repr=False)
     _recompute: Callable[[], AbstractContextManager] | None = field(default=None, repr=False)
-    # The self-check against eager, one layer of every stack, when `extract(verify=...)` ran it.
+    # The self-check against eager, one layer of every stack, when `extract(verify=...)` ran it;
+    # and one block of each non-softmax mixer kind (`Check.mixer`).
     checks: tuple[Check, ...] = ()
+    # Non-softmax token mixers (Mamba-2, gated delta, ...): their captured kernel inputs.
+    _mixers: MixerStore | None = field(default=None, repr=False)
 
     @property
     def check(self) -> Check | None:
-        """The self-check's worst stack (largest max |Δ|), or None when it did not run."""
-        return max(self.checks, key=lambda c: c.max_abs_diff) if self.checks else None
+        """The self-check's worst figure (largest max |Δ| for its tolerance: a mixer's Δ is against
+        outputs of any scale, a stack's against probabilities), or None when it did not run."""
+        return max(self.checks, key=lambda c: c.max_abs_diff / (c.tolerance or 1.0)) if self.checks else None
 
     def check_caption(self) -> str:
         """The self-check of every stack in one line ("" when it did not run)."""
@@ -196,15 +212,111 @@ class AttentionResult:
             self.layout.model_type in SINK_MODELS
         )
 
-    def layer(self, layer: int, *, stack: Stack | None = None, rows: slice | None = None) -> np.ndarray:
-        """float32 (heads, query_pos, key_pos) for one layer."""
-        return self.layer_tensor(layer, stack=stack, rows=rows).cpu().numpy()
+    def layer(
+        self, layer: int, *, stack: Stack | None = None, rows: slice | None = None, mixer: str | None = None
+    ) -> np.ndarray:
+        """float32 (heads, query_pos, key_pos) for one layer.
+
+        ``mixer`` (a `attnviz.mixers.MixerKind`) reads ``layer`` as the model's own block index and
+        returns that block's mixer: "attention" its softmax probabilities, another kind its exact
+        effective attention (signed, not probabilities; see `mixer_meaning`). Without ``mixer``,
+        ``layer`` is the i-th attention layer as always; a model with no attention at all (Mamba)
+        then shows block ``layer``'s first mixer.
+        """
+        return self.mixer_tensor(layer, stack=stack, rows=rows, mixer=mixer).cpu().numpy()
 
     def head(
-        self, layer: int, head: int, *, stack: Stack | None = None, rows: slice | None = None
+        self,
+        layer: int,
+        head: int,
+        *,
+        stack: Stack | None = None,
+        rows: slice | None = None,
+        mixer: str | None = None,
     ) -> np.ndarray:
-        """float32 (query_pos, key_pos) for one head."""
-        return self.layer_tensor(layer, heads=[head], stack=stack, rows=rows)[0].cpu().numpy()
+        """float32 (query_pos, key_pos) for one head (``mixer``: as in `layer`)."""
+        return self.mixer_tensor(layer, heads=[head], stack=stack, rows=rows, mixer=mixer)[0].cpu().numpy()
+
+    def mixer_tensor(
+        self,
+        layer: int,
+        *,
+        heads: Sequence[int] | None = None,
+        rows: slice | None = None,
+        stack: Stack | None = None,
+        mixer: str | None = None,
+    ) -> torch.Tensor:
+        """`layer_tensor` with the ``mixer`` choice of `layer` (float32, on the CPU for mixers)."""
+        if mixer is None and self.layout.n_layers == 0 and self.layout.mixers:
+            mixer = self.mixers(layer)[0]
+        if mixer is None:
+            return self.layer_tensor(layer, heads=heads, stack=stack, rows=rows)
+        if mixer == "attention":
+            return self.layer_tensor(
+                self.layout.attention_layer_of(layer), heads=heads, stack=stack, rows=rows
+            )
+        if mixer not in self.mixers(layer):
+            raise BadIndex(
+                f"block {layer} has no {mixer} mixer; it has {', '.join(self.mixers(layer)) or 'none'}"
+            )
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers (a result from an older extract)")
+        return self._mixers.tensor(layer, mixer, heads, rows)
+
+    def mixers(self, block: int) -> tuple[str, ...]:
+        """Block ``block``'s token mixers, e.g. ("attention",), ("gated_delta",), ("attention", "mamba2")."""
+        mixers = self.layout.mixers
+        if not 0 <= int(block) < len(mixers):
+            raise BadIndex(f"block {block} is out of range: this model has blocks 0..{len(mixers) - 1}")
+        return mixers[block]
+
+    def mixer_heads(self, block: int, mixer: str) -> int:
+        """How many heads ``layer(block, mixer=...)`` returns (1 for a per-channel mixer's
+        contribution view)."""
+        if mixer == "attention":
+            return self.layout.n_heads
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers")
+        return self._mixers.n_heads(block, mixer)
+
+    def mixer_check(self, block: int, mixer: str) -> Check:
+        """Block ``block``'s self-check for a non-softmax mixer (runs it if it has not run;
+        raises `MixerCheckFailed` with the reason when the matrix does not reproduce the kernel)."""
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers")
+        return self._mixers.check(block, mixer)
+
+    def mixer_contributions(
+        self, block: int, mixer: str, *, heads: Sequence[int] | None = None, rows: slice | None = None
+    ) -> np.ndarray:
+        """float32 (heads, query_pos, key_pos): ‖c_{t,s}‖, how much source token s adds to the
+        mixer's output at t through its output projection (per head: its channels), gates and
+        norm scales frozen at their forward values; the value-weighted view of a mixer."""
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers")
+        return self._mixers.contributions(block, mixer, heads, rows).cpu().numpy()
+
+    def mixer_records(self) -> tuple[list, str]:
+        """(the captured mixer records, the model dtype name) for export; ([], "") without mixers."""
+        if self._mixers is None:
+            return [], ""
+        return self._mixers.records(), str(self._mixers.dtype).removeprefix("torch.")
+
+    def mixer_pooled(self, block: int, mixer: str, head: int, cells: int = 256):
+        """One mixer head's pooled view (`attnviz.mixers.pooling.MixerPooled`: signed mean and
+        max |A| per block of tokens), computed without the N×N matrix."""
+        from .mixers.pooling import mixer_pooled
+
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers")
+        if not 0 <= int(head) < self._mixers.n_heads(block, mixer):
+            raise BadIndex(f"head {head} is out of range for block {block}'s {mixer} mixer")
+        return mixer_pooled(self._mixers, block, mixer, int(head), cells)
+
+    @staticmethod
+    def mixer_meaning(mixer: str) -> str:
+        """What ``layer(b, mixer=...)`` returns, in words, for a label."""
+        return meaning(mixer)
 
     def iter_layers(self, stack: Stack | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """(layer, probabilities tensor) one layer at a time, never the whole stack at once."""
@@ -254,6 +366,8 @@ class AttentionResult:
                         total += t.numel() * t.element_size()
         for tensors in self._eager.values():
             total += sum(t.numel() * t.element_size() for t in tensors)
+        if self._mixers is not None:
+            total += self._mixers.nbytes
         for inputs in self._layers.values():  # a mask shared by every layer counts once
             for i in inputs:
                 for t in i.tensors():

@@ -13,7 +13,7 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import head_view, layer_controls, layer_grid, longview, models, shell, state, token_views
+from ui import head_view, layer_controls, layer_grid, longview, mixers, models, shell, state, token_views
 from ui.params import ExplorerParams
 from ui.text import md
 
@@ -94,6 +94,10 @@ def main() -> None:
     """The model and the result stay locals of this run; the fragment gets the ref."""
     _, res, ref = shell.load_and_extract(frame)
     summary(res)
+    block = mixers.block_picker(res) if mixers.applies(res.layout) else None  # hybrids: every block
+    if block is not None:
+        mixers.draw(ref, res, block)
+        return
     layer_view(ref)
 
 

@@ -9,7 +9,7 @@ from attnviz import AttentionResult, LoadedModel
 from attnviz import figures as F
 from attnviz.layout import Stack
 from attnviz.metrics import HeadMetrics
-from ui import attention, export, flow, longview, models, progress, shell, state, views
+from ui import attention, export, flow, longview, mixers, models, progress, shell, state, views
 from ui.params import SCALE_CHOICES, ExplorerParams, OverviewParams
 from ui.text import guarded, md
 
@@ -30,6 +30,10 @@ def main() -> None:
     # explorer left in the cache is reused: the statistics then take one second pass)
     lm, res, ref = shell.load_and_extract(frame, statistics=True)
     st.caption(f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)} · {res.n_tokens} tokens")
+    if mixers.applies(res.layout):  # a hybrid: every block, with the statistics that apply to it
+        mixers.overview(ref, res)
+        if not res.layout.n_layers:
+            shell.stop()
 
     c1, c2, _ = st.columns([2, 2, 3])
     with c1:

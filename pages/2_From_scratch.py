@@ -11,7 +11,7 @@ from attnviz.analysis import token_views as TV
 from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
 from attnviz.reference.walkthrough import Walkthrough
-from ui import attention, export, models, rotary, shell, sidebar, state, steps
+from ui import attention, export, models, rotary, scratch_mixers, shell, sidebar, state, steps
 from ui.params import CHANGES, SCRATCH_MODES, ScratchParams
 from ui.text import guarded, md
 
@@ -127,6 +127,10 @@ def real_layer() -> None:
     lm = shell.load(p.model, frame.token)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
     lay = lm.layout
+    mixer = scratch_mixers.picker(lm)  # hybrids: a Gated DeltaNet or Mamba-2 block by hand instead
+    if mixer is not None:
+        scratch_mixers.draw(lm, p.text, chat, *mixer)
+        return
     if lay.kind == "encoder-decoder":
         st.error(
             f"{md(p.model)} is an encoder-decoder model; the walkthrough covers decoder and encoder "

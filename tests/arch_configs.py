@@ -80,7 +80,7 @@ EXTRA: dict[str, dict] = {
     "zamba": {"num_hidden_layers": 6, "attn_layer_period": 3, "attn_layer_offset": 1},
     "zamba2": {**_HYBRID4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
-    "mamba2": {"head_dim": 16},
+    "mamba2": {"head_dim": 16, "n_groups": 1},  # groups must divide the 4 heads
     "bamba": {**_HYBRID4, "mamba_n_heads": 4, "attn_layer_indices": [1, 3]},
     "falcon_h1": {"mamba_n_heads": 4, "mamba_d_ssm": 64},
     "granitemoehybrid": {
@@ -275,9 +275,69 @@ its decoder from the token the model's own `generate` starts from.
 - **not covered**: no tiny model could be built here from the config class with small sizes (the
   error); not a statement about the model.
 
-Hybrids list the blocks that have attention; the other blocks are recurrent / state-space and have
-no attention map. Regenerate with `python tests/archs.py --write` (tests/engine/test_architectures.py
-fails when this table and the code disagree).
+Hybrids list the blocks that have softmax attention, then each non-softmax token mixer, where it
+is and how attnviz shows it (next section). Regenerate with `python tests/archs.py --write`
+(tests/engine/test_architectures.py fails when this table and the code disagree).
+
+## Token mixers other than softmax (attnviz.mixers)
+
+`res.layout.mixers[b]` lists block b's token mixers; `res.layer(b, mixer=kind)` returns that
+mixer's exact matrix, float32, rows on demand. Every one of these mixers is linear in its values
+once its gates are fixed, so y_t = sum over s of A[t,s] v_s (+ a skip term) with A built from what
+the mixer's core function received (captured by wrapping that function's global name, whichever
+kernel runs). The matrices are signed and not probabilities ("effective attention").
+
+- **per head** (one signed matrix per head): mamba2 (SSD: A[t,s] = (C_t.B_s) exp(A_h sum Δ) Δ_s
+  over the scan's x, D·x separate), gated_delta (Gated DeltaNet) and kimi_delta (KDA:
+  A[t,s] = β_s k_s^T M_(s+1)...M_t q_t over v, by a backward scan or a chunked one), lightning
+  (MiniMax: (q_t.k_s) exp(-λ_h (t-s))). `res.mixer_contributions(b, kind)` gives each head's
+  token-contribution norms through the output projection as well (gates and norm scales frozen).
+- **per channel** (mamba = Mamba-1, short_conv = LFM2's gated short conv, rwkv = RWKV-4 WKV,
+  rglru = RG-LRU): exact only per channel; the per-block view is the norm of each source token's
+  contribution to the mixer's output through its output projection, gates frozen at their forward
+  values (one "head").
+- **self-check at run time**: each block's matrix must reproduce the kernel's own output (and,
+  per channel, the contributions must sum to the mixer's output) within 1e-4 of the output's
+  scale in float32 (2e-2 in bf16/fp16) before anything is shown; `extract(verify=True)` puts one
+  block per kind into `res.checks`; a mismatch raises `MixerCheckFailed` with the figures.
+- **not shown** (refused with the reason): xLSTM's mLSTM (no capture yet). Zamba's Mamba-1 runs
+  one scan per channel group in one block; the groups are read in order as one per-channel mixer.
+- Falcon-H1 (every block) and Zamba2 (its hybrid blocks) run attention and a Mamba-2 branch in the
+  same block: both are listed, and `res.layout.mixer_note(b)` says each map shows one branch.
+  zaya and inkling attention also mixes tokens through a short conv on q/k/v, which the softmax
+  map does not show (`mixer_note`).
+
+Exactness measured 2026-11-26 on tiny random models of each family (tests/engine/test_mixers.py
+shapes, initializer_range 0.2, N = 150 tokens, past every kernel chunk; fp32 CPU). Each block's
+check compares the rebuilt core output with the kernel's and the summed token contributions with
+the mixer's output, each against its own scale; the worst comparison of the worst block:
+
+| architecture | mixer | blocks | max abs Δ | scale | relative |
+|---|---|---|---|---|---|
+| bamba | mamba2 | 2 | 1.4e-06 | 3.7 | 4e-07 |
+| mamba2 | mamba2 | 2 | 3.6e-07 | 2.3 | 2e-07 |
+| falcon_h1 | mamba2 | 2 | 1.7e-07 | 0.85 | 2e-07 |
+| nemotron_h | mamba2 | 1 | 1.4e-07 | 1.0 | 1e-07 |
+| granitemoehybrid | mamba2 | 2 | 3.6e-06 | 5.1 | 7e-07 |
+| zamba2 | mamba2 | 4 | 1.7e-06 | 5.1 | 3e-07 |
+| qwen3_5_text | gated_delta | 2 | 1.5e-06 | 3.9 | 4e-07 |
+| qwen3_next | gated_delta | 2 | 2.2e-06 | 3.3 | 7e-07 |
+| olmo_hybrid | gated_delta | 1 | 1.4e-06 | 2.2 | 7e-07 |
+| kimi_linear | kimi_delta | 2 | 8.3e-07 | 1.6 | 5e-07 |
+| bailing_hybrid | kimi_delta | 2 | 7.0e-07 | 1.6 | 4e-07 |
+| minimax | lightning | 1 | 3.7e-07 | 1.7 | 2e-07 |
+| mamba | mamba (per channel) | 2 | 6.3e-08 | 0.29 | 2e-07 |
+| falcon_mamba | mamba (per channel) | 2 | 6.6e-08 | 0.24 | 3e-07 |
+| jamba | mamba (per channel) | 2 | 3.7e-07 | 1.3 | 3e-07 |
+| zamba | mamba (per channel, 2 groups) | 6 | 1.7e-11 | 4.7e-05 | 4e-07 |
+| lfm2_moe | short_conv (per channel) | 2 | 2.3e-07 | 0.96 | 2e-07 |
+| rwkv | rwkv (per channel) | 2 | 3.2e-07 | 1.0 | 3e-07 |
+| recurrent_gemma | rglru (per channel) | 2 | 8.6e-09 | 0.041 | 2e-07 |
+
+The matrices themselves agree with the token-by-token textbook recurrences
+(`attnviz.mixers.reference`) to 1e-12 in float64.
+
+## All architectures
 
 | architecture | attnviz | notes |
 |---|---|---|

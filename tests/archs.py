@@ -174,6 +174,8 @@ def check(model_type: str, kind: str | None = None) -> Row:
         return Row(model_type, "refused", str(err))
     except Exception as err:  # noqa: BLE001 - an internal failure is a failed row
         return Row(model_type, "error", f"{type(err).__name__}: {str(err)[:200]}")
+    if lm.layout.n_layers == 0:  # no softmax attention (Mamba, RWKV, xLSTM): its mixers only
+        return Row(model_type, res.method, "no softmax attention; " + _mixer_detail(lm, res), 0.0)
     inputs: dict = {"input_ids": torch.tensor([ids])}
     if lm.layout.kind == "encoder-decoder":
         dec = res.decoder_tokens.ids if res.decoder_tokens is not None else ids
@@ -221,11 +223,41 @@ def check(model_type: str, kind: str | None = None) -> Row:
         detail = (
             f"attention in blocks {', '.join(map(str, lm.layout.attention_layers))} of {lm.layout.n_blocks}"
         )
+    detail = "; ".join(d for d in (detail, _mixer_detail(lm, res)) if d)
     status = res.method
     if status != "fast exact" and lm.probe is not None and lm.probe.why_not_fast:
         detail = "; ".join(d for d in (detail, f"not fast: {lm.probe.why_not_fast}") if d)
     detail = "; ".join(d for d in (detail, NOTES.get(model_type, "")) if d)
     return Row(model_type, status if worst <= 1e-4 else "WRONG", detail, worst)
+
+
+def _mixer_detail(lm, res) -> str:
+    """The non-softmax mixers per kind: where they are and whether attnviz shows them (their
+    self-check passed) or why not; blocks with two branches."""
+    from attnviz.errors import AttnvizError
+    from attnviz.mixers import PER_HEAD
+
+    where: dict[str, list[int]] = {}
+    for b, kinds in enumerate(lm.layout.mixers):
+        for k in kinds:
+            if k != "attention":
+                where.setdefault(k, []).append(b)
+    parts = []
+    for kind, blocks in where.items():
+        at = f"{kind} in blocks {', '.join(map(str, blocks))}"
+        try:
+            res.mixer_check(blocks[-1], kind)
+        except AttnvizError as err:
+            parts.append(f"{at}: not shown ({str(err).split(' mixer ', 1)[-1]})")
+        else:
+            per = "per head" if kind in PER_HEAD else "per channel, contribution view"
+            parts.append(f"{at} (exact {per}, self-checked)")
+    both = [b for b, kinds in enumerate(lm.layout.mixers) if len(kinds) > 1]
+    if both:
+        parts.append(
+            f"blocks {', '.join(map(str, both))} run {' + '.join(lm.layout.mixers[both[0]])} side by side"
+        )
+    return "; ".join(parts)
 
 
 def _slices_differ(res, stack: str, layer: int, full) -> str:

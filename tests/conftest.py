@@ -34,7 +34,8 @@ for _name in ("execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    """Tiny model folders on disk: safetensors, pickle-only, Mamba, custom code."""
+    """Tiny model folders on disk: safetensors, pickle-only, xLSTM (no attention, nothing attnviz
+    shows; kept under the key "mamba", which attnviz shows since issue 30), custom code."""
     root = tmp_path_factory.mktemp("models")
     cfg = tiny.configs()["llama-gqa"]
     model = tf.LlamaForCausalLM(cfg)
@@ -42,10 +43,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     model.config.save_pretrained(pickle_dir)
     torch.save(model.state_dict(), pickle_dir / "pytorch_model.bin")
     tiny.tokenizer().save_pretrained(pickle_dir)
-    mamba = tf.MambaForCausalLM(
-        tf.MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, state_size=4)
-    )
-    mamba.save_pretrained(root / "mamba")
+    tf.xLSTMConfig(vocab_size=64, hidden_size=16, num_blocks=2, num_heads=2).save_pretrained(root / "mamba")
     for name, model_type in (("remote", "attnviz_custom"), ("remote-llama", "llama")):
         d = root / name
         if model_type == "llama":

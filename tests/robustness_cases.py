@@ -142,7 +142,7 @@ CASES: tuple[Case, ...] = (
     Case(
         "hub-gated-token-echo", "gated id, the server echoes the bad token", "GatedModel", r"is gated", (E,)
     ),
-    Case("no-attention", "a Mamba model folder", "ModelHasNoAttention", r"no softmax attention", (E, A)),
+    Case("no-attention", "an xLSTM model folder", "ModelHasNoAttention", r"no softmax attention", (E, A)),
     Case(
         "pickle-refused",
         "a folder with only pytorch_model.bin",

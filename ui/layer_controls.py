@@ -12,7 +12,7 @@ from streamlit.delta_generator import DeltaGenerator
 from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, longview, models, state, views
+from ui import attention, longview, mixers, models, state, views
 from ui.attention import Drawing
 
 STACK_NAMES = {
@@ -39,7 +39,9 @@ def draw(res: AttentionResult) -> DeltaGenerator:
     state.clamp("layer", 0, n_layers - 1, "layer")
     c1, c2, c3 = st.columns([4, 3, 3])
     with c1:
-        if n_layers > 1:
+        if mixers.applies(res.layout):  # the block picker above chose the layer
+            st.caption(f"Softmax attention layer {state.get('layer')} (of 0–{n_layers - 1})")
+        elif n_layers > 1:
             st.slider("Layer", 0, n_layers - 1, key="layer")
         else:
             st.number_input("Layer", 0, 0, key="layer")

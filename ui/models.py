@@ -233,6 +233,8 @@ def describe_layout(lay: AttentionLayout) -> str:
             f" · attention in blocks {blocks} of {lay.n_blocks}; the other blocks are recurrent / "
             "state-space, with no attention map"
         )
+        if lay.mixer_summary():  # mixers shown: each block's own (the explorer's block picker)
+            text = text.removesuffix(", with no attention map") + f" ({lay.mixer_summary()})"
     return text + f" · d_model {lay.d_model}, head_dim {lay.head_dim}"
 
 

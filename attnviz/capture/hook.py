@@ -22,7 +22,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..exact.probabilities import attention_scores
 from ..layout import repeat_kv
-from .records import CapturedAttention
+from .records import CapturedAttention, CapturedMixer
 from .statistics import forward_with_stats, fusable
 
 IMPLEMENTATION = "attnviz"
@@ -61,6 +61,10 @@ class Recorder:
     # Take each layer's log-sum-exp and feature expectations from its forward where the CPU flash
     # kernel runs it (attnviz.capture.statistics): `head_metrics` then needs no second pass there.
     statistics: bool = False
+    # Non-softmax token mixers (attnviz.capture.mixers): what each core function got, in call order,
+    # and the mixer modules this forward is inside (innermost last).
+    mixers: list[CapturedMixer] = field(default_factory=list)
+    mixer_stack: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, name, block)
 
     def record(
         self, module, query, key, mask, scaling, is_causal, softcap, position_bias, value=None, sinks=None

@@ -32,3 +32,37 @@ class CapturedAttention:
             for t in (self.query, self.key, self.mask, self.position_bias, self.value, self.sinks)
             if t is not None
         )
+
+
+@dataclass
+class CapturedMixer:
+    """What one non-softmax token mixer's core function received and returned (`attnviz.mixers`).
+
+    ``inputs`` are the core function's arguments by name, as the kernel got them (e.g. for
+    ``mamba2_chunk_scan``: hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, dt_limit);
+    ``output`` its output; for a per-channel mixer, ``out_out`` what its output projection
+    returned and that projection's weight and bias (the token-contribution view and its check).
+    Never an N×N matrix.
+    """
+
+    kind: str  # attnviz.mixers.MixerKind
+    module_name: str  # the mixer module (model.layers.3.linear_attn)
+    block: int  # the model's own block index
+    function: str  # the core function's global name
+    inputs: dict  # argument name -> tensor / number, detached
+    output: torch.Tensor
+    out_out: torch.Tensor | None = None  # (1, rows, hidden): the mixer's output at output_rows
+    # per head: the output path's frozen channel scales, out_proj's input over the core output
+    # (1, N, heads × d): gates and per-token norm scales at their forward values
+    scale: torch.Tensor | None = None
+    full_output: torch.Tensor | None = None  # transient: the whole core output until out_proj runs
+    n_tokens: int = 0  # N (0: read it from ``output``, which then has every row)
+    output_rows: tuple[int, ...] = ()  # the rows of ``output`` / ``out_out`` kept (`check_rows`)
+    out_weight: torch.Tensor | None = None  # the output projection's weight (a reference)
+    out_bias: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        ts = [v for v in self.inputs.values() if isinstance(v, torch.Tensor)]
+        ts += [t for t in (self.output, self.out_out, self.scale) if t is not None]
+        return sum(t.numel() * t.element_size() for t in ts)

@@ -22,6 +22,7 @@ and ``meta`` (JSON: model, path, method, layout, every token field, the captured
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -31,10 +32,11 @@ import numpy as np
 import torch
 
 from .._version import __version__
-from ..capture.records import CapturedAttention
+from ..capture.records import CapturedAttention, CapturedMixer
 from ..errors import AttnvizError
 from ..layout import AttentionLayout
 from ..loading.files import atomic_write
+from ..mixers.store import MixerStore
 from ..result import AttentionResult
 from ..tokens import Tokens
 
@@ -107,6 +109,7 @@ def save_npz(result: AttentionResult, file: FileLike, *, format: str = "auto") -
             arrays["attentions"] = result.all_layers()
     else:
         meta["calls"] = _capture_arrays(result, arrays)
+    meta["mixers"] = _mixer_arrays(result, arrays, dense=fmt == "dense")
     arrays["format"] = np.array(fmt)
     arrays["meta"] = np.array(json.dumps(meta))
     save = np.savez_compressed if fmt == "dense" else np.savez
@@ -155,6 +158,62 @@ def _capture_arrays(result: AttentionResult, arrays: dict[str, np.ndarray]) -> d
                     entry[f.name] = value
             calls[stack].append(entry)
     return calls
+
+
+def _mixer_arrays(result: AttentionResult, arrays: dict[str, np.ndarray], *, dense: bool) -> dict:
+    """The non-softmax mixers: each record's tensors (``mixer.<i>.<name>``) and scalars, so that
+    `load_npz` rebuilds them and recomputes (and re-checks) every matrix; a dense file also holds
+    each shown block's matrices as ``mixer_<block>_<kind>`` (heads, N, N) float32 for numpy."""
+    from ..errors import MixerCheckFailed, MixerNotShown
+
+    records, dtype = result.mixer_records()
+    entries = []
+    for i, rec in enumerate(records):
+        entry: dict[str, Any] = {"kind": rec.kind, "module_name": rec.module_name, "block": rec.block}
+        entry["n_tokens"], entry["output_rows"] = rec.n_tokens, list(rec.output_rows)
+        entry["function"], entry["inputs"] = rec.function, {}
+        named = {f"inputs.{k}": v for k, v in rec.inputs.items()}
+        named |= {"output": rec.output, "out_out": rec.out_out, "out_weight": rec.out_weight}
+        named |= {"out_bias": rec.out_bias, "scale": rec.scale}
+        for name, value in named.items():
+            where = entry["inputs"] if name.startswith("inputs.") else entry
+            key = name.removeprefix("inputs.")
+            if isinstance(value, torch.Tensor):
+                arrays[f"mixer.{i}.{name}"] = _to_numpy(value)
+                ref = {"array": f"mixer.{i}.{name}", "dtype": str(value.dtype).removeprefix("torch.")}
+                where[key] = {**ref, "shape": list(value.shape)}
+            elif value is None or isinstance(value, bool | int | float | str | tuple):
+                where[key] = value
+        entries.append(entry)
+        if dense:
+            # a block the live result refuses is left out; loading says why again
+            with contextlib.suppress(MixerNotShown, MixerCheckFailed):
+                arrays[f"mixer_{rec.block}_{rec.kind}"] = result.layer(rec.block, mixer=rec.kind)
+    return {"dtype": dtype, "records": entries}
+
+
+def _mixers_from(data: Any, meta: dict, device: torch.device) -> MixerStore | None:
+    saved = meta.get("mixers") or {}
+    if not saved.get("records"):
+        return None
+    cache: dict[str, torch.Tensor] = {}
+
+    def value(v: Any) -> Any:
+        return _tensor(data, v, device, cache) if isinstance(v, dict) else _tuples(v)
+
+    records = []
+    for e in saved["records"]:
+        rec = CapturedMixer(
+            e["kind"], e["module_name"], e["block"], e["function"],
+            {k: value(v) for k, v in e["inputs"].items()}, value(e["output"]),
+        )  # fmt: skip
+        rec.n_tokens, rec.output_rows = e.get("n_tokens", 0), tuple(e.get("output_rows", ()))
+        rec.scale = value(e.get("scale"))
+        rec.out_out, rec.out_weight, rec.out_bias = (
+            value(e.get(k)) for k in ("out_out", "out_weight", "out_bias")
+        )
+        records.append(rec)
+    return MixerStore(records, getattr(torch, saved["dtype"]))
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -212,7 +271,7 @@ def load_npz(file: FileLike, *, device: str | torch.device = "cpu") -> Attention
             for stack in layout.stacks:
                 stored = data["attentions" if layout.kind != "encoder-decoder" else f"{stack}_attentions"]
                 eager[stack] = [torch.from_numpy(stored[i]).to(dev) for i in range(stored.shape[0])]
-            return AttentionResult(**common, _eager=eager)
+            return AttentionResult(**common, _eager=eager, _mixers=_mixers_from(data, meta, dev))
         cache: dict[str, torch.Tensor] = {}
         captured: dict[str, list[CapturedAttention]] = {}
         for stack, entries in meta["calls"].items():
@@ -222,7 +281,7 @@ def load_npz(file: FileLike, *, device: str | torch.device = "cpu") -> Attention
                     k: _tensor(data, v, dev, cache) if isinstance(v, dict) else v for k, v in entry.items()
                 }
                 captured[stack].append(_build(CapturedAttention, values))
-        return AttentionResult(**common, _captured=captured)
+        return AttentionResult(**common, _captured=captured, _mixers=_mixers_from(data, meta, dev))
 
 
 def _name(file: FileLike) -> str:

@@ -20,6 +20,7 @@ import torch
 
 from ..errors import BadIndex
 from ..layout import AttentionLayout, Stack
+from ..mixers.kinds import PER_HEAD
 from ..tokens import Tokens
 
 if TYPE_CHECKING:
@@ -59,6 +60,18 @@ class ShownResult(Protocol):
         rows: slice | None = None,
         stack: Stack | None = None,
     ) -> torch.Tensor: ...
+    def mixer_tensor(
+        self,
+        layer: int,
+        *,
+        heads: Sequence[int] | None = None,
+        rows: slice | None = None,
+        stack: Stack | None = None,
+        mixer: str | None = None,
+    ) -> torch.Tensor: ...
+    def mixer_heads(self, block: int, mixer: str) -> int: ...
+    def mixer_pooled(self, block: int, mixer: str, head: int, cells: int = 256) -> Any: ...
+    def mixer_meaning(self, mixer: str) -> str: ...
 
 
 SLIDER_MAX_CELLS = 240_000  # every layer's heads in one slider figure (~1.7 MB of JSON)
@@ -137,8 +150,13 @@ def head_view(
     log: bool = False,
     max_cells: int | None = None,
     heading: str = "",
+    mixer: str | None = None,
 ) -> go.Figure:
     """The heads of one layer as a grid of heatmaps (the app's explorer grid).
+
+    ``mixer`` (a non-softmax kind of `res.layout.mixers[layer]`, e.g. "gated_delta") draws block
+    ``layer``'s mixer instead: its effective attention, signed, on a diverging scale centred at 0
+    (mean-pooled past `FULL_TOKENS`), labelled "effective attention (signed, not probabilities)".
 
     ``layer=None`` puts every layer in one figure behind a layer slider, on one colour scale;
     all layers share the cell budget, so long inputs are pooled more than for one layer.
@@ -149,6 +167,10 @@ def head_view(
     """
     from .. import figures as F
 
+    if mixer is not None and mixer != "attention":
+        return _mixer_view(result, layer, mixer, heads, max_cells, heading)
+    if mixer == "attention" and layer is not None:
+        layer = result.layout.attention_layer_of(int(layer))
     stack = result.resolve_stack(stack)
     chosen = _heads(result, heads)
     layers = _layers(result, layer, stack)
@@ -184,7 +206,14 @@ def head_view(
     )
     where = f"{result.model_name}" + ("" if stack == "self" else f" · {stack}")
     top = f"{html.escape(heading)}<br>" if heading else ""
-    titles = [top + html.escape(f"{where} · layer {i}{note}") for i in layers]
+    lay = result.layout  # a block that mixes tokens another way too says so (Falcon-H1, zaya)
+    extra = {i: lay.mixer_note(lay.model_layer(i)) for i in layers}
+    titles = [
+        top
+        + html.escape(f"{where} · layer {i}{note}")
+        + (f"<br>{html.escape(extra[i][:140])}" if extra[i] else "")
+        for i in layers
+    ]
     fig = figs[0]
     fig.update_layout(
         title=dict(text=titles[0], x=0.01, xanchor="left", y=0.99, yanchor="top"),
@@ -210,6 +239,55 @@ def head_view(
     return fig
 
 
+def _mixer_view(
+    result: ShownResult,
+    block: int | None,
+    mixer: str,
+    heads: Sequence[int] | None,
+    max_cells: int | None,
+    heading: str,
+) -> go.Figure:
+    """`head_view` of a non-softmax mixer: signed, diverging around 0, pooled by the mean."""
+    from .. import figures as F
+
+    if block is None:
+        raise BadIndex(f"a {mixer} view needs its block: head_view(res, layer=block, mixer={mixer!r})")
+    n_heads = result.mixer_heads(int(block), mixer)
+    chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    labels = result.tokens.labels
+    n = result.n_tokens
+    side = notebook_side(n, len(chosen), max_cells, one_layer=True)
+    if side >= n:
+        grid = result.mixer_tensor(int(block), heads=chosen, mixer=mixer).numpy()
+        q_lab = k_lab = list(labels)
+        note = ""
+    else:
+        views = [result.mixer_pooled(int(block), mixer, h, cells=side) for h in chosen]
+        grid = np.stack([v.mean for v in views])
+        edges = np.arange(0, n, views[0].tokens_per_bin)
+        q_lab = k_lab = F.bin_labels(labels, edges)
+        note = f" · mean-pooled to {grid.shape[1]}×{grid.shape[2]}"
+    zmax = float(np.abs(grid).max()) or 1.0
+    fig = F.head_grid(
+        grid, q_lab, k_lab, heads=chosen, diverging=True, zmax=zmax, max_cells=max(grid.size, 1),
+        max_side=max(side, F.GRID_MAX_SIDE),
+    )  # fmt: skip
+    lines = [heading] if heading else []
+    lines.append(f"{result.model_name} · block {block} · {mixer}{note}")
+    lines.append(result.mixer_meaning(mixer)[:120])
+    extra = result.layout.mixer_note(int(block))
+    if extra:
+        lines.append(extra[:120])
+    fig.update_layout(
+        title=dict(
+            text="<br>".join(html.escape(t) for t in lines), x=0.01, xanchor="left", y=0.99, yanchor="top"
+        ),
+        margin=dict(t=40 + 22 * len(lines)),
+        coloraxis_colorbar_title="effective attention<br>(signed)" if mixer in PER_HEAD else "‖contribution‖",
+    )
+    return fig
+
+
 def model_view(
     result: ShownResult, *, stack: Stack | None = None, colorscale: str = "Viridis", log: bool = False
 ) -> go.Figure:
@@ -218,6 +296,11 @@ def model_view(
 
     stack = result.resolve_stack(stack)
     n_layers, n_heads = result.n_layers(stack), result.n_heads
+    if n_layers == 0:
+        raise BadIndex(
+            "this model has no softmax attention layers; draw its mixers one block at a time: "
+            "attnviz.head_view(res, layer=block, mixer=res.layout.mixers[block][0])"
+        )
     side = F.mosaic_side(n_layers, n_heads)
     every = list(range(n_heads))
     tiles, q_lab, k_lab = [], None, None
@@ -249,7 +332,7 @@ def summary(result: ShownResult) -> list[tuple[str, str]]:
         ("tokens", f"{result.n_tokens}: {preview}"),
         ("layers × heads", f"{layers or result.n_layers()} × {heads}"),
         ("path", f"{result.path} ({result.seconds:.2f} s, {result.nbytes / 2**20:.1f} MiB held)"),
-    ]
+    ] + ([("token mixers", lay.mixer_summary())] if lay.mixer_summary() else [])
 
 
 def mimebundle(result: ShownResult, max_cells: int = REPR_MAX_CELLS) -> dict[str, Any]:
@@ -260,11 +343,15 @@ def mimebundle(result: ShownResult, max_cells: int = REPR_MAX_CELLS) -> dict[str
     q_tok, k_tok = result.axes(stack)
     n_layers = result.n_layers(stack)
     layer = None
-    if n_layers * result.n_heads * len(q_tok) * len(k_tok) > REPR_ALL_LAYERS_CELLS:
+    mixer = None
+    if n_layers == 0 and result.layout.mixers:  # no attention (Mamba, RWKV): block 0's mixer
+        layer, mixer = 0, result.layout.mixers[0][0]
+        rows.append(("shown", f"block 0's {mixer}; attnviz.head_view(res, layer=b, mixer=...) for others"))
+    elif n_layers * result.n_heads * len(q_tok) * len(k_tok) > REPR_ALL_LAYERS_CELLS:
         layer = n_layers // 2
         rows.append(("shown", f"layer {layer} of {n_layers}; attnviz.head_view(res) walks every layer"))
     text = "AttentionResult\n" + "".join(f"  {k}: {v}\n" for k, v in rows)
-    fig = head_view(result, layer, max_cells=max_cells, heading=f"{rows[1][1][:80]}")
+    fig = head_view(result, layer, max_cells=max_cells, heading=f"{rows[1][1][:80]}", mixer=mixer)
     left = "style='text-align:left'"
     table = "".join(
         f"<tr><th {left}>{html.escape(k)}</th><td {left}>{html.escape(v)}</td></tr>" for k, v in rows

@@ -17,7 +17,15 @@ from ..errors import ModelHasNoAttention
 from ..layout import AttentionLayout, ModelKind, Stack
 
 # Model types with no softmax attention at all (FNet mixes tokens with Fourier transforms).
-_NO_ATTENTION = {"mamba", "mamba2", "rwkv", "falcon_mamba", "xlstm", "hyena", "fnet"}
+_NO_ATTENTION = {"hyena", "fnet"}
+# Model types whose every block is a non-softmax token mixer (attnviz.mixers shows them): no
+# attention layers, one mixer per block.
+MIXER_ONLY = {"mamba", "mamba2", "rwkv", "falcon_mamba"}
+# ... and those whose only mixer attnviz cannot show yet (refused before any weights load).
+_MIXER_NOT_SHOWN = {
+    "xlstm": "has no softmax attention, and its mLSTM mixer (xLSTM) is not shown in this version: "
+    "its exact parallel form is known but attnviz does not capture its kernel yet",
+}
 # Model types attnviz cannot show, and why (completes "this 'x' model ...").
 _ONE_MAP = "; attnviz shows one token-by-token attention map per layer and cannot show it"
 _ASSISTANT = (
@@ -140,8 +148,23 @@ def attention_layout(config: PretrainedConfig) -> AttentionLayout:
         )
     if config.model_type in _CANNOT_SHOW:
         raise ModelHasNoAttention(f"this {config.model_type!r} model {_CANNOT_SHOW[config.model_type]}")
+    if config.model_type in _MIXER_NOT_SHOWN:
+        raise ModelHasNoAttention(f"this {config.model_type!r} model {_MIXER_NOT_SHOWN[config.model_type]}")
     kind = model_kind(config)
     c = _text_config(config)
+    if config.model_type in MIXER_ONLY:  # no attention layers: its blocks are listed by `prepare`
+        n_blocks = _first(c, "num_hidden_layers", "n_layer", "num_blocks", "num_layers", default=0)
+        d_model = _first(c, "hidden_size", "embedding_dim", "d_model", default=0)
+        return AttentionLayout(
+            model_type=config.model_type,
+            kind="decoder",
+            n_layers=0,
+            n_heads=0,
+            n_kv_heads=0,
+            head_dim=0,
+            d_model=int(d_model),
+            n_blocks=int(n_blocks),
+        )
     layers = _per_layer(c)
     n_layers = _first(c, "num_hidden_layers", "n_layer", "encoder_layers", "num_layers")
     n_heads = _same_in_every_layer(

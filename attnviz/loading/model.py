@@ -13,9 +13,11 @@ from transformers import PreTrainedModel
 
 from ..capture import adapters
 from ..capture import hook as capture
+from ..capture import mixers as mixer_capture
 from ..capture.sites import AttentionSite, Probe, probe
 from ..errors import AttnvizError, ModelHasNoAttention, OutOfMemory
-from ..layout import AttentionLayout
+from ..layout import AttentionLayout, block_mixers
+from ..mixers.kinds import NOT_YET, SHOWN
 from .config import attention_layout
 from .device import is_out_of_memory
 
@@ -43,6 +45,8 @@ class LoadedModel:
     _names: dict[int, str] | None = field(default=None, repr=False)
     probe: Probe | None = field(default=None, repr=False)  # where each attention layer lives
     notices: tuple[str, ...] = ()  # one line each: what loading had to do (cache rebuilt, not written)
+    # Non-softmax token mixers (Mamba-2, gated delta, ...), captured by attnviz.capture.mixers.
+    mixer_sites: tuple[mixer_capture.MixerSite, ...] = ()
 
     @property
     def fast_exact(self) -> bool:
@@ -138,11 +142,15 @@ def prepare(
     """Switch ``model`` to the capture attention (or eager), find its attention layers, wrap it."""
     layout = attention_layout(model.config)
     model.eval()
+    sites = mixer_capture.install(model)
+    if layout.n_layers == 0:  # no attention at all (Mamba, RWKV, xLSTM): only its mixers
+        return _mixers_only(model, tokenizer, spec, source, dtype, layout, sites)
     supports = _use_capture(model, spec)
     adapted = False
     if not supports:
         model = _eager_model(model)
         adapted = adapters.install(model) > 0  # GPT-J, Falcon, BLOOM, ...: a fast path of their own
+        sites = mixer_capture.install(model)  # the rebuilt model's mixers (hooks are per module)
     lm = LoadedModel(
         spec=spec,
         model=model,
@@ -178,10 +186,46 @@ def prepare(
         ) from None
     if not (supports or adapted):
         lm.probe.why_not_fast = adapters.why_not(layout.model_type) or lm.probe.why_not_fast
-    lm.layout = _hybrid_layout(layout, lm.probe.sites)
+    lm.layout = _with_mixers(_hybrid_layout(layout, lm.probe.sites), sites)
+    lm.mixer_sites = sites
     if not lm.probe.fast:
         log.info("%s: exact layer-at-a-time path (%s)", spec, lm.probe.why_not_fast)
     return lm
+
+
+def _with_mixers(layout: AttentionLayout, sites: tuple[mixer_capture.MixerSite, ...]) -> AttentionLayout:
+    """The layout with each block's mixers (attention where it has softmax attention)."""
+    if layout.kind == "encoder-decoder":
+        return layout
+    attention = layout.attention_layers or tuple(range(layout.n_layers))
+    mixers = block_mixers(layout.n_blocks, attention, [(s.block, s.kind) for s in sites])
+    return replace(layout, mixers=mixers, n_blocks=len(mixers) if sites else layout.n_blocks)
+
+
+def _mixers_only(model, tokenizer, spec, source, dtype, layout, sites) -> LoadedModel:
+    """A model with no softmax attention: every block a mixer attnviz.mixers reads."""
+    if not sites:
+        raise ModelHasNoAttention(
+            f"this {layout.model_type!r} model has neither softmax attention nor a token mixer attnviz knows"
+        )
+    hidden = sorted({s.kind for s in sites} - SHOWN)
+    if hidden and not ({s.kind for s in sites} & SHOWN):
+        raise ModelHasNoAttention(
+            f"this {layout.model_type!r} model has no softmax attention, and its {', '.join(hidden)} "
+            f"mixer {NOT_YET.get(hidden[0], 'is not shown in this version')}"
+        )
+    return LoadedModel(
+        spec=spec,
+        model=model,
+        tokenizer=tokenizer,
+        layout=_with_mixers(layout, sites),
+        device=_input_device(model),
+        dtype=dtype or next(model.parameters()).dtype,
+        source=source,
+        supports_capture=True,
+        probe=Probe(sites={"self": []}, fast=True),
+        mixer_sites=sites,
+    )
 
 
 def wrap_model(model: PreTrainedModel, tokenizer, spec: str = "custom") -> LoadedModel:

@@ -49,10 +49,15 @@ def test_dense_models_have_no_gaps():
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "falcon_mamba"])
-def test_pure_state_space_models_are_refused_with_a_reason(model_type):
-    cfg = archs.tiny_config(model_type)
+def test_pure_state_space_models_have_no_attention_layers_but_are_not_refused(model_type):
+    """Their blocks are mixers (attnviz.mixers; tests/engine/test_mixers.py shows them)."""
+    lay = attnviz.loading.attention_layout(archs.tiny_config(model_type))
+    assert lay.n_layers == 0 and lay.n_blocks == 2
+
+
+def test_models_without_any_token_mixer_attnviz_knows_are_refused_with_a_reason():
     with pytest.raises(attnviz.errors.ModelHasNoAttention, match="no softmax attention"):
-        attnviz.loading.attention_layout(cfg)
+        attnviz.loading.attention_layout(archs.tiny_config("fnet"))
 
 
 def test_vision_language_models_load_their_language_model():

@@ -1,0 +1,205 @@
+"""Capture for non-softmax token mixers: one pass-through wrapper per module-level core function.
+
+Each mixer of transformers 5.23.0 calls its core function by its global name
+(``transformers.models.qwen3_next.modeling_qwen3_next.torch_chunk_gated_delta_rule``, ...), so
+replacing that name with a wrapper sees the kernel's arguments and output whichever
+implementation runs (hub kernel, ``fla`` / ``mamba_ssm``, or the torch body). The wrapper and the
+mixer modules' hooks record only while this thread's `Recorder` is active (a ContextVar, as the
+attention hook): outside a `recording` block, and in every other thread, they pass through.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..mixers.kinds import (
+    CHANNELS_FIRST,
+    CORE_FUNCTIONS,
+    CORE_METHODS,
+    MODULE_TAPS,
+    PER_HEAD,
+    check_rows,
+    mixer_kind,
+)
+from .hook import active_recorder
+from .records import CapturedMixer
+
+_BLOCK = re.compile(r"\.(\d+)(?:\.|$)")
+_OUT_PROJ = ("out_proj", "o_proj", "output", "linear_out")  # RWKV: "output"; RG-LRU: "linear_out"
+_HOOKED = "_attnviz_mixer_hooks"
+
+
+@dataclass(frozen=True)
+class MixerSite:
+    """One non-softmax token mixer of a model: its block, kind and module name."""
+
+    block: int
+    kind: str
+    module_name: str
+
+
+def find_mixers(model: torch.nn.Module) -> tuple[MixerSite, ...]:
+    """Every non-softmax token mixer of ``model``, in block order."""
+    found = []
+    for name, module in model.named_modules():
+        kind = mixer_kind(module)
+        m = _BLOCK.search(name)
+        if kind is not None and m is not None:
+            found.append(MixerSite(int(m.group(1)), kind, name))
+    return tuple(sorted(found, key=lambda s: s.block))
+
+
+def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
+    """Wrap the core functions of ``model``'s mixers and hook its mixer modules (idempotent);
+    returns the mixers found."""
+    sites = find_mixers(model)
+    modules = dict(model.named_modules())
+    for site in sites:
+        module = modules[site.module_name]
+        _wrap_core_functions(sys.modules[type(module).__module__], site.kind)
+        if site.kind in CORE_METHODS:  # a method of a submodule's class (RG-LRU's _rnn_scan)
+            attr, method = CORE_METHODS[site.kind]
+            sub = getattr(module, attr, None)
+            if sub is not None:
+                _wrap_core_functions(type(sub), site.kind, (method,))
+        if getattr(module, _HOOKED, False):
+            continue
+        module.register_forward_pre_hook(_enter(site))
+        module.register_forward_hook(_leave(site))
+        out = next(
+            (getattr(module, n) for n in _OUT_PROJ if isinstance(getattr(module, n, None), torch.nn.Linear)),
+            None,
+        )
+        if out is not None:  # the token-contribution view through the output projection
+            out.register_forward_hook(_projection(site))
+        for attr, where, key in MODULE_TAPS.get(site.kind, ()):
+            sub = getattr(module, attr, None)
+            if isinstance(sub, torch.nn.Module):
+                sub.register_forward_hook(_tap(site, where, key))
+        setattr(module, _HOOKED, True)
+    return sites
+
+
+def _wrap_core_functions(modeling: Any, kind: str, names: tuple[str, ...] | None = None) -> None:
+    for fname in CORE_FUNCTIONS.get(kind, ()) if names is None else names:
+        fn = getattr(modeling, fname, None)
+        if fn is not None and not getattr(fn, "_attnviz_core", False):
+            setattr(modeling, fname, _recording_core(fn, fname))
+
+
+def _recording_core(fn: Callable, fname: str) -> Callable:
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def core(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        rec = active_recorder()
+        if rec is not None and rec.mixer_stack:
+            kind, name, block = rec.mixer_stack[-1]
+            bound = signature.bind_partial(*args, **kwargs).arguments
+            extra = bound.pop("kwargs", {}) or {}
+            bound.pop("self", None)
+            inputs = {k: _detach(v) for k, v in {**bound, **extra}.items()}
+            output = (out[0] if isinstance(out, tuple) else out).detach()
+            last = _record_of(rec, name)
+            if last is None or last.function:  # a second call in one module call (Zamba's per-head
+                last = CapturedMixer(kind, name, block, "", {}, _EMPTY)  # scans): the store refuses it
+                rec.mixers.append(last)
+            last.function = fname
+            last.inputs.update(inputs)
+            _keep_output(last, output)
+        return out
+
+    core._attnviz_core = True  # type: ignore[attr-defined]
+    return core
+
+
+_EMPTY = torch.empty(0)
+
+
+def _keep_output(record: CapturedMixer, output: torch.Tensor) -> None:
+    """Keep the core output only at the self-check's rows (never the whole (N, ...) tensor)."""
+    axis = 2 if record.kind in CHANNELS_FIRST else 1
+    n = int(output.shape[axis])
+    rows = check_rows(n)
+    record.output = output.index_select(axis, torch.tensor(rows, device=output.device))
+    record.n_tokens, record.output_rows = n, tuple(rows)
+    if record.kind in PER_HEAD:  # until out_proj runs: its input over this gives the scales
+        record.full_output = output
+
+
+def _record_of(rec, module_name: str) -> CapturedMixer | None:
+    """The latest record of ``module_name`` in this forward."""
+    return next((r for r in reversed(rec.mixers) if r.module_name == module_name), None)
+
+
+def _detach(v: Any) -> Any:
+    return v.detach() if isinstance(v, torch.Tensor) else v
+
+
+def _enter(site: MixerSite):
+    def hook(module, _args):
+        rec = active_recorder()
+        if rec is not None:
+            rec.mixer_stack.append((site.kind, site.module_name, site.block))
+            # the record this call fills: the core function's arguments, the taps, the projection
+            no_core = site.kind not in CORE_FUNCTIONS  # named by its module; its taps fill it
+            inputs = {k: _detach(v) for k, v in module.named_buffers(recurse=False)} if no_core else {}
+            name = type(module).__name__ if no_core else ""
+            rec.mixers.append(CapturedMixer(site.kind, site.module_name, site.block, name, inputs, _EMPTY))
+
+    return hook
+
+
+def _leave(site: MixerSite):
+    def hook(_module, _args, _output):
+        rec = active_recorder()
+        if rec is not None and rec.mixer_stack and rec.mixer_stack[-1][1] == site.module_name:
+            rec.mixer_stack.pop()
+
+    return hook
+
+
+def _tap(site: MixerSite, where: str, key: str):
+    def hook(_module, args, output):
+        rec = active_recorder()
+        if rec is None or not rec.mixer_stack or rec.mixer_stack[-1][1] != site.module_name:
+            return
+        last = _record_of(rec, site.module_name)
+        if last is None:
+            return
+        value = (args[0] if where == "input" else output).detach()
+        if key == "output":
+            _keep_output(last, value)
+        else:
+            last.inputs.setdefault(key, value)
+
+    return hook
+
+
+def _projection(site: MixerSite):
+    def hook(module, args, output):
+        rec = active_recorder()
+        last = None if rec is None else _record_of(rec, site.module_name)
+        if last is not None and last.out_out is None and isinstance(output, torch.Tensor):
+            last.out_out = output.detach()[:, check_rows(output.shape[1])]
+            last.out_weight = module.weight.detach()
+            last.out_bias = None if module.bias is None else module.bias.detach()
+            full, last.full_output = last.full_output, None
+            if full is not None:  # per head: everything between the core and out_proj is per
+                # channel once its per-token norm scales and gates are fixed (read from the code
+                # of every per-head mixer): frozen, it is out_proj's input over the core output
+                inner = args[0].detach().float()
+                if full.numel() == inner.numel():
+                    core = full.detach().float().reshape(inner.shape)
+                    last.scale = torch.where(core != 0, inner / core.where(core != 0, 1.0), 0.0)
+
+    return hook

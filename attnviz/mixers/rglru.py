@@ -1,0 +1,48 @@
+"""RecurrentGemma's RG-LRU: exact per channel, summarised by contributions.
+
+From what ``RecurrentGemmaRglru._rnn_scan`` received (x̃ = the gated, normalised input
+x·i·√(1−a²), and the recurrent gate a, zeroed at the reset position 0), per channel c:
+
+    A^c[t,s] = Π_{r=s+1..t} a_{r,c},   y_t = Σ_s A^c[t,s] x̃_{s,c}
+
+The block's output is linear_out(y_t ⊙ gelu-branch_t), so the per-block picture is ‖c_{t,s}‖ with
+c_{t,s} = W_out (g_t ⊙ A[:, t, s] ⊙ x̃_s), the GeLU branch g frozen at its forward value. The
+log-decay cumsum runs in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rglru_parts(inputs: dict) -> dict[str, torch.Tensor]:
+    """x̃ (N, D), cumulative log a (N, D), gate g (N, D; ones when not tapped): float64."""
+    x = inputs["hidden_states"][0].double()
+    a = inputs["recurrent_gate"][0].double()
+    log_a = torch.log(a[1:].clamp(min=1e-300))  # position 0 never enters a product r ≥ s + 1
+    cum = torch.cat([torch.zeros_like(x[:1]), torch.cumsum(log_a, dim=0)])
+    gate = inputs.get("gate")
+    return {"x": x, "cum": cum, "gate": torch.ones_like(x) if gate is None else gate[0].double()}
+
+
+def channel_rows(parts: dict, t: int) -> torch.Tensor:
+    """float64 (D, t + 1): row t of A^c for every channel."""
+    return torch.exp(parts["cum"][t][None, :] - parts["cum"][: t + 1]).T
+
+
+def rglru_output(parts: dict, t: int) -> torch.Tensor:
+    return (channel_rows(parts, t) * parts["x"][: t + 1].T).sum(-1)
+
+
+def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
+    w = weight.double()
+    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
+    for i, t in enumerate(rows):
+        vec = channel_rows(parts, t).T * parts["x"][: t + 1] * parts["gate"][t]
+        out[i, : t + 1] = torch.linalg.vector_norm(vec @ w.T, dim=-1)
+    return out
+
+
+def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
+    out = weight.double() @ (rglru_output(parts, t) * parts["gate"][t])
+    return out if bias is None else out + bias.double()

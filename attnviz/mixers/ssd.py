@@ -1,0 +1,63 @@
+"""Mamba-2 / SSD effective attention, per head, from what ``mamba2_chunk_scan`` received.
+
+    M_h[t,s] = (C_t·B_s) · exp(A_h Σ_{r=s+1..t} Δ_r) · Δ_s,   Δ = clamp(softplus(dt + dt_bias), dt_limit)
+
+so that y_t = Σ_s M_h[t,s] x_s + D_h x_t with x the scan's own input (post short conv). B and C
+are shared by the heads of a group (transformers' ``repeat_interleave`` order). The log-decay
+cumsum runs in float64 (a float32 global cumsum drifts by ~1e-3 relative at 32k tokens). The
+readable token-by-token recurrence is `attnviz.mixers.reference.ssd_dense`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
+    """x (N, H, P), dt Δ (N, H), cum Σ AΔ (N, H), B, C (N, H, n) per head, D (H,): float64."""
+    x = inputs["hidden_states"][0].double()  # (N, H, P)
+    n_heads = x.shape[1]
+    dt = inputs["dt"][0].double()  # (N, H)
+    if inputs.get("dt_bias") is not None:
+        dt = dt + inputs["dt_bias"].double()
+    if inputs.get("dt_softplus"):
+        dt = F.softplus(dt)
+    lo, hi = inputs.get("dt_limit", (0.0, float("inf")))
+    dt = dt.clamp(min=lo, max=hi)
+    groups = inputs["B"].shape[2]
+    B = inputs["B"][0].double().repeat_interleave(n_heads // groups, dim=1)  # (N, H, n)
+    C = inputs["C"][0].double().repeat_interleave(n_heads // groups, dim=1)
+    cum = torch.cumsum(inputs["A"].double() * dt, dim=0)  # (N, H) Σ_{r<=t} A_h Δ_r
+    D = inputs.get("D")
+    D = (
+        torch.zeros(n_heads, dtype=torch.float64, device=x.device)
+        if D is None
+        else D.double().reshape(n_heads, -1)[:, 0]
+    )
+    return {"x": x, "dt": dt, "cum": cum, "B": B, "C": C, "D": D.to(x.device)}
+
+
+def ssd_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
+    """float64 (len(heads), len(rows), N): rows ``rows`` of M_h for each head."""
+    hs = torch.as_tensor(list(heads), device=parts["x"].device)
+    rows = rows.to(parts["x"].device)
+    n = parts["x"].shape[0]
+    C = parts["C"][rows][:, hs].transpose(0, 1)  # (H', R, n)
+    B = parts["B"][:, hs].transpose(0, 1)  # (H', N, n)
+    scores = C @ B.transpose(1, 2)  # (H', R, N)  C_t·B_s
+    cum = parts["cum"][:, hs].T  # (H', N)
+    causal = rows[:, None] >= torch.arange(n, device=rows.device)[None, :]  # (R, N)
+    log_decay = (cum[:, rows, None] - cum[:, None, :]).masked_fill(~causal, -torch.inf)
+    return scores * log_decay.exp() * parts["dt"][:, hs].T[:, None, :]
+
+
+def ssd_outputs(parts: dict, matrix: torch.Tensor, heads: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
+    """Σ_s M[t,s] x_s + D x_t for ``rows``: (R, H', P), to compare with the scan's output."""
+    hs = list(heads)
+    x = parts["x"][:, hs].transpose(0, 1)  # (H', N, P)
+    y = matrix @ x  # (H', R, P)
+    y = y + parts["D"][hs][:, None, None] * x[:, rows]
+    return y.transpose(0, 1)

@@ -1,0 +1,334 @@
+"""The captured mixers of one forward, and their exact matrices on demand (rows and tiles).
+
+`MixerStore` keeps only what each core function received (never an N×N matrix) and computes
+rows of a block's effective attention when asked, after that block's self-check passed: Σ_s A[t,s]
+v_s (+ the skip term) must equal the kernel's own output on a few rows, within a tolerance relative
+to the output's scale; otherwise `MixerCheckFailed` says why and nothing is shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..capture.records import CapturedMixer
+from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
+from . import conv, delta, linear, rglru, selective, ssd, wkv
+from .kinds import CHANNELS_FIRST, MEANING, NOT_YET, PER_HEAD, SHOWN, check_rows
+
+# Allowed max |Δ| relative to the output's scale: the kernels compute in float32 (the model's
+# own rounding dominates, measured 1e-7 of scale); a bf16 / fp16 model rounds its output.
+RELATIVE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8}
+HALF_RELATIVE_TOLERANCE = 2e-2
+PARTS_KEPT = 2  # blocks whose float64 inputs stay built (the rest are rebuilt when asked again)
+
+
+class MixerStore:
+    """Non-softmax mixers captured in one forward, by (block, kind)."""
+
+    def __init__(self, records: Sequence[CapturedMixer], dtype: torch.dtype) -> None:
+        self._records: dict[tuple[int, str], CapturedMixer] = {}
+        self._calls: dict[tuple[int, str], int] = {}  # core-function calls per block and kind
+        # a module that ran without its core function (another path) left an empty record
+        self._all = [r for r in records if r.output.numel()]
+        groups: dict[tuple[int, str], list[CapturedMixer]] = {}
+        for r in self._all:
+            groups.setdefault((r.block, r.kind), []).append(r)
+        for key, group in groups.items():
+            # Zamba's Mamba-1 scans each channel group ("mamba head") with its own B and C
+            merge = len(group) > 1 and key[1] == "mamba"
+            self._records[key] = _channel_groups(group) if merge else group[0]
+            self._calls[key] = 1 if merge else len(group)
+        self.dtype = dtype
+        self._parts: dict[tuple[int, str], dict] = {}
+        self._checks: dict[tuple[int, str], Any] = {}
+        first = next(iter(self._records.values()), None)
+        self.n_tokens = 0 if first is None else _n_tokens(first)
+
+    def records(self) -> list[CapturedMixer]:
+        """Every captured core call, in call order (for export)."""
+        return list(self._all)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.nbytes for r in self._records.values())
+
+    def blocks(self, kind: str | None = None) -> list[int]:
+        """Blocks with a captured mixer (of ``kind``), in order."""
+        return sorted({b for b, k in self._records if kind is None or k == kind})
+
+    def kinds(self) -> list[str]:
+        return sorted({k for _, k in self._records})
+
+    def record(self, block: int, kind: str) -> CapturedMixer:
+        if kind not in SHOWN:
+            raise MixerNotShown(f"block {block}'s {kind} mixer {NOT_YET.get(kind, 'is not shown')}")
+        calls = self._calls.get((block, kind), 0)
+        if calls > 1:  # Zamba's Mamba-1 runs one scan per "mamba head", each with its own B and C
+            raise MixerNotShown(
+                f"block {block}'s {kind} mixer called its core function {calls} times in one forward "
+                "(one scan per sub-head); attnviz shows mixers that make one call per block"
+            )
+        try:
+            return self._records[(block, kind)]
+        except KeyError:
+            have = ", ".join(f"{b} ({k})" for b, k in sorted(self._records)) or "none"
+            raise BadIndex(f"no {kind} mixer was captured in block {block}; captured: {have}") from None
+
+    def checkable(self, block: int, kind: str) -> bool:
+        """Whether the block's mixer can be shown and checked (one core call, a shown kind)."""
+        return kind in SHOWN and self._calls.get((block, kind), 0) == 1
+
+    def n_heads(self, block: int, kind: str) -> int:
+        """Heads of a per-head mixer; 1 for a per-channel one (its contribution view)."""
+        rec = self.record(block, kind)
+        if kind == "mamba2":
+            return int(rec.inputs["hidden_states"].shape[2])
+        if kind in ("gated_delta", "kimi_delta"):
+            return int(rec.inputs["value"].shape[2])
+        if kind == "lightning":
+            return int(rec.inputs["slope_rate"].numel())
+        return 1
+
+    def parts(self, block: int, kind: str) -> dict:
+        key = (block, kind)
+        if key not in self._parts:
+            inputs = self.record(block, kind).inputs
+            build = {
+                "mamba2": ssd.ssd_parts,
+                "mamba": selective.selective_parts,
+                "lightning": linear.lightning_parts,
+                "short_conv": conv.conv_parts,
+                "rwkv": wkv.wkv_parts,
+                "rglru": rglru.rglru_parts,
+            }.get(kind, delta.delta_parts)
+            while len(self._parts) >= PARTS_KEPT:  # float64 copies of a block's inputs: a few at most
+                self._parts.pop(next(iter(self._parts)))
+            self._parts[key] = build(inputs)
+        return self._parts[key]
+
+    def tensor(
+        self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
+    ) -> torch.Tensor:
+        """float32 (heads, rows, N): the block's effective attention (per-channel kinds: the
+        token-contribution norms, one "head"), after the block's self-check passed."""
+        n_heads = self.n_heads(block, kind)
+        heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+        for h in heads:
+            if not 0 <= h < n_heads:
+                raise BadIndex(
+                    f"head {h} is out of range: block {block}'s {kind} mixer has heads 0..{n_heads - 1}"
+                )
+        self.check(block, kind)
+        idx = torch.arange(self.n_tokens)[rows or slice(None)]
+        if len(idx) == 0:
+            return torch.zeros(len(heads), 0, self.n_tokens)
+        from ..limits import require
+
+        device = self.record(block, kind).output.device
+        require(  # float64 while computed, float32 returned
+            len(heads) * len(idx) * self.n_tokens * 12,
+            device,
+            what=f"block {block}'s {kind} matrix ({len(heads)} heads × {len(idx)} × {self.n_tokens})",
+            hint="fewer rows (rows=slice(...)) or one head at a time, or res.mixer_pooled",
+        )
+        return self._rows(block, kind, heads, idx).float()
+
+    def _rows(self, block: int, kind: str, heads: list[int], idx: torch.Tensor) -> torch.Tensor:
+        parts = self.parts(block, kind)
+        if kind == "mamba2":
+            return ssd.ssd_rows(parts, heads, idx)
+        if kind == "lightning":
+            return linear.lightning_rows(parts, heads, idx)
+        if kind in ("mamba", "short_conv", "rwkv", "rglru"):
+            rec = self.record(block, kind)
+            if rec.out_weight is None:
+                raise MixerNotShown(
+                    f"block {block}'s {kind} mixer has no output projection to push contributions through"
+                )
+            if kind == "short_conv":
+                return conv.contribution_rows(parts, rec.out_weight, idx.tolist())[None]
+            if kind in ("rwkv", "rglru"):
+                mod = wkv if kind == "rwkv" else rglru
+                return mod.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
+            return selective.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
+        return delta.delta_rows(parts, heads, idx)
+
+    def contributions(
+        self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
+    ) -> torch.Tensor:
+        """float32 (heads, rows, N): ‖c_{t,s}‖, the size of source token s's contribution to the
+        mixer's output at t through its output projection (per head: that head's channels),
+        gates and norm scales frozen at their forward values; SSD's D·x_t counts as token t's own.
+        Per-channel kinds: the same as `tensor`."""
+        if kind not in PER_HEAD:
+            return self.tensor(block, kind, heads, rows)
+        rec = self.record(block, kind)
+        if rec.scale is None or rec.out_weight is None:
+            raise MixerNotShown(
+                f"block {block}'s {kind} mixer kept no output path to push contributions through"
+            )
+        n_heads = self.n_heads(block, kind)
+        heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+        matrix = self.tensor(block, kind, heads, rows).double()  # checked, bounded
+        idx = torch.arange(self.n_tokens)[rows or slice(None)]
+        parts = self.parts(block, kind)
+        v = parts["x"] if kind == "mamba2" else parts["v"]  # (N, H, d)
+        d = v.shape[-1]
+        scale = rec.scale[0].double().reshape(self.n_tokens, -1, d)  # (N, H, d)
+        weight = rec.out_weight.double()
+        out = torch.empty_like(matrix)
+        for j, h in enumerate(heads):
+            w_h = weight[:, h * d : (h + 1) * d]
+            gram = w_h.T @ w_h  # ‖W_h (σ ⊙ v)‖² = (σ ⊙ v)ᵀ G (σ ⊙ v)
+            vh = v[:, h].to(gram.device)
+            a = matrix[j]
+            if kind == "mamba2":  # D_h x_t joins token t's own contribution
+                a = a.clone()
+                own = idx.to(a.device)
+                a[torch.arange(len(idx)), own] += parts["D"][h]
+            for r0 in range(0, len(idx), 16):
+                sig = scale[idx[r0 : r0 + 16].to(scale.device), h]  # (r, d)
+                sv = vh[None] * sig[:, None]  # (r, N, d)
+                size = ((sv @ gram) * sv).sum(-1).clamp(min=0).sqrt()
+                out[j, r0 : r0 + 16] = a[r0 : r0 + 16].abs() * size
+        return out.float()
+
+    def check(self, block: int, kind: str):
+        """The block's self-check (a `attnviz.result.Check`), run once; raises `MixerCheckFailed`."""
+        key = (block, kind)
+        if key not in self._checks:
+            self._checks[key] = self._check(block, kind)
+        got = self._checks[key]
+        if isinstance(got, MixerCheckFailed):
+            raise got
+        return got
+
+    def _check(self, block: int, kind: str):
+        from ..result import Check
+
+        rec = self.record(block, kind)
+        parts = self.parts(block, kind)
+        n = self.n_tokens
+        idx = torch.tensor(check_rows(n))
+        extra: tuple[torch.Tensor, torch.Tensor] | None = None  # a second comparison (the mixer output)
+        out = rec.output[0].double()
+        if rec.output_rows:  # the capture kept only these rows: read them in place
+            if list(rec.output_rows) != idx.tolist():
+                return MixerCheckFailed(
+                    f"block {block}'s {kind} record kept rows {rec.output_rows}, not {idx.tolist()}"
+                )
+            out = out[..., : len(idx)] if kind in CHANNELS_FIRST else out[: len(idx)]
+            out = _spread(out, idx, n, kind)
+        # the projection's output is always kept at the check's rows only
+        out_out = None if rec.out_out is None else _spread(rec.out_out[0].double(), idx, n, None)
+        if kind == "mamba2":
+            heads = list(range(self.n_heads(block, kind)))
+            got = ssd.ssd_outputs(parts, ssd.ssd_rows(parts, heads, idx), heads, idx)
+            want = out[idx]
+            against = f"the {rec.function} output (Σ_s A[t,s]·x_s + D·x_t)"
+        elif kind == "mamba":
+            got = torch.stack([selective.core_output(parts, int(t)) for t in idx])
+            want = out.T[idx]
+            against = f"the {rec.function} output (per channel, gate frozen)"
+            if rec.out_weight is not None and out_out is not None:
+                sums = torch.stack(
+                    [selective.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
+                )
+                extra = (sums, out_out[idx])
+                against += " and the mixer output (Σ_s contributions + skip + bias)"
+        elif kind == "lightning":
+            heads = list(range(self.n_heads(block, kind)))
+            got = linear.lightning_outputs(parts, linear.lightning_rows(parts, heads, idx), heads)
+            want = out.reshape(out.shape[0], len(heads), -1)[idx]
+            against = "the lightning attention's output before its norm (Σ_s A[t,s]·v_s)"
+        elif kind in ("rwkv", "rglru"):
+            mod = wkv if kind == "rwkv" else rglru
+            each = wkv.wkv_output if kind == "rwkv" else rglru.rglru_output
+            got = torch.stack([each(parts, int(t)) for t in idx])
+            want = out[idx]
+            against = f"the {rec.function} output (per channel)"
+            if rec.out_weight is not None and out_out is not None:
+                total = [mod.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
+                extra = (torch.stack(total), out_out[idx])
+                against += " and the block's mixer output (Σ_s contributions)"
+        elif kind == "short_conv":
+            got = torch.stack([conv.conv_output(parts, int(t)) for t in idx])
+            want = out.T[idx]
+            against = f"the {rec.function} output (per channel)"
+            if rec.out_weight is not None and out_out is not None:
+                total = [conv.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
+                extra = (torch.stack(total), out_out[idx])
+                against += " and the mixer output (Σ_s contributions + bias)"
+        else:
+            heads = list(range(self.n_heads(block, kind)))
+            got = delta.delta_outputs(parts, delta.delta_rows(parts, heads, idx), heads)
+            want = out[idx]
+            against = f"the {rec.function} output (Σ_s A[t,s]·v_s)"
+        if kind in PER_HEAD and rec.scale is not None and rec.out_weight is not None and out_out is not None:
+            sig = rec.scale[0].double()[idx.to(rec.scale.device)]  # (R, inner)
+            summed = (sig * got.reshape(len(idx), -1).to(sig.device)) @ rec.out_weight.double().T
+            if rec.out_bias is not None:
+                summed = summed + rec.out_bias.double()
+            extra = (summed, out_out[idx].to(summed.device))
+            against += " and the mixer output (Σ_s contributions through out_proj)"
+        # each comparison against its own scale (the mixer output may be far larger than the core's)
+        pairs = [(got, want)] + ([extra] if extra is not None else [])
+        figures = [(float((g - w).abs().max()), float(w.abs().max())) for g, w in pairs]
+        diff, scale = max(figures, key=lambda f: f[0] / max(f[1], 1e-6) if f[0] == f[0] else float("inf"))
+        rel = RELATIVE_TOLERANCE.get(self.dtype, HALF_RELATIVE_TOLERANCE)
+        tol = rel * max(scale, 1e-6)
+        if not diff <= tol:  # NaN fails too
+            return MixerCheckFailed(
+                f"block {block}'s {kind} mixer: its effective attention misses the kernel's output by "
+                f"max |Δ| {diff:.1e} (scale {scale:.1e}, allowed {tol:.1e}) against {against}; "
+                "attnviz shows no matrix for it"
+            )
+        return Check(
+            stack="self",
+            layer=block,
+            max_abs_diff=diff,
+            dtype=str(self.dtype).removeprefix("torch."),
+            tolerance=tol,
+            against=against,
+            mixer=kind,
+            scale=scale,
+        )
+
+
+def _channel_groups(group: list[CapturedMixer]) -> CapturedMixer:
+    """One record for scans over consecutive channel groups of one mixer (concatenated in order,
+    as the mixer concatenates their outputs before its projection)."""
+    last = group[-1]  # the projection ran after the last scan
+    return CapturedMixer(
+        last.kind, last.module_name, last.block, last.function, {"groups": [r.inputs for r in group]},
+        torch.cat([r.output for r in group], dim=1), out_out=last.out_out, out_weight=last.out_weight,
+        out_bias=last.out_bias, n_tokens=last.n_tokens, output_rows=last.output_rows,
+    )  # fmt: skip
+
+
+def _n_tokens(rec: CapturedMixer) -> int:
+    """N of a record: kept, or read from a whole output ((1, N, ...); (1, D, N) channels first)."""
+    return rec.n_tokens or int(rec.output.shape[2 if rec.kind in CHANNELS_FIRST else 1])
+
+
+def _spread(kept: torch.Tensor, idx: torch.Tensor, n: int, kind: str | None) -> torch.Tensor:
+    """Rows kept at ``idx`` placed back on a length-N axis (zeros elsewhere, never read), so that
+    the check indexes every record the same way."""
+    if kind in CHANNELS_FIRST:
+        out = kept.new_zeros(*kept.shape[:-1], n)
+        out[..., idx.to(kept.device)] = kept
+        return out
+    out = kept.new_zeros(n, *kept.shape[1:])
+    out[idx.to(kept.device)] = kept
+    return out
+
+
+def meaning(kind: str) -> str:
+    """What a mixer kind's matrix is, for a label ("effective attention (signed, not probabilities) ...")."""
+    return MEANING.get(kind, NOT_YET.get(kind, kind))
