@@ -20,7 +20,7 @@ all the others, and a token's residual and FFN shares no longer sum to 1.)
 An attention edge j → t carries Σ_h c_jh (each head's share kept); an edge is kept when its
 weight is above the threshold. The graph is built backwards from one token's final stream,
 expanding only nodes reached by kept edges: the cost is the kept graph's, O(heads · N · d_model)
-per expanded node, never an (N, N, d_model) tensor. `dense_graph` in tests/tiny_explain.py computes
+per expanded node, never an (N, N, d_model) tensor. The test suite's `dense_graph` (tiny_explain.py) computes
 every part of every block densely and must give the same graph (float32, 1e-5).
 
 LLM-TT's code clips imp at 1e-5 instead of 0 and adds its self-edge j = t and the residual edge
