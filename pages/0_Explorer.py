@@ -42,6 +42,7 @@ def summary(res: AttentionResult) -> None:
 def layer_view(ref: models.ResultRef) -> None:
     """The layer's controls and grid; the big head and the token views are a fragment inside
     it, so a head change reruns only them (the grid is not sent again)."""
+    state.reseed()
     res = models.result(ref)
     if res is None:
         return
@@ -78,6 +79,7 @@ def layer_view(ref: models.ResultRef) -> None:
 @st.fragment
 def head_panel(ref: models.ResultRef, zmax: float | None) -> None:
     """The head picker, the big head and the token views: a head change reruns only this."""
+    state.reseed()
     res = models.result(ref)
     d = layer_controls.drawing(ref, res) if res is not None else None
     if res is None or d is None:
