@@ -31,7 +31,7 @@ def current(n_heads: int) -> int:
     """The selected head, before anything is drawn: a new click on a grid tile selects its head
     (the one place the head is written besides its picker), then it is kept in 0..n_heads-1 (a
     link's or another model's head gets a warning)."""
-    picked = views.clicked(st.session_state.get(GRID_CHART), GRID_CHART)
+    picked = views.click(GRID_CHART)
     if picked:
         state.put(KEY, int(picked[0]))
     return state.clamp(KEY, 0, n_heads - 1, "head")

@@ -27,7 +27,7 @@ def selected_token(n: int) -> int:
     """The selected token, before its input is drawn: a new click on a token of either view, else
     ``tok`` (-1, the default, means the last token)."""
     for chart in (LINES_CHART, TEXT_CHART):
-        picked = views.clicked(st.session_state.get(chart), chart)
+        picked = views.click(chart)
         if picked:
             state.put("tok", int(picked[0]))
     if state.get("tok") == -1:
@@ -86,7 +86,7 @@ def draw(
             width_chars=TEXT_WIDTH_CHARS,
         )
         name = F.figure_name(ref.name, f"L{layer}", f"H{head}", "text", f"T{tok}")
-        export.chart(fig, name, key=TEXT_CHART, on_select=True)
+        export.chart(fig, name, key=views.chart_key(TEXT_CHART), on_select=True)
         return
     win = TV.window(n, tok)
     rows = models.cached(
@@ -99,7 +99,7 @@ def draw(
         rows, display, win, selected=tok, top_k=top_k, direction=direction, head_names=head_names, hover=hover
     )
     name = F.figure_name(ref.name, f"L{layer}", "lines", f"T{tok}")
-    export.chart(fig, name, key=LINES_CHART, on_select=True)
+    export.chart(fig, name, key=views.chart_key(LINES_CHART), on_select=True)
     if n > len(win):
         st.caption(
             f"Positions {win[0]}–{win[-1]} of {n} around the selected token; partners outside "
