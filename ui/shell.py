@@ -20,7 +20,8 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from attnviz import AttentionResult, LoadedModel
-from attnviz.extract import Sampling
+from attnviz.errors import AttnvizError, TooManyPositions
+from attnviz.extract import Sampling, check_positions, first_tokens, position_limit, tokenize
 from ui import logs, models, sidebar, state
 from ui.params import (
     MAX_TEXT_CHARS,
@@ -128,6 +129,8 @@ def load_and_extract(
     if frame.cap_slot is not None:
         sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
+    if positions_past_limit(lm, p.text, chat=chat, generate=generate):
+        stop()
     res, ref = models.extract(
         lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate, sampling=sampling,
         statistics=statistics,
@@ -135,3 +138,28 @@ def load_and_extract(
     if res is None or ref is None:
         stop()
     return lm, res, ref
+
+
+def positions_past_limit(lm: LoadedModel, text: str, *, chat: bool, generate: int = 0) -> bool:
+    """Up front, before any progress bar: a text longer than the model's own position table
+    (`attnviz.extract.position_limit`, e.g. minilm-l6's 512) gets the engine's message and a
+    button that keeps the text's first tokens. True when the page must stop."""
+    if position_limit(lm.model) is None:
+        return False
+    try:
+        check_positions(lm, len(tokenize(lm, text, chat=chat)[0]), generate)
+    except TooManyPositions as err:
+        st.error(str(err)[0].upper() + str(err)[1:] + ".", icon=":material/error:")
+        n = max(err.limit - generate, 1)
+        try:
+            cut = first_tokens(lm, text, n, chat=chat)
+        except AttnvizError:
+            return True
+        st.button(
+            f"Use the first {n:,} tokens", key="first_tokens", on_click=state.put, args=("text", cut),
+            icon=":material/content_cut:", help="Cut the text in the box there (the rest is dropped).",
+        )  # fmt: skip
+        return True
+    except AttnvizError:
+        return False  # an empty or bad text: the extraction says why
+    return False

@@ -58,3 +58,22 @@ def test_controls_show_the_drawn_view_after_a_cancel(env, monkeypatch: pytest.Mo
     ok(at)
     assert drawn(at) == DRAWN
     assert shown(at) == DRAWN
+
+
+def test_a_text_past_the_models_positions_is_named_up_front_with_an_offer(env):
+    """tiny:bert reads 512 positions (minilm-l6's limit): the sidebar says so (not the server's
+    8192), a longer text gets the reason before any forward, and a button runs its first 512."""
+    import attnviz
+
+    calls: list[int] = []
+    real = attnviz.extract
+    env.setattr(attnviz, "extract", lambda lm, text, **k: calls.append(1) or real(lm, text, **k))
+    at = new_app(model="tiny:bert", text="river bank " * 300).run()
+    assert not at.exception
+    assert any("Up to 512 tokens (the model's own position limit)" in c.value for c in at.sidebar.caption)
+    assert "reads at most 512 positions" in at.error[0].value and calls == []
+    assert not at.get("progress") and not at.get("plotly_chart")
+    next(b for b in at.button if b.label == "Use the first 512 tokens").click().run()
+    ok(at)
+    assert calls == [1] and at.get("plotly_chart")
+    assert len(at.dataframe[0].value["token"]) == 512
