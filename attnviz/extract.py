@@ -37,6 +37,16 @@ FAST_METHOD = "fast exact"
 AUTO_VERIFY_TOKENS = 1024  # verify="auto": one layer's (heads, N, N) in eager is cheap up to here
 
 
+def auto_check_skipped(n_tokens: int) -> str:
+    """Why ``verify="auto"`` does not check a text of ``n_tokens`` tokens ("" when it does)."""
+    if n_tokens > AUTO_VERIFY_TOKENS:
+        return (
+            f"past {AUTO_VERIFY_TOKENS:,} tokens the automatic check is skipped (eager holds one layer's "
+            f"heads × {n_tokens:,} × {n_tokens:,} weights)"
+        )
+    return ""
+
+
 def _chat_ids(lm: LoadedModel, text: str) -> tuple[list[int], list[bool]]:
     """Token ids of the chat-templated text and, per token, whether the template added it."""
     tok = lm.tokenizer
@@ -368,7 +378,7 @@ def extract_ids(
         _recompute=_eager_mode(lm) if layers else None,
         seconds=seconds,
     )
-    if verify == "auto" and (len(ids) > AUTO_VERIFY_TOKENS or used != "fast"):
+    if verify == "auto" and (auto_check_skipped(len(ids)) or used != "fast"):
         verify = False
     picks = pick_layers(result, verify)
     if picks:

@@ -13,7 +13,7 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import head_view, layer_controls, layer_grid, longview, models, shell, state, token_views
+from ui import exactness, head_view, layer_controls, layer_grid, longview, models, shell, state, token_views
 from ui.params import ExplorerParams
 from ui.text import md
 
@@ -74,6 +74,7 @@ def layer_view(ref: models.ResultRef) -> None:
     if not shared:
         with left:
             layer_grid.draw(ref, d)
+    exactness.draw(ref, res, d.stack, d.layer)  # under the heatmaps: is the layer on screen exact?
 
 
 @st.fragment

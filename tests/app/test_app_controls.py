@@ -77,3 +77,58 @@ def test_a_text_past_the_models_positions_is_named_up_front_with_an_offer(env):
     ok(at)
     assert calls == [1] and at.get("plotly_chart")
     assert len(at.dataframe[0].value["token"]) == 512
+
+
+def badges(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if "-badge[" in m.value]
+
+
+def test_the_layer_on_screen_says_whether_it_is_exact(env):
+    """Short text: the extraction checked the middle layer (1 of 3): it says so with its figure;
+    layer 0 was not checked, says why and checks it on a click."""
+    at = new_app(model=TINY, text=TEXT, layer=1).run()
+    ok(at)
+    assert any("exact] Layer 1 equals transformers' eager" in b and "float32" in b for b in badges(at))
+    at.slider(key="layer").set_value(0).run()
+    ok(at)
+    assert any("not checked] Layer 0 was not compared" in b for b in badges(at)), badges(at)
+    next(b for b in at.button if b.label == "Check layer 0").click().run()
+    ok(at)
+    (line,) = [b for b in badges(at) if "Layer 0" in b]
+    assert "exact] Layer 0 equals" in line and "max |Δ|" in line
+
+
+def test_past_the_auto_check_the_page_says_it_was_skipped_and_offers_it(env):
+    import sys
+
+    # a short text stands for a 1,500-token one
+    env.setattr(sys.modules["attnviz.extract"], "AUTO_VERIFY_TOKENS", 4)
+    at = new_app(model=TINY, text=TEXT, layer=1).run()
+    ok(at)
+    (line,) = badges(at)
+    assert "not checked] Layer 1" in line and "past 4 tokens the automatic check is skipped" in line
+    next(b for b in at.button if b.label == "Check layer 1").click().run()
+    ok(at)
+    assert "exact] Layer 1 equals" in badges(at)[0]
+
+
+def test_the_progress_line_says_the_check_is_skipped_past_the_auto_limit(monkeypatch):
+    """At 1,500 tokens the bar's last line says the check is skipped, not "checking one layer"."""
+    from streamlit.delta_generator import DeltaGenerator
+
+    from ui import progress
+
+    texts: list[str] = []
+    real = DeltaGenerator.progress
+
+    def drawn(self, value, text=None):
+        texts.append(text)
+        return real(self, value, text)
+
+    monkeypatch.setattr(DeltaGenerator, "progress", drawn)
+    for n in (1500, 100):
+        with progress.staged("Running m", n, "run") as report:
+            report(30, 30)
+    long, short = [t for t in texts if "forward pass done" in t]
+    assert "checking" not in long and "automatic check is skipped" in long, long
+    assert "checking one layer of each stack against eager" in short, short
