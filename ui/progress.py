@@ -88,13 +88,16 @@ def _cleared_on_error(holder: DeltaGenerator) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def steps(what: str, run_key: Hashable, *, unit: str = "step") -> Iterator[Callable[[int, int], None]]:
-    """A progress bar with a Cancel button for work done in steps (pooling every layer); yields
-    ``report(done, total)``. Check `cancelled` with the same ``run_key`` before starting."""
+def steps(
+    what: str, run_key: Hashable, *, unit: str = "step", keeps: bool = True
+) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar with a Cancel button for work done in steps (pooling every layer, the
+    Explain page's trace); yields ``report(done, total)``. Check `cancelled` with the same
+    ``run_key`` before starting. ``keeps``: whether a cancelled run keeps what it did."""
     with _bar(
         run_key,
         f"{what}…",
-        "Stop now; what is done so far is kept for the next try.",
+        "Stop now; what is done so far is kept for the next try." if keeps else "Stop now; nothing is kept.",
         lambda done, total, _: f"{what}: {unit} {done} of {total}…",
     ) as report:
         yield report
