@@ -19,6 +19,10 @@ from ui.text import md
 
 frame = shell.begin(ExplorerParams)
 st.title("Attention explorer")
+READING = (
+    "How to read a heatmap: **row = query** (the token that attends), **column = key** (the token it "
+    "attends to); each row's weights sum to 1. Brighter = more attention."
+)
 
 
 def summary(res: AttentionResult) -> None:
@@ -97,6 +101,7 @@ def main() -> None:
     """The model and the result stay locals of this run; the fragment gets the ref."""
     _, res, ref = shell.load_and_extract(frame)
     summary(res)
+    st.caption(READING)
     layer_view(ref)
 
 

@@ -39,7 +39,7 @@ def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
     zmax = float(img.z.max()) if shared else None
     fig = F.head_grid(
         img.z, img.q_labels, img.k_labels, kv_heads=d.kv, colorscale=d.cmap, scale=d.scale, zmax=zmax,
-        pickable=True,
+        pickable=True, value=d.value_name,
     )  # fmt: skip
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}")
     export.chart(fig, name, key=views.chart_key(head_view.GRID_CHART), on_select=True)

@@ -281,6 +281,7 @@ class ExplorerParams(Params):
     vw: bool = p(False, _bool)  # value-weighted attention
     tok: int = p(-1, _int(-1))  # the token of the token views; -1: the last token
     tview: str = p("lines", _choice(TOKEN_VIEWS))  # which token view is drawn
+    topk: int = p(3, _int(1, 10))  # the lines view: links drawn per head
     tdir: str = p("from", _choice(DIRECTIONS))
     pool: str = p("max", _choice(POOLS))  # how a long text's blocks are pooled: max or mean
     zoom: bool = p(False, _bool)  # a long text's head view: one region at full resolution

@@ -57,7 +57,9 @@ def draw(
     with c1:
         tok = int(st.number_input("Token position", 0, n - 1, key="tok", help="Or click a token below."))
     with c2:
-        top_k = int(st.number_input("Links per head", 1, 10, value=3, key="topk"))
+        top_k = int(
+            st.number_input("Links per head", 1, 10, key="topk", help="Each head's strongest links drawn.")
+        )
     shown = st.segmented_control(
         "Show",
         TOKEN_VIEWS,

@@ -33,6 +33,7 @@ def head_grid(
     selected: int | None = None,
     pickable: bool = False,
     max_side: int = GRID_MAX_SIDE,
+    value: str = "weight",
 ) -> go.Figure:
     """All heads of one layer, one heatmap each, in one figure with a shared colour axis.
     (``max_side``: bins per facet side at most; the notebook's `head_view` draws up to 256.)
@@ -41,7 +42,8 @@ def head_grid(
     ``max_cells``). ``kv_heads[i]`` labels each facet "head h · kv g"; with GQA the grid puts
     one KV group per row. ``diverging`` draws signed differences around 0. ``scale``
     ("linear" | "log" | "rank") overrides ``log``; pass the view's ``zmax`` so the grid and the
-    big head share one colour scale. ``selected`` (index into ``heads``) outlines that facet;
+    big head share one colour scale. ``value`` names what is drawn (colour bar, hover).
+    ``selected`` (index into ``heads``) outlines that facet;
     ``pickable`` adds a small clickable marker in each facet's top-right corner (customdata: the
     head) for selection events, leaving the cells' hover to the heatmaps.
     """
@@ -69,7 +71,7 @@ def head_grid(
     )
     x, y = [escape(s) for s in kl], [escape(s) for s in ql]
     z_all = pooled if diverging else _colour(pooled, mode)
-    hover = "%{z:+.4f}" if diverging else _weight_hover(mode)
+    hover = "%{z:+.4f}" if diverging else _weight_hover(mode, escape(value))
     for i in range(n_h):
         fig.add_trace(
             go.Heatmap(
@@ -88,7 +90,7 @@ def head_grid(
         bound = bound or 1.0
         axis = dict(colorscale=DIVERGING, cmin=-bound, cmax=bound, cmid=0.0, colorbar=dict(title="Δ weight"))
     else:
-        axis = _coloraxis(colorscale, mode, zmax if zmax is not None else _max(pooled))
+        axis = _coloraxis(colorscale, mode, zmax if zmax is not None else _max(pooled), title=escape(value))
     show_ticks = len(ql) <= 16
     fig.update_xaxes(type="category", showticklabels=False, ticks="", tickangle=-60)
     fig.update_yaxes(type="category", autorange="reversed", showticklabels=False, ticks="")

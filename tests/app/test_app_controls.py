@@ -132,3 +132,30 @@ def test_the_progress_line_says_the_check_is_skipped_past_the_auto_limit(monkeyp
     long, short = [t for t in texts if "forward pass done" in t]
     assert "checking" not in long and "automatic check is skipped" in long, long
     assert "checking one layer of each stack against eager" in short, short
+
+
+def colourbar(spec: dict) -> str:
+    return spec["layout"]["coloraxis"]["colorbar"]["title"]["text"]
+
+
+def test_value_weighted_says_what_its_colour_is_and_the_page_says_how_to_read(env):
+    from apptest import specs
+
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    assert any("row = query" in c.value and "column = key" in c.value for c in at.caption)
+    assert {colourbar(s) for s in specs(at) if s["data"][0].get("type") == "heatmap"} == {"weight"}
+    at.toggle(key="vw").set_value(True).run()
+    ok(at)
+    heat = [s for s in specs(at) if s["data"][0].get("type") == "heatmap"]
+    assert len(heat) == 2 and all(colourbar(s).startswith("‖α·W_O v‖") for s in heat)
+    assert all("‖α·W_O v‖" in s["data"][0]["hovertemplate"] for s in heat)
+
+
+def test_links_per_head_travels_in_the_share_link(env):
+    at = new_app(model=TINY, text=TEXT, topk=5).run()
+    ok(at)
+    assert at.number_input(key="topk").value == 5 and at.query_params["topk"] in ("5", ["5"])
+    at.number_input(key="topk").set_value(2).run()
+    ok(at)
+    assert at.query_params["topk"] in ("2", ["2"])
