@@ -78,7 +78,8 @@ def layer_view(ref: models.ResultRef) -> None:
     if not shared:
         with left:
             layer_grid.draw(ref, d)
-    exactness.draw(ref, res, d.stack, d.layer)  # under the heatmaps: is the layer on screen exact?
+    with left:  # under the grid: is the layer on screen exact?
+        exactness.draw(ref, res, d.stack, d.layer)
 
 
 @st.fragment

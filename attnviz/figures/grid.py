@@ -92,7 +92,7 @@ def head_grid(
     else:
         axis = _coloraxis(colorscale, mode, zmax if zmax is not None else _max(pooled), title=escape(value))
     show_ticks = len(ql) <= 16
-    fig.update_xaxes(type="category", showticklabels=False, ticks="", tickangle=-60)
+    fig.update_xaxes(type="category", showticklabels=False, ticks="", tickangle=-90)  # no overlap
     fig.update_yaxes(type="category", autorange="reversed", showticklabels=False, ticks="")
     if show_ticks:
         small = dict(size=11 if len(ql) <= 8 else 9)
@@ -119,9 +119,6 @@ def head_grid(
     return fig
 
 
-_PICK_FILL = "rgba(255,255,255,0.85)"
-
-
 def _axis_name(i: int) -> str:
     return "" if i == 0 else str(i + 1)
 
@@ -134,8 +131,8 @@ def _add_pickers(
 ) -> None:
     """Make every facet clickable: heatmaps are not selectable in Plotly (a click on a cell is no
     selection event), so each facet gets a lattice of invisible points covering it (customdata:
-    the head; a click anywhere on the tile lands on one) and a visible square in its top-right
-    cell that says so."""
+    the head; a click anywhere on the tile lands on one). No visible marker: a grey square in a
+    corner read as an unticked checkbox; the hover and the page's caption say a click opens it."""
     n = PICK_LATTICE
     xi = sorted({round(i * (len(x) - 1) / (n - 1)) for i in range(n)})
     yi = sorted({round(i * (len(y) - 1) / (n - 1)) for i in range(n)})
@@ -150,19 +147,6 @@ def _add_pickers(
                 marker=dict(size=22, opacity=0, color="#fff"),
                 customdata=[[int(h)]] * (len(xi) * len(yi)),
                 name=f"tile {titles[i]}",
-                hovertemplate=tip,
-                showlegend=False,
-            ),
-            **where,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=[x[-1]],
-                y=[y[0]],
-                mode="markers",
-                marker=dict(symbol="square", size=12, color=_PICK_FILL, line=dict(width=1.5, color="#444")),
-                customdata=[[int(h)]],
-                name=f"pick {titles[i]}",
                 hovertemplate=tip,
                 showlegend=False,
             ),

@@ -159,3 +159,15 @@ def test_links_per_head_travels_in_the_share_link(env):
     at.number_input(key="topk").set_value(2).run()
     ok(at)
     assert at.query_params["topk"] in ("2", ["2"])
+
+
+def test_model_overview_names_no_head_before_a_row_is_picked(env):
+    at = new_app("pages/1_Model_overview.py", model=TINY, text=TEXT).run()
+    ok(at)
+    button = at.button(key="open_head")
+    assert button.disabled and "Open layer" not in button.label, button.label
+    at.session_state["head_table"] = {"selection": {"rows": [1], "columns": []}}
+    at.run()
+    table = at.dataframe[0].value
+    want = f"Open layer {int(table['layer'].iloc[1])}, head {int(table['head'].iloc[1])}"
+    assert at.button(key="open_head").label.startswith(want) and not at.button(key="open_head").disabled
