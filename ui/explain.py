@@ -159,7 +159,8 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
             layer,
             head,
             dst,
-            f"Open layer {layer}, head {head} (token {dst} → {src}) in the explorer",
+            f"Open layer {layer}, head {head} ({md(tr.tokens.labels[src])} → {md(tr.tokens.labels[dst])}) "
+            "in the explorer",  # the edge's own wording in the chart's hover: source → target
             "routes_open",
         )
     with st.expander("Edges as a table"):

@@ -3,6 +3,8 @@ URL carries the view, a clicked edge or ranked head opens in the explorer, refus
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pytest
 from apptest import TEXT, TINY, new_app, ok, prepare, specs, z_of
@@ -57,6 +59,10 @@ def test_a_clicked_edge_opens_its_head_in_the_explorer(env):
     ok(at)
     button = at.button(key="routes_open")
     assert f"layer {layer}, head {head}" in button.label
+    # the button says what the edge's hover says: source → target, as tokens
+    hover = handles["hovertext"][0]
+    words = hover.split(" attention · ")[1].split("<br>")[0]
+    assert html.unescape(words) in button.label.replace("\\", "") and "→" in words, (words, button.label)
     at.slider(key="thr").set_value(0.3).run()  # another graph: the picked edge is not offered
     ok(at)
     assert "routes_open" not in [b.key for b in at.button]
