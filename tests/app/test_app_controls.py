@@ -171,3 +171,10 @@ def test_model_overview_names_no_head_before_a_row_is_picked(env):
     table = at.dataframe[0].value
     want = f"Open layer {int(table['layer'].iloc[1])}, head {int(table['head'].iloc[1])}"
     assert at.button(key="open_head").label.startswith(want) and not at.button(key="open_head").disabled
+
+
+def test_generation_says_the_tokens_to_generate_count_against_the_cap(env):
+    at = new_app("pages/4_Generation.py", model=TINY, text=TEXT, k=2).run()
+    ok(at)
+    assert any("count together against the sidebar's token limit" in c.value for c in at.caption)
+    assert "count against the token limit" in at.number_input(key="k").help
