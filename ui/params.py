@@ -316,6 +316,7 @@ class ScratchParams(Params):
     toy_n: int = p(8, _int(2, 64))
     toy_causal: bool = p(True, _bool)
     toy_seed: int = p(0, _int(0, 10_000))
+    scale: str = p("auto", _choice(SCALE_CHOICES))  # the weights step's colour scale
     rq: int = p(-1, _int(-1))  # rotary bands: the query (-1: the last token)
     rk: int = p(-1, _int(-1))  # and the key (-1: the one the head attends to most)
 

@@ -178,3 +178,27 @@ def test_generation_says_the_tokens_to_generate_count_against_the_cap(env):
     ok(at)
     assert any("count together against the sidebar's token limit" in c.value for c in at.caption)
     assert "count against the token limit" in at.number_input(key="k").help
+
+
+def test_from_scratch_names_its_steps_and_axes_and_scales_the_weights(env):
+    at = new_app("pages/2_From_scratch.py", model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    options = at.radio(key="wstep").options
+    assert (
+        "q_view — Q split into heads" in " ".join(options)
+        and "probs — attention weights (softmax)"
+        in options[[o.split(" ", 2)[1] for o in options].index("probs")]
+    )
+    from apptest import labels
+
+    n = len(labels(TEXT))
+    shapes = [c.value for c in at.caption if c.value.startswith("Shape:")]
+    assert shapes == [f"Shape: batch 1 × heads 4 × query tokens {n} × key tokens {n}."], shapes
+    assert at.selectbox(key="scale").value == "auto"
+    at.selectbox(key="scale").set_value("log").run()
+    ok(at)
+    assert at.query_params["scale"] in ("log", ["log"])
+    at.radio(key="wstep").set_value("k_view").run()
+    ok(at)
+    shapes = [c.value for c in at.caption if c.value.startswith("Shape:")]
+    assert shapes[0].startswith("Shape: batch 1 × tokens") and "kv heads 2 × head_dim 16" in shapes[0], shapes
