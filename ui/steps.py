@@ -67,6 +67,7 @@ STEP_NAMES = {
 
 def axis_names(name: str, shape: tuple[int, ...], layout: AttentionLayout) -> str:
     """A step's shape with its axes named, e.g. "batch 1 × heads 9 × tokens 12 × head_dim 64"."""
+    names: tuple[str, ...]
     if name in KEY_AXIS_STEPS:
         names = ("batch", "heads", "query tokens", "key tokens")
     elif name.endswith("_view") or name == "context_transposed":
