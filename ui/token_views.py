@@ -6,10 +6,12 @@ computed and drawn. A click on a token selects it (``tok``); the default token i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, cast
 
 import streamlit as st
+import streamlit.components.v1 as components
 
 from attnviz import figures as F
 from attnviz.analysis import token_views as TV
@@ -89,6 +91,7 @@ def draw(
         )
         name = F.figure_name(ref.name, f"L{layer}", f"H{head}", "text", f"T{tok}")
         export.chart(fig, name, key=views.chart_key(TEXT_CHART), on_select=True)
+        hover_text(res, layer, head, stack, display, tok, direction)
         return
     win = TV.window(n, tok)
     rows = models.cached(
@@ -108,3 +111,25 @@ def draw(
             "the window are listed past a ⋯ with their position, as (position) token "
             "(above it: earlier, below it: later)."
         )
+
+
+def hover_text(
+    res: Any, layer: int, head: int, stack: Stack, display: list[str], tok: int, direction: str
+) -> None:
+    """The text once more, coloured in the browser by the hovered token's weights (the whole
+    head's matrix is in the page: a hover needs no server). Up to `F.HOVER_MAX_TOKENS` tokens."""
+    n = len(display)
+    if n > F.HOVER_MAX_TOKENS:
+        st.caption(
+            f"Hover colouring is offered up to {F.HOVER_MAX_TOKENS} tokens; click a token above instead."
+        )
+        return
+    w = res.layer_tensor(layer, heads=[head], stack=stack)[0].float().cpu().numpy()
+    what = DIRECTION_NAMES[direction]
+    st.caption(f"Hover a token: the text is coloured by what it {what} (computed in your browser, no wait).")
+    lines = math.ceil(sum(len(t) + 1 for t in display) / 70) + 1
+    components.html(
+        F.hover_text_html(w.T if direction == "to" else w, display, start=tok, what=what),
+        height=min(520, 44 + 30 * lines),
+        scrolling=True,
+    )

@@ -42,3 +42,44 @@ def test_a_tile_clicked_before_selects_its_head_again(server, page):
             click_tile(page, f"tile head {head}")
         page.wait_for_function(f"() => /head={head}/.test(location.search)")
         assert f"layer 1 · head {head}" in head_title(page)
+
+
+HOVER_JS = """(i) => {
+  const spans = document.querySelectorAll('span.tok');
+  const t0 = performance.now();
+  spans[i].dispatchEvent(new MouseEvent('mouseenter'));
+  const ms = performance.now() - t0;
+  return {ms, n: spans.length, on: Array.from(spans).findIndex(s => s.classList.contains('on')),
+          colours: Array.from(spans).map(s => s.style.background),
+          info: document.getElementById('info').textContent};
+}"""
+
+
+def hover_frame(page):
+    """The frame of the hover view (a Streamlit html component: an iframe of its own)."""
+    for _ in range(600):
+        for f in page.frames:
+            if f != page.main_frame and f.query_selector("span.tok"):
+                return f
+        page.wait_for_timeout(100)
+    raise AssertionError("no hover view")
+
+
+def test_hovering_a_token_colours_the_text_at_once(server, page):
+    """The coloured text's hover view at ~500 tokens: hovering a token repaints every token by its
+    row in the browser (no server round trip) in under 100 ms; a causal row leaves later tokens
+    at the bottom colour."""
+    text = "the bank of the river is near the financial bank and " * 24  # 458 tokens
+    page.goto(url(server, ExplorerParams(model=TINY, text=text, layer=1, head=2, tview="text")))
+    wait_idle(page)
+    no_errors(page)
+    frame = hover_frame(page)
+    got = frame.evaluate(HOVER_JS, 40)
+    assert got["n"] == 458 and got["on"] == 40, {k: got[k] for k in ("n", "on")}
+    assert got["ms"] < 100, got["ms"]
+    assert got["info"].startswith("(40) ") and "attends to" in got["info"]
+    later = set(got["colours"][41:])
+    assert later == {"rgb(68, 1, 84)"}, later  # causal: nothing after token 40 gets weight
+    assert len(set(got["colours"][:41])) > 3
+    frame.hover("span.tok >> nth=7")  # a real pointer over token 7
+    assert frame.evaluate("() => document.querySelectorAll('span.tok')[7].classList.contains('on')")

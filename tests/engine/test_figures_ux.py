@@ -46,3 +46,14 @@ def test_value_name_on_the_colour_bar_and_hover():
     assert "‖α·W_O v‖ %{z" in fig.data[0].hovertemplate
     grid = F.head_grid(probs[None], ["a", "b", "c"], value="‖α·W_O v‖")
     assert grid.layout.coloraxis.colorbar.title.text == "‖α·W_O v‖"
+
+
+def test_the_hover_view_carries_the_exact_weights_and_escapes_tokens():
+    import base64
+    import re
+
+    w = np.random.default_rng(0).random((3, 3)).astype(np.float32)
+    page = F.hover_text_html(w, ["<b>", "a", "b"], start=1)
+    data = re.search(r'atob\("([^"]+)"\)', page).group(1)
+    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(data), dtype="<f4").reshape(3, 3), w)
+    assert "&lt;b&gt;" in page and "<b>" not in page.split("<body")[1].split("<script")[0]
