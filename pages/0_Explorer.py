@@ -38,7 +38,9 @@ def summary(res: AttentionResult) -> None:
         table = {"position": list(range(len(toks))), "token": list(toks.display), "id": list(toks.ids)}
         if any(toks.pieces):
             table["pieces"] = list(toks.pieces)
-        table |= {"special": list(toks.special), "chat template": list(toks.template)}
+        # ticks as text: checkboxes in a read-only table looked editable
+        table |= {name: ["✓" if f else "" for f in flags] for name, flags in
+                  (("special", toks.special), ("chat template", toks.template))}  # fmt: skip
         st.dataframe(table, hide_index=True, height=min(400, 36 + 35 * len(toks)))
 
 

@@ -202,3 +202,12 @@ def test_from_scratch_names_its_steps_and_axes_and_scales_the_weights(env):
     ok(at)
     shapes = [c.value for c in at.caption if c.value.startswith("Shape:")]
     assert shapes[0].startswith("Shape: batch 1 × tokens") and "kv heads 2 × head_dim 16" in shapes[0], shapes
+
+
+def test_the_tokens_table_has_no_checkboxes(env):
+    """Flags are shown as ticks: a boolean column is drawn as checkboxes that look editable."""
+    at = new_app(model=TINY, text=TEXT).run()
+    ok(at)
+    table = at.dataframe[0].value
+    assert table["special"].dtype != bool and set(table["special"]) <= {"✓", ""}
+    assert table["special"].iloc[0] == "✓"  # <s>
