@@ -111,6 +111,29 @@ def draw(
             "the window are listed past a ⋯ with their position, as (position) token "
             "(above it: earlier, below it: later)."
         )
+    hover_lines(res, key, layer, stack, display, tok, direction, top_k, head_names)
+
+
+def hover_lines(
+    res: Any, key: tuple, layer: int, stack: Stack, display: list[str], tok: int, direction: str, top_k: int,
+    head_names: Sequence[str],
+) -> None:  # fmt: skip
+    """BertViz's view: hover a token and only its lines show, drawn in the browser from every
+    head's top-k partners of every token (in the page: no server). Up to `F.HOVER_MAX_TOKENS`."""
+    n = len(display)
+    if n > F.HOVER_MAX_TOKENS:
+        return
+
+    def build() -> tuple:
+        t = res.layer_tensor(layer, stack=stack).float()  # (heads, N, N)
+        t = t.transpose(1, 2) if direction == "to" else t
+        w, idx = t.topk(min(top_k, n), dim=-1)
+        return idx.cpu().numpy(), w.cpu().numpy()
+
+    idx, w = models.cached("hoverlines", (key, stack, layer, direction, top_k), build)
+    st.caption("Hover a token on the left: its lines, every head at once (drawn in your browser, no wait).")
+    page = F.hover_lines_html(idx, w, display, list(head_names), F.head_colours(len(head_names)), start=tok)
+    components.html(page, height=min(520, 60 + 18 * n), scrolling=True)
 
 
 def hover_text(

@@ -49,7 +49,7 @@ from attnviz.figures.colour import (
 )
 from attnviz.figures.grid import head_grid
 from attnviz.figures.heatmaps import head_heatmap, matrix_heatmap, rows_heatmap
-from attnviz.figures.hover import HOVER_MAX_TOKENS, hover_text_html
+from attnviz.figures.hover import HOVER_MAX_TOKENS, hover_lines_html, hover_text_html
 from attnviz.figures.labels import (
     ALL_TICKS_MAX,
     TITLE_MARGIN,
@@ -106,6 +106,7 @@ __all__ = [
     "head_grid",
     "head_heatmap",
     "head_title",
+    "hover_lines_html",
     "hover_text_html",
     "index_ticks",
     "matrix_heatmap",

@@ -81,3 +81,84 @@ def hover_text_html(
     }
     body = f'<body data-what="{html.escape(what)}"><div id="info"></div><div id="text">{spans}</div>'
     return f"<!doctype html><html><head><meta charset='utf-8'>{_STYLE}</head>{body}{script}</body></html>"
+
+
+_LINES_SCRIPT = """
+<script>
+(() => {
+  const D = %(data)s;
+  const left = document.querySelectorAll("#left div"), right = document.querySelectorAll("#right div");
+  const svg = document.getElementById("svg"), info = document.getElementById("info");
+  const y = el => el.offsetTop + el.offsetHeight / 2;  // #wrap is the offset parent of both
+  svg.setAttribute("height", document.getElementById("left").offsetHeight);
+  function draw(i) {
+    let out = "";
+    D.idx.forEach((heads, h) => heads[i].forEach((j, r) => {
+      const w = D.w[h][i][r];
+      if (w < D.min) return;
+      out += `<line x1="0" y1="${y(left[i])}" x2="90" y2="${y(right[j])}" stroke="${D.colours[h]}" ` +
+             `stroke-width="${1 + 4 * w}" stroke-opacity="${0.25 + 0.75 * w}"><title>${D.heads[h]}: ` +
+             `${w.toFixed(4)}</title></line>`;
+    }));
+    svg.innerHTML = out;
+    left.forEach((el, k) => el.classList.toggle("on", k === i));
+    info.textContent = `${left[i].dataset.label}: each head's top ${D.k} (hover another token)`;
+  }
+  left.forEach((el, i) => el.addEventListener("mouseenter", () => draw(i)));
+  draw(%(start)d);
+})();
+</script>
+"""
+
+_LINES_STYLE = """
+<style>
+body { font-family: "Source Sans Pro", sans-serif; font-size: 13px; margin: 4px; }
+#wrap { display: grid; grid-template-columns: 1fr 90px 1fr; position: relative; }
+#left div { text-align: right; padding-right: 4px; height: 18px; white-space: pre; cursor: default; }
+#right div { text-align: left; padding-left: 4px; height: 18px; white-space: pre; }
+#left div.on { background: #ffe3e8; outline: 1px solid #e4002b; }
+svg { overflow: visible; }
+#info { color: #555; margin-bottom: 6px; }
+#legend span { margin-right: 10px; }
+</style>
+"""
+
+
+def hover_lines_html(
+    top_idx: np.ndarray,
+    top_w: np.ndarray,
+    tokens: Sequence[str],
+    head_names: Sequence[str],
+    colours: Sequence[str],
+    *,
+    start: int = 0,
+    min_weight: float = 0.02,
+) -> str:
+    """BertViz's view: tokens on the left and on the right, and for the token under the pointer
+    (left) a line to each head's top-k partners (right), width and opacity by weight. Only the
+    top k of every (head, token) are in the page (``top_idx`` / ``top_w``: (heads, N, k)), so a
+    hover draws at once with no server."""
+    n = len(tokens)
+    if top_idx.shape != top_w.shape or top_idx.shape[:2] != (len(head_names), n):
+        raise ValueError(f"top-k arrays {top_idx.shape} do not match {len(head_names)} heads x {n} tokens")
+    data = {
+        "idx": np.asarray(top_idx, dtype=int).tolist(),
+        "w": np.round(np.asarray(top_w, dtype=float), 5).tolist(),
+        "heads": [html.escape(h) for h in head_names],
+        "colours": list(colours),
+        "k": int(top_idx.shape[2]),
+        "min": float(min_weight),
+    }
+    rows = "".join(
+        f'<div data-label="{html.escape(f"({i}) {t}")}">{html.escape(t)}</div>' for i, t in enumerate(tokens)
+    )
+    legend = "".join(
+        f'<span style="color:{c}">━ {html.escape(h)}</span>' for h, c in zip(head_names, colours, strict=True)
+    )
+    body = (
+        f'<div id="info"></div><div id="legend">{legend}</div><div id="wrap"><div id="left">{rows}</div>'
+        f'<svg id="svg" width="90"></svg><div id="right">{rows}</div></div>'
+    )
+    script = _LINES_SCRIPT % {"data": json.dumps(data), "start": int(min(max(start, 0), n - 1))}
+    head = f"<head><meta charset='utf-8'>{_LINES_STYLE}</head>"
+    return f"<!doctype html><html>{head}<body>{body}{script}</body></html>"

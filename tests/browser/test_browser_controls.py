@@ -55,11 +55,11 @@ HOVER_JS = """(i) => {
 }"""
 
 
-def hover_frame(page):
-    """The frame of the hover view (a Streamlit html component: an iframe of its own)."""
+def hover_frame(page, selector: str = "span.tok"):
+    """The frame of a hover view (a Streamlit html component: an iframe of its own)."""
     for _ in range(600):
         for f in page.frames:
-            if f != page.main_frame and f.query_selector("span.tok"):
+            if f != page.main_frame and f.query_selector(selector):
                 return f
         page.wait_for_timeout(100)
     raise AssertionError("no hover view")
@@ -83,3 +83,33 @@ def test_hovering_a_token_colours_the_text_at_once(server, page):
     assert len(set(got["colours"][:41])) > 3
     frame.hover("span.tok >> nth=7")  # a real pointer over token 7
     assert frame.evaluate("() => document.querySelectorAll('span.tok')[7].classList.contains('on')")
+
+
+LINES_JS = """(i) => {
+  const left = document.querySelectorAll('#left div');
+  if (!left.length) return null;
+  const t0 = performance.now();
+  left[i].dispatchEvent(new MouseEvent('mouseenter'));
+  const ms = performance.now() - t0;
+  const lines = Array.from(document.querySelectorAll('#svg line'));
+  const right = document.querySelectorAll('#right div');
+  const rowOf = y => Array.from(right).findIndex(d => Math.abs(d.offsetTop + d.offsetHeight / 2 - y) < 1);
+  return {ms, n: left.length, from: lines.map(l => +l.getAttribute('y1')),
+          fromRow: left[i].offsetTop + left[i].offsetHeight / 2,
+          to: lines.map(l => rowOf(+l.getAttribute('y2')))};
+}"""
+
+
+def test_hovering_a_token_shows_only_its_lines(server, page):
+    """BertViz's hover at 458 tokens: every line starts at the hovered token, goes to a token at
+    or before it (causal), and the view redraws in under 100 ms, in the browser."""
+    text = "the bank of the river is near the financial bank and " * 24  # 458 tokens
+    page.goto(url(server, ExplorerParams(model=TINY, text=text, layer=1, head=2, tview="lines")))
+    wait_idle(page)
+    no_errors(page)
+    frame = hover_frame(page, "#left div")
+    for i in (40, 12):
+        got = frame.evaluate(LINES_JS, i)
+        assert got["n"] == 458 and got["ms"] < 100, (got["n"], got["ms"])
+        assert got["from"] and set(got["from"]) == {got["fromRow"]}
+        assert all(0 <= j <= i for j in got["to"]), got["to"]
