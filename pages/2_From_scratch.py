@@ -47,7 +47,9 @@ def step_browser(
             "Step",
             names,
             key="wstep",
-            format_func=lambda n: f"{names.index(n) + 1}. {n} — {steps.STEP_NAMES.get(n, n)}",
+            format_func=lambda n: (
+                f"{names.index(n) + 1}. {n}" + (f" — {steps.STEP_NAMES[n]}" if n in steps.STEP_NAMES else "")
+            ),
         )
     name = state.get("wstep")
     desc, value = next((d, v) for n, d, v in step_list if n == name)

@@ -48,6 +48,8 @@ STEP_NAMES = {
     "q_heads": "Q, heads first",
     "k_heads": "K, heads first",
     "v_heads": "V, heads first",
+    "rope_cos": "cos of each position's rotation angles",
+    "rope_sin": "sin of each position's rotation angles",
     "q_rope": "Q rotated by position (RoPE)",
     "k_rope": "K rotated by position (RoPE)",
     "k_repeated": "K shared across its query heads (GQA)",
