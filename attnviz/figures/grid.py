@@ -28,7 +28,7 @@ def head_grid(
     zmax: float | None = None,
     diverging: bool = False,
     max_cells: int = GRID_MAX_CELLS,
-    facet_px: int = 190,
+    facet_px: int = 160,
     scale: str | None = None,
     selected: int | None = None,
     pickable: bool = False,
@@ -112,6 +112,9 @@ def head_grid(
         showlegend=False,
     )
     fig.update_annotations(font_size=12)
+    if not diverging and pooled.shape[1] == pooled.shape[2]:  # square tiles for square matrices
+        fig.update_yaxes(scaleanchor="x", constrain="domain")
+        fig.update_xaxes(constrain="domain")
     if pickable:
         _add_pickers(fig, heads, titles, cols, x, y)
     if selected is not None and 0 <= selected < n_h:

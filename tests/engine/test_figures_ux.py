@@ -57,3 +57,10 @@ def test_the_hover_view_carries_the_exact_weights_and_escapes_tokens():
     data = re.search(r'atob\("([^"]+)"\)', page).group(1)
     np.testing.assert_array_equal(np.frombuffer(base64.b64decode(data), dtype="<f4").reshape(3, 3), w)
     assert "&lt;b&gt;" in page and "<b>" not in page.split("<body")[1].split("<script")[0]
+
+
+def test_grid_tiles_are_square_for_square_matrices():
+    """Tall narrow tiles with empty space beside them: a square matrix gets a square tile."""
+    layer = np.random.default_rng(2).random((4, 6, 6)).astype(np.float32)
+    fig = F.head_grid(layer, F.token_labels(list("abcdef")))
+    assert fig.layout.yaxis.scaleanchor == "x" and fig.layout.yaxis4.scaleanchor == "x"
