@@ -96,7 +96,7 @@ def head_panel(ref: models.ResultRef, zmax: float | None) -> None:
     head_view.draw(ref, d, head, zmax)
     st.subheader("Tokens")
     names = [F.head_title(h, d.kv[h] if d.kv else None) for h in range(res.n_heads)]
-    token_views.draw(ref, d.res, d.key, d.stack, d.layer, head, names, d.scale)
+    token_views.draw(ref, d.res, d.key, d.stack, d.layer, head, names, d.scale, d.cmap)
     state.share_box()  # here: a head change inside this fragment moves the link too
 
 

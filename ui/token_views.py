@@ -46,8 +46,10 @@ def draw(
     head: int,
     head_names: Sequence[str],
     scale: str,
+    cmap: str = "Viridis",
 ) -> None:
-    """The token views of ``res`` (a result or its value-weighted view, cached under ``key``)."""
+    """The token views of ``res`` (a result or its value-weighted view, cached under ``key``);
+    the coloured text in the heatmaps' colour map ``cmap``."""
     q_tokens, _ = res.axes(stack)
     if stack == "cross":
         st.info("Token views show self-attention; pick the encoder or decoder stack.")
@@ -88,6 +90,7 @@ def draw(
             title=title,
             hover=hover,
             width_chars=TEXT_WIDTH_CHARS,
+            colorscale=cmap,
         )
         name = F.figure_name(ref.name, f"L{layer}", f"H{head}", "text", f"T{tok}")
         export.chart(fig, name, key=views.chart_key(TEXT_CHART), on_select=True)

@@ -211,3 +211,15 @@ def test_the_tokens_table_has_no_checkboxes(env):
     table = at.dataframe[0].value
     assert table["special"].dtype != bool and set(table["special"]) <= {"✓", ""}
     assert table["special"].iloc[0] == "✓"  # <s>
+
+
+def test_coloured_text_uses_the_heatmaps_colour_map(env):
+    from apptest import specs
+
+    at = new_app(model=TINY, text=TEXT, tview="text", cmap="Magma").run()
+    ok(at)
+    heat = next(s for s in specs(at) if s["data"][0].get("type") == "heatmap")
+    bar = next(s for s in specs(at) if s["data"][0].get("type") == "bar")
+    assert bar["layout"]["coloraxis"]["colorscale"] == heat["layout"]["coloraxis"]["colorscale"]
+    fonts = bar["data"][0]["textfont"]["color"]
+    assert "#fff" in fonts  # Magma starts dark: low weights get light text
