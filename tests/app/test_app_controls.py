@@ -223,3 +223,13 @@ def test_coloured_text_uses_the_heatmaps_colour_map(env):
     assert bar["layout"]["coloraxis"]["colorscale"] == heat["layout"]["coloraxis"]["colorscale"]
     fonts = bar["data"][0]["textfont"]["color"]
     assert "#fff" in fonts  # Magma starts dark: low weights get light text
+
+
+def test_a_text_over_the_servers_cap_is_refused_with_an_offer(env):
+    env.setenv("ATTNVIZ_MAX_TOKENS", "8")
+    at = new_app(model=TINY, text=TEXT + " and the sea").run()
+    msg = at.error[0].value
+    assert msg.startswith("The text has") and "reads at most 8" in msg and "Shorten the text" in msg
+    next(b for b in at.button if b.label == "Use the first 8 tokens").click().run()
+    ok(at)
+    assert len(at.dataframe[0].value["token"]) <= 8 and at.get("plotly_chart")
