@@ -10,8 +10,9 @@ either. This measures them one at a time.
   SDPA forward of the same text is measured in this process right after (median of three,
   `bench_ui_common.forward_median`); the ratio is server time / forward, in wall and in CPU time.
 - **Browser**: Debian's Chromium (Playwright) opens the same link, its result now cached on the
-  server, and the CPU seconds of every Chromium process from navigation until the page is idle
-  are the browser's cost of drawing that view.
+  server; the CPU seconds of every Chromium process from navigation until the page is idle, less
+  those of opening the same page with no text (the app's own load), are the browser's cost of
+  drawing that view.
 
 Pages: the Explorer and Model overview. Rows go to docs/benchmarks.md between the ui-split
 markers, dated, with the 1-minute load average before and after (the box is shared).
@@ -78,6 +79,15 @@ def chromium_cpu() -> float:
     return total
 
 
+def open_link(pg, url: str, path: str, query: str) -> float:
+    """Chromium's CPU seconds to open ``url/path?query`` until the page is idle and drawn."""
+    c0 = chromium_cpu()
+    pg.goto(f"{url}/{path}?{query}")
+    wait_idle(pg, timeout_ms=600_000)
+    pg.wait_for_timeout(1000)  # the last charts' drawing after the run ends
+    return chromium_cpu() - c0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1500)
@@ -105,12 +115,11 @@ def main() -> int:
             with chromium() as b:
                 ctx = b.new_context(viewport={"width": 1440, "height": 1000})
                 pg = ctx.new_page()
-                query = urllib.parse.urlencode({"model": MODEL, "text": text}, quote_via=urllib.parse.quote)
-                c0 = chromium_cpu()
-                pg.goto(f"{s.url}/{path}?{query}")
-                wait_idle(pg, timeout_ms=600_000)
-                pg.wait_for_timeout(1000)  # the last charts' drawing after the run ends
-                browser = chromium_cpu() - c0
+                empty = urllib.parse.urlencode({"model": MODEL, "text": ""})
+                full = urllib.parse.urlencode({"model": MODEL, "text": text}, quote_via=urllib.parse.quote)
+                open_link(pg, s.url, path, empty)  # the browser's first load of the app (cache warm)
+                shell = open_link(pg, s.url, path, empty)  # the app's own load: no text, no figure
+                browser = open_link(pg, s.url, path, full) - shell
                 ctx.close()
             ratio, ratio_cpu = statistics.median(walls), statistics.median(cpus)
             rows.append(
@@ -127,8 +136,10 @@ def main() -> int:
         f"{load1:.1f} after; the machine was loaded by other engineers' tests, so the times are "
         "upper bounds). Server: submit → the server's last message of the run (websocket client, "
         "no browser) over one plain forward of the same text (median of 3) measured right after; "
-        "in CPU time: the server process's CPU over this process's. Browser: Chromium's CPU "
-        "seconds to draw the same link, its result cached on the server.\n\n"
+        "in CPU time: the server process's CPU over this process's; server and forward run on 1 "
+        "thread (OMP_NUM_THREADS=1). Browser: Chromium's CPU seconds to open the same link (its "
+        "result cached on the server) less those to open the page with no text (the app's own "
+        "load), the browser's cache warm.\n\n"
         "| page | N tokens | server (submit → last message) | one plain forward | server / forward | "
         "same in CPU time | target | Chromium CPU for the view |\n|---|---|---|---|---|---|---|---|\n"
         + "\n".join(rows)
