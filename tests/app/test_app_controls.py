@@ -233,3 +233,19 @@ def test_a_text_over_the_servers_cap_is_refused_with_an_offer(env):
     next(b for b in at.button if b.label == "Use the first 8 tokens").click().run()
     ok(at)
     assert len(at.dataframe[0].value["token"]) <= 8 and at.get("plotly_chart")
+
+
+def test_the_page_shell_is_drawn_before_the_heavy_imports():
+    """A fresh server's first visitor saw a blank page while torch and transformers imported:
+    app.py sets the page up and says it is starting before it imports them."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "app.py").read_text())
+    heavy = min(
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module in ("ui", "attnviz.server")
+    )
+    calls = {getattr(n.func, "attr", ""): n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert calls["set_page_config"] < heavy and calls["info"] < heavy
