@@ -50,9 +50,10 @@ def server_run(
     """(wall, server CPU) seconds from sending the run to the server's last message of it."""
     from streamlit.proto import BackMsg_pb2, ForwardMsg_pb2
     from websockets.sync.client import connect
+    from websockets.typing import Subprotocol
 
     ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
-    with connect(ws_url, subprotocols=["streamlit"], open_timeout=30, max_size=2**28) as ws:
+    with connect(ws_url, subprotocols=[Subprotocol("streamlit")], open_timeout=30, max_size=2**28) as ws:
         back = BackMsg_pb2.BackMsg()
         back.rerun_script.query_string = query
         back.rerun_script.page_name = page
