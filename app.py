@@ -13,12 +13,24 @@ import os
 # forward is as fast (docs/benchmarks.md). A value set by whoever starts the server is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import sys
+
 import streamlit as st
 
-from attnviz.server import env
-from ui import demo, shell
-
 st.set_page_config(page_title="attnviz", page_icon=":material/search:", layout="wide")
+# The page shell at once: on a fresh server the imports below (PyTorch, transformers) take
+# seconds, and the first visitor saw a blank page until they were done.
+_starting = st.empty()
+if "ui.shell" not in sys.modules:
+    _starting.info(
+        "Starting attnviz: loading PyTorch and transformers (once per server start)…",
+        icon=":material/hourglass_top:",
+    )
+
+from attnviz.server import env  # noqa: E402 - after the shell: the heavy imports
+from ui import demo, shell  # noqa: E402
+
+_starting.empty()
 try:
     env.check_all()  # a bad ATTNVIZ_* flag stops every page with its name, not later in a page
 except env.BadSetting as err:

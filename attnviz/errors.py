@@ -31,6 +31,15 @@ class InputTooLong(AttnvizError):
     """The text has more tokens than the allowed maximum."""
 
 
+class TooManyPositions(InputTooLong):
+    """The text has more tokens than the model has positions (a learned position table);
+    ``limit`` is how many it reads, so a caller can offer the text's first ``limit`` tokens."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class EmptyInput(AttnvizError):
     """The text is empty or gives no tokens."""
 

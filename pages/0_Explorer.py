@@ -13,12 +13,27 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import head_view, layer_controls, layer_grid, longview, mixers, models, shell, state, token_views
+from ui import (
+    exactness,
+    head_view,
+    layer_controls,
+    layer_grid,
+    longview,
+    mixers,
+    models,
+    shell,
+    state,
+    token_views,
+)
 from ui.params import ExplorerParams
 from ui.text import md
 
 frame = shell.begin(ExplorerParams)
 st.title("Attention explorer")
+READING = (
+    "How to read a heatmap: **row = query** (the token that attends), **column = key** (the token it "
+    "attends to); each row's weights sum to 1. Brighter = more attention."
+)
 
 
 def summary(res: AttentionResult) -> None:
@@ -34,7 +49,9 @@ def summary(res: AttentionResult) -> None:
         table = {"position": list(range(len(toks))), "token": list(toks.display), "id": list(toks.ids)}
         if any(toks.pieces):
             table["pieces"] = list(toks.pieces)
-        table |= {"special": list(toks.special), "chat template": list(toks.template)}
+        # ticks as text: checkboxes in a read-only table looked editable
+        table |= {name: ["✓" if f else "" for f in flags] for name, flags in
+                  (("special", toks.special), ("chat template", toks.template))}  # fmt: skip
         st.dataframe(table, hide_index=True, height=min(400, 36 + 35 * len(toks)))
 
 
@@ -42,6 +59,7 @@ def summary(res: AttentionResult) -> None:
 def layer_view(ref: models.ResultRef) -> None:
     """The layer's controls and grid; the big head and the token views are a fragment inside
     it, so a head change reruns only them (the grid is not sent again)."""
+    state.reseed()
     res = models.result(ref)
     if res is None:
         return
@@ -73,11 +91,14 @@ def layer_view(ref: models.ResultRef) -> None:
     if not shared:
         with left:
             layer_grid.draw(ref, d)
+    with left:  # under the grid: is the layer on screen exact?
+        exactness.draw(ref, res, d.stack, d.layer)
 
 
 @st.fragment
 def head_panel(ref: models.ResultRef, zmax: float | None) -> None:
     """The head picker, the big head and the token views: a head change reruns only this."""
+    state.reseed()
     res = models.result(ref)
     d = layer_controls.drawing(ref, res) if res is not None else None
     if res is None or d is None:
@@ -86,7 +107,7 @@ def head_panel(ref: models.ResultRef, zmax: float | None) -> None:
     head_view.draw(ref, d, head, zmax)
     st.subheader("Tokens")
     names = [F.head_title(h, d.kv[h] if d.kv else None) for h in range(res.n_heads)]
-    token_views.draw(ref, d.res, d.key, d.stack, d.layer, head, names, d.scale)
+    token_views.draw(ref, d.res, d.key, d.stack, d.layer, head, names, d.scale, d.cmap)
     state.share_box()  # here: a head change inside this fragment moves the link too
 
 
@@ -94,6 +115,7 @@ def main() -> None:
     """The model and the result stay locals of this run; the fragment gets the ref."""
     _, res, ref = shell.load_and_extract(frame)
     summary(res)
+    st.caption(READING)
     block = mixers.block_picker(res) if mixers.applies(res.layout) else None  # hybrids: every block
     if block is not None:
         mixers.draw(ref, res, block)

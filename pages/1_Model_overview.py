@@ -216,11 +216,11 @@ def head_finder(hm: HeadMetrics, stack: Stack, explorer: ExplorerParams, kv: lis
         },
     )
     selected = list(picked.selection.rows) if picked is not None and picked.selection else []
-    if selected:
-        row = rows[selected[0]]
-        layer_sel, head_sel = int(row["layer"]), int(row["head"])
-    else:
-        layer_sel, head_sel = int(rows[0]["layer"]), int(rows[0]["head"])
+    if not selected:  # no head named before one is picked (the top row's read as a choice made)
+        st.button("Select a row to open its head in the explorer", key="open_head", disabled=True)
+        return
+    row = rows[selected[0]]
+    layer_sel, head_sel = int(row["layer"]), int(row["head"])
     if st.button(
         f"Open layer {layer_sel}, head {head_sel} in the explorer",
         key="open_head",

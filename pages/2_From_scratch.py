@@ -11,8 +11,8 @@ from attnviz.analysis import token_views as TV
 from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
 from attnviz.reference.walkthrough import Walkthrough
-from ui import attention, export, models, rotary, scratch_mixers, shell, sidebar, state, steps
-from ui.params import CHANGES, SCRATCH_MODES, ScratchParams
+from ui import attention, export, models, rotary, scratch_mixers, shell, sidebar, state, steps, views
+from ui.params import CHANGES, SCALE_CHOICES, SCRATCH_MODES, ScratchParams
 from ui.text import guarded, md
 
 TOY_HEADS = [1, 2, 4, 8, 16]
@@ -39,7 +39,6 @@ def step_browser(
 ) -> None:
     """A list of the steps and the chosen one drawn for one head."""
     names = [name for name, _, _ in step_list]
-    shapes = {name: tuple(value.shape) for name, _, value in step_list}
     if state.get("wstep") not in names:  # e.g. k_rope in a model without RoPE: quietly show the weights
         state.put("wstep", "probs" if "probs" in names else names[0])
     left, right = st.columns([1, 2], gap="medium")
@@ -48,23 +47,34 @@ def step_browser(
             "Step",
             names,
             key="wstep",
-            format_func=lambda n: f"{names.index(n) + 1}. {n} {shapes[n]}",
+            format_func=lambda n: (
+                f"{names.index(n) + 1}. {n}" + (f" — {steps.STEP_NAMES[n]}" if n in steps.STEP_NAMES else "")
+            ),
         )
     name = state.get("wstep")
     desc, value = next((d, v) for n, d, v in step_list if n == name)
     pic = steps.step_picture(name, value, head, layout, labels)
     with right:
-        st.markdown(f"**{name}** — shape `{tuple(value.shape)}`")
+        st.markdown(f"**{steps.STEP_NAMES.get(name, name)}** (`{name}`)")
+        st.caption(f"Shape: {steps.axis_names(name, tuple(value.shape), layout)}.")
         st.caption(desc + (f" · showing {pic.note}" if pic.note else ""))
-        fig = F.matrix_heatmap(
-            pic.array,
-            title=f"{name} · {pic.note}" if pic.note else name,
-            row_labels=pic.rows,
-            col_labels=pic.cols,
-            x_title="key" if name in steps.KEY_AXIS_STEPS else "dimension",
-            y_title="query" if name in steps.KEY_AXIS_STEPS else "position",
-            height=500,
-        )
+        title = f"{name} · {pic.note}" if pic.note else name
+        if name == "probs":  # weights: the page's colour scale (a linear map looks empty at 512 tokens)
+            choice = views.scale_picker(SCALE_CHOICES)
+            scale, note = views.scale_for(choice, max(pic.array.shape))
+            fig = F.head_heatmap(pic.array, pic.rows, pic.cols, title=title, scale=scale, height=500)
+            if note:
+                st.caption(note)
+        else:
+            fig = F.matrix_heatmap(
+                pic.array,
+                title=title,
+                row_labels=pic.rows,
+                col_labels=pic.cols,
+                x_title="key" if name in steps.KEY_AXIS_STEPS else "dimension",
+                y_title="query" if name in steps.KEY_AXIS_STEPS else "position",
+                height=500,
+            )
         export.chart(fig, F.figure_name("scratch", name, f"H{head}"), key="step_chart")
 
 

@@ -14,7 +14,10 @@ frame = shell.begin(GenerationParams, text_label="Prompt")
 st.title("Attention while generating")
 c1, c2 = st.columns([1, 3])
 with c1:
-    k = st.number_input("Tokens to generate", 1, 64, key="k", step=1)
+    k = st.number_input(
+        "Tokens to generate", 1, 64, key="k", step=1,
+        help="They count against the token limit in the sidebar with the prompt: prompt + these.",
+    )  # fmt: skip
     sample = st.toggle(
         "Sample", key="sample", help="Draw each token (temperature, top-p, seed) instead of greedy."
     )
@@ -22,7 +25,8 @@ with c2:
     st.caption(
         "The model continues the prompt one token at a time, taking the most likely token (greedy) or "
         "drawing one (sampling, reproducible with its seed). For each step you see where the new token's "
-        "query looks, in every head of a layer."
+        "query looks, in every head of a layer. The prompt and the tokens to generate count together "
+        "against the sidebar's token limit."
     )
     sampling = None
     if sample:

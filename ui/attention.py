@@ -14,6 +14,7 @@ import torch
 from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.analysis.rollout import drop_and_renormalize
+from attnviz.analysis.value_weighted import ValueWeighted
 from attnviz.layout import Stack
 from ui import models, state
 
@@ -175,6 +176,9 @@ def head_metrics(
     return hm, note
 
 
+VALUE_WEIGHTED_NAME = "‖α·W_O v‖ (rel.)"  # Kobayashi et al. 2020: each weight times its value's output norm
+
+
 @dataclass(frozen=True, eq=False)
 class Drawing:
     """What one run of the explorer draws: the result shown (or its value-weighted view) and its
@@ -197,6 +201,11 @@ class Drawing:
     @property
     def stack(self) -> Stack:
         return self.view.stack
+
+    @property
+    def value_name(self) -> str:
+        """What the colour is: the weight, or value-weighted attention's norm (relative)."""
+        return VALUE_WEIGHTED_NAME if isinstance(self.res, ValueWeighted) else "weight"
 
     @property
     def stack_part(self) -> str:

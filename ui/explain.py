@@ -8,9 +8,7 @@ and keeps nothing). A clicked head (an edge's strongest head, a ranked head) ope
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import streamlit as st
@@ -19,11 +17,10 @@ from attnviz import AttnvizError, LoadedModel
 from attnviz import explain as X
 from attnviz.figures import explain as FX
 from attnviz.figures import figure_name
-from ui import export, models, shell, state, views
+from ui import export, models, progress, shell, state, views
 from ui.params import ExplainParams, ExplorerParams
 from ui.text import guarded, md
 
-_CANCELLED = "_explain_cancelled"
 TRACE_ENTRIES = 2  # traces kept per process (one is ~0.6 GiB at 2,048 tokens on smollm2-135m)
 TRACE_BYTES = 3 * 2**30
 
@@ -33,40 +30,6 @@ def _traces() -> models.ResultCache:
     """Traces in a cache of their own: one is larger than the shared derived-values budget, so
     there it would push out every other page's values and then be pushed out by its own graph."""
     return models.ResultCache(TRACE_ENTRIES, TRACE_BYTES)
-
-
-def _cancel(key: str) -> None:
-    st.session_state[_CANCELLED] = key
-
-
-@contextmanager
-def staged(what: str, key: Hashable) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar and a Cancel button; yields ``progress(done, total)`` (layers)."""
-    mark = repr(key)
-    holder = st.empty()
-    with holder.container():
-        bar = st.progress(0.0, text=f"{what}…")
-        st.button("Cancel", key=f"explain_cancel_{abs(hash(mark))}", on_click=_cancel, args=(mark,))
-    started = time.perf_counter()
-
-    def report(done: int, total: int) -> None:
-        spent = time.perf_counter() - started
-        left = f", about {spent / done * (total - done):.0f} s left" if done else ""
-        bar.progress(
-            min(done / max(total, 1), 1.0), text=f"{what}: layer {done} of {total} · {spent:.0f} s{left}"
-        )
-
-    yield report
-    holder.empty()
-
-
-def cancelled(key: Hashable) -> bool:
-    """True (said, with a button to run it again) when this work was cancelled."""
-    if st.session_state.get(_CANCELLED) != repr(key):
-        return False
-    st.info("Cancelled: nothing was kept.", icon=":material/cancel:")
-    st.button("Run again", key="explain_rerun", on_click=lambda: st.session_state.pop(_CANCELLED, None))
-    return True
 
 
 def computed(
@@ -79,12 +42,12 @@ def computed(
     """``build(progress)`` once per key (bounded cache: ``store``, else the shared derived
     values); while it runs a bar and Cancel show. None when this work was cancelled."""
     full = (name, *key)
-    if cancelled(full):
+    if progress.cancelled(full):
         return None
 
     def run() -> Any:
-        with models.turn() as check, staged(what, full) as report:  # demo: the one queue
-            return build(models.checked(report, check))
+        with models.turn() as check, progress.steps(what, full, unit="layer", keeps=False) as report:
+            return build(models.checked(report, check))  # demo: the one queue
 
     if store is None:
         return models.cached(name, key, run, nbytes=lambda v: getattr(v, "nbytes", 1 << 20))
@@ -197,7 +160,8 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
             layer,
             head,
             dst,
-            f"Open layer {layer}, head {head} (token {dst} → {src}) in the explorer",
+            f"Open layer {layer}, head {head} ({md(tr.tokens.labels[src])} → {md(tr.tokens.labels[dst])}) "
+            "in the explorer",  # the edge's own wording in the chart's hover: source → target
             "routes_open",
         )
     with st.expander("Edges as a table"):

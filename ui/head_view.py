@@ -31,7 +31,7 @@ def current(n_heads: int) -> int:
     """The selected head, before anything is drawn: a new click on a grid tile selects its head
     (the one place the head is written besides its picker), then it is kept in 0..n_heads-1 (a
     link's or another model's head gets a warning)."""
-    picked = views.clicked(st.session_state.get(GRID_CHART), GRID_CHART)
+    picked = views.click(GRID_CHART)
     if picked:
         state.put(KEY, int(picked[0]))
     return state.clamp(KEY, 0, n_heads - 1, "head")
@@ -98,10 +98,12 @@ def draw(ref: models.ResultRef, d: Drawing, head: int, zmax: float | None) -> No
     head_name = F.head_title(head, d.kv[head] if d.kv else None)
     title = f"{ref.name} · {d.res.layout.layer_label(d.layer)} · {head_name}"
     title += f" · {d.stack}" if d.stack_part else ""
-    cmap, scale = d.cmap, d.scale
+    cmap, scale, value = d.cmap, d.scale, d.value_name
 
     def figure(z: np.ndarray) -> go.Figure:
-        fig = F.head_heatmap(z, q_lab, k_lab, title=title, colorscale=cmap, scale=scale, zmax=zmax)
+        fig = F.head_heatmap(
+            z, q_lab, k_lab, title=title, colorscale=cmap, scale=scale, zmax=zmax, value=value
+        )
         # the title starts at the figure's left edge, not the plot area's: long token labels push
         # the plot area right, and a title anchored there ran past the chart's edge
         return fig.update_layout(title_xref="container", title_x=0, title_pad_l=10)

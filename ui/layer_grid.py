@@ -12,7 +12,7 @@ import contextlib
 import streamlit as st
 
 from attnviz import figures as F
-from ui import export, head_view, longview
+from ui import export, head_view, longview, views
 from ui.attention import Drawing
 from ui.models import ResultRef
 from ui.text import guarded
@@ -39,10 +39,10 @@ def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
     zmax = float(img.z.max()) if shared else None
     fig = F.head_grid(
         img.z, img.q_labels, img.k_labels, kv_heads=d.kv, colorscale=d.cmap, scale=d.scale, zmax=zmax,
-        pickable=True,
+        pickable=True, value=d.value_name,
     )  # fmt: skip
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}")
-    export.chart(fig, name, key=head_view.GRID_CHART, on_select=True)
+    export.chart(fig, name, key=views.chart_key(head_view.GRID_CHART), on_select=True)
     st.caption("Click a head's tile to show it big. " + d.scale_note)
     export.html_buttons(lambda: [fig], name, key="grid", what="this layer's grid")
     return True, zmax

@@ -281,6 +281,7 @@ class ExplorerParams(Params):
     vw: bool = p(False, _bool)  # value-weighted attention
     tok: int = p(-1, _int(-1))  # the token of the token views; -1: the last token
     tview: str = p("lines", _choice(TOKEN_VIEWS))  # which token view is drawn
+    topk: int = p(3, _int(1, 10))  # the lines view: links drawn per head
     tdir: str = p("from", _choice(DIRECTIONS))
     pool: str = p("max", _choice(POOLS))  # how a long text's blocks are pooled: max or mean
     zoom: bool = p(False, _bool)  # a long text's head view: one region at full resolution
@@ -315,6 +316,7 @@ class ScratchParams(Params):
     toy_n: int = p(8, _int(2, 64))
     toy_causal: bool = p(True, _bool)
     toy_seed: int = p(0, _int(0, 10_000))
+    scale: str = p("auto", _choice(SCALE_CHOICES))  # the weights step's colour scale
     rq: int = p(-1, _int(-1))  # rotary bands: the query (-1: the last token)
     rk: int = p(-1, _int(-1))  # and the key (-1: the one the head attends to most)
 

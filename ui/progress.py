@@ -17,6 +17,8 @@ from collections.abc import Callable, Hashable, Iterator
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
+from attnviz.extract import auto_check_skipped
+
 _CANCELLED = "_attnviz_cancelled"
 # The bar is redrawn at most this often: each redraw is a message the browser renders (a React
 # update and the bar's slide, ~0.05 s of Chromium's CPU) while the forward runs beside it on the
@@ -47,9 +49,12 @@ def cancelled(run_key: Hashable) -> bool:
     return True
 
 
-def stage_text(what: str, done: int, total: int, elapsed: float) -> str:
-    """The bar's line: the stage, the time so far and, once a layer is done, the time left."""
+def stage_text(what: str, done: int, total: int, elapsed: float, skipped: str = "") -> str:
+    """The bar's line: the stage, the time so far and, once a layer is done, the time left; at
+    the end, the check against eager, or why it is skipped (``skipped``)."""
     if done >= total:
+        if skipped:
+            return f"{what}: forward pass done · drawing ({skipped}; the page offers it per layer)"
         return f"{what}: forward pass done · checking one layer of each stack against eager and drawing"
     line = f"{what}: forward pass, attention layer {done} of {total} · {elapsed:.0f} s"
     if done:
@@ -60,11 +65,12 @@ def stage_text(what: str, done: int, total: int, elapsed: float) -> str:
 @contextlib.contextmanager
 def staged(what: str, n_tokens: int, run_key: Hashable) -> Iterator[Callable[[int, int], None]]:
     """A progress bar and a Cancel button for one run; yields the ``progress`` callback."""
+    skipped = auto_check_skipped(n_tokens)
     with _bar(
         run_key,
         f"{what}: {n_tokens} tokens, starting the forward pass…",
         "Stop this run now; nothing is kept and the model is free for the next request.",
-        lambda done, total, elapsed: stage_text(what, done, total, elapsed),
+        lambda done, total, elapsed: stage_text(what, done, total, elapsed, skipped),
     ) as report:
         yield report  # an interrupted run leaves the bar to the rerun, which redraws the page
 
@@ -82,13 +88,16 @@ def _cleared_on_error(holder: DeltaGenerator) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def steps(what: str, run_key: Hashable, *, unit: str = "step") -> Iterator[Callable[[int, int], None]]:
-    """A progress bar with a Cancel button for work done in steps (pooling every layer); yields
-    ``report(done, total)``. Check `cancelled` with the same ``run_key`` before starting."""
+def steps(
+    what: str, run_key: Hashable, *, unit: str = "step", keeps: bool = True
+) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar with a Cancel button for work done in steps (pooling every layer, the
+    Explain page's trace); yields ``report(done, total)``. Check `cancelled` with the same
+    ``run_key`` before starting. ``keeps``: whether a cancelled run keeps what it did."""
     with _bar(
         run_key,
         f"{what}…",
-        "Stop now; what is done so far is kept for the next try.",
+        "Stop now; what is done so far is kept for the next try." if keeps else "Stop now; nothing is kept.",
         lambda done, total, _: f"{what}: {unit} {done} of {total}…",
     ) as report:
         yield report

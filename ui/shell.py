@@ -20,7 +20,8 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from attnviz import AttentionResult, LoadedModel
-from attnviz.extract import Sampling
+from attnviz.errors import AttnvizError, TooManyPositions
+from attnviz.extract import Sampling, check_positions, first_tokens, position_limit, tokenize
 from ui import logs, models, sidebar, state
 from ui.params import (
     MAX_TEXT_CHARS,
@@ -128,6 +129,8 @@ def load_and_extract(
     if frame.cap_slot is not None:
         sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
+    if positions_past_limit(lm, p.text, chat=chat, generate=generate):
+        stop()
     res, ref = models.extract(
         lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate, sampling=sampling,
         statistics=statistics,
@@ -135,3 +138,45 @@ def load_and_extract(
     if res is None or ref is None:
         stop()
     return lm, res, ref
+
+
+def positions_past_limit(lm: LoadedModel, text: str, *, chat: bool, generate: int = 0) -> bool:
+    """Up front, before any progress bar: a text longer than the model's own position table
+    (`attnviz.extract.position_limit`, e.g. minilm-l6's 512) or than this server's cap (the demo's
+    512, `ATTNVIZ_MAX_TOKENS`) gets the reason and a button that keeps the text's first tokens.
+    True when the page must stop."""
+    cfg = models.config()
+    short = len(text) + generate + 16 < cfg.max_tokens  # a token has >= 1 character; 16: special tokens
+    if position_limit(lm.model) is None and short and not chat:
+        return False
+    try:
+        n = len(tokenize(lm, text, chat=chat)[0])
+    except AttnvizError:
+        return False  # an empty or bad text: the extraction says why
+    try:
+        check_positions(lm, n, generate)
+    except TooManyPositions as err:
+        return _offer(lm, text, str(err)[0].upper() + str(err)[1:] + ".", err.limit - generate, chat)
+    if n + generate > cfg.max_tokens:
+        gen = f" (+{generate} to generate)" if generate else ""
+        why = "the public demo's limit" if cfg.demo else "this server's limit, ATTNVIZ_MAX_TOKENS"
+        msg = (
+            f"The text has {n:,} tokens{gen}; this server reads at most {cfg.max_tokens:,} ({why}). "
+            f"Shorten the text or use its first {cfg.max_tokens - generate:,} tokens."
+        )
+        return _offer(lm, text, msg, cfg.max_tokens - generate, chat)
+    return False
+
+
+def _offer(lm: LoadedModel, text: str, message: str, n: int, chat: bool) -> bool:
+    """The refusal and a "Use the first n tokens" button (it cuts the text in the box)."""
+    st.error(message, icon=":material/error:")
+    try:
+        cut = first_tokens(lm, text, max(n, 1), chat=chat)
+    except AttnvizError:
+        return True
+    st.button(
+        f"Use the first {max(n, 1):,} tokens", key="first_tokens", on_click=state.put, args=("text", cut),
+        icon=":material/content_cut:", help="Cut the text in the box there (the rest is dropped).",
+    )  # fmt: skip
+    return True

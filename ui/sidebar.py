@@ -14,6 +14,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
 from attnviz import LoadedModel
+from attnviz.extract import position_limit
 from attnviz.server import specs
 from ui import models, state
 from ui.params import MAX_TEXT_CHARS
@@ -118,6 +119,9 @@ def token_cap(lm: LoadedModel, slot: DeltaGenerator) -> None:
     cfg = models.config()
     cap = specs.token_cap(lm, cfg)
     why = f" (the free memory on {lm.device})" if cap < cfg.max_tokens else ""
+    limit = position_limit(lm.model)
+    if limit is not None and limit <= cap:
+        cap, why = limit, " (the model's own position limit)"
     slot.caption(f"Up to {cap} tokens{why}." + (" Public demo: one request at a time." if cfg.demo else ""))
 
 

@@ -12,10 +12,12 @@ of widgets that a page does not draw).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from ui.params import LINK_BUDGET, Params, Problem, Query
 from ui.text import literal
@@ -82,6 +84,28 @@ def start(cls: type[Params], path: str = "") -> None:
     for n in names:
         if n not in MODEL_PARAMS and (n not in ss or (changed and n not in applied)):
             ss[n] = store[n]
+    reseed()
+
+
+TYPED = ("text", "text2")  # text boxes: drawn in every run (the sidebar), never re-sent while typed in
+
+
+def reseed() -> None:
+    """Write every parameter's value to its widget key again, before its widget is drawn.
+
+    A widget that one run did not draw (the page stopped early: a Cancel, an empty text, an
+    error; or a fragment returned before it) is forgotten by the browser; when it is drawn
+    again, Streamlit hands the script the session's value but the browser shows the widget's
+    default (layer 0, head 0) unless that value was written in this run. Writing it again each
+    run makes the browser show what the page draws. Call at the top of every full run (`start`
+    does) and of every fragment that draws parameter widgets."""
+    ss = st.session_state
+    for n in page_params().names():
+        if n not in MODEL_PARAMS and n not in TYPED:
+            # a widget already drawn in this run (the sidebar's, or an outer fragment's during a
+            # full run) shows its value already; Streamlit refuses the write
+            with contextlib.suppress(StreamlitAPIException):
+                ss[n] = ss[n] if n in ss else get(n)
 
 
 def _value(raw: str) -> str:

@@ -37,6 +37,58 @@ TOY_DESCRIPTIONS = {
 }
 
 
+STEP_NAMES = {
+    "x": "the input",
+    "q_proj": "queries Q",
+    "k_proj": "keys K",
+    "v_proj": "values V",
+    "q_view": "Q split into heads",
+    "k_view": "K split into heads",
+    "v_view": "V split into heads",
+    "q_heads": "Q, heads first",
+    "k_heads": "K, heads first",
+    "v_heads": "V, heads first",
+    "rope_cos": "cos of each position's rotation angles",
+    "rope_sin": "sin of each position's rotation angles",
+    "q_rope": "Q rotated by position (RoPE)",
+    "k_rope": "K rotated by position (RoPE)",
+    "k_repeated": "K shared across its query heads (GQA)",
+    "v_repeated": "V shared across its query heads (GQA)",
+    "scores_raw": "scores Q·Kᵀ",
+    "scores_scaled": "scores ÷ √head_dim",
+    "scores_softcapped": "scores soft-capped",
+    "mask": "the mask",
+    "scores_masked": "scores with the mask",
+    "probs": "attention weights (softmax)",
+    "context_heads": "weights × V, per head",
+    "context_transposed": "tokens first again",
+    "concat": "the heads side by side",
+    "output": "the output (× W_o)",
+}
+
+
+def axis_names(name: str, shape: tuple[int, ...], layout: AttentionLayout) -> str:
+    """A step's shape with its axes named, e.g. "batch 1 × heads 9 × tokens 12 × head_dim 64"."""
+    names: tuple[str, ...]
+    if name in KEY_AXIS_STEPS:
+        names = ("batch", "heads", "query tokens", "key tokens")
+    elif name.endswith("_view") or name == "context_transposed":
+        names = ("batch", "tokens", "heads", "head_dim")
+    elif name.endswith(("_heads", "_rope", "_repeated")):
+        names = ("batch", "heads", "tokens", "head_dim")
+    else:
+        last = "d_model" if shape and shape[-1] == layout.d_model else "features"
+        names = ("batch", "tokens", last)
+    names = (
+        names[-len(shape) :] if len(shape) <= len(names) else (*("?",) * (len(shape) - len(names)), *names)
+    )
+    if name.endswith(("_view", "_heads", "_rope", "_repeated")) and len(shape) >= 3:  # kv heads
+        i = names.index("heads")
+        if shape[i] == layout.n_kv_heads != layout.n_heads:
+            names = (*names[:i], "kv heads", *names[i + 1 :])
+    return " × ".join(f"{a} {n}" for a, n in zip(names, shape, strict=True))
+
+
 @dataclass(frozen=True, eq=False)
 class Picture:
     array: np.ndarray  # 2-D

@@ -6,10 +6,12 @@ computed and drawn. A click on a token selects it (``tok``); the default token i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, cast
 
 import streamlit as st
+import streamlit.components.v1 as components
 
 from attnviz import figures as F
 from attnviz.analysis import token_views as TV
@@ -27,7 +29,7 @@ def selected_token(n: int) -> int:
     """The selected token, before its input is drawn: a new click on a token of either view, else
     ``tok`` (-1, the default, means the last token)."""
     for chart in (LINES_CHART, TEXT_CHART):
-        picked = views.clicked(st.session_state.get(chart), chart)
+        picked = views.click(chart)
         if picked:
             state.put("tok", int(picked[0]))
     if state.get("tok") == -1:
@@ -44,8 +46,10 @@ def draw(
     head: int,
     head_names: Sequence[str],
     scale: str,
+    cmap: str = "Viridis",
 ) -> None:
-    """The token views of ``res`` (a result or its value-weighted view, cached under ``key``)."""
+    """The token views of ``res`` (a result or its value-weighted view, cached under ``key``);
+    the coloured text in the heatmaps' colour map ``cmap``."""
     q_tokens, _ = res.axes(stack)
     if stack == "cross":
         st.info("Token views show self-attention; pick the encoder or decoder stack.")
@@ -57,7 +61,9 @@ def draw(
     with c1:
         tok = int(st.number_input("Token position", 0, n - 1, key="tok", help="Or click a token below."))
     with c2:
-        top_k = int(st.number_input("Links per head", 1, 10, value=3, key="topk"))
+        top_k = int(
+            st.number_input("Links per head", 1, 10, key="topk", help="Each head's strongest links drawn.")
+        )
     shown = st.segmented_control(
         "Show",
         TOKEN_VIEWS,
@@ -84,9 +90,11 @@ def draw(
             title=title,
             hover=hover,
             width_chars=TEXT_WIDTH_CHARS,
+            colorscale=cmap,
         )
         name = F.figure_name(ref.name, f"L{layer}", f"H{head}", "text", f"T{tok}")
-        export.chart(fig, name, key=TEXT_CHART, on_select=True)
+        export.chart(fig, name, key=views.chart_key(TEXT_CHART), on_select=True)
+        hover_text(res, layer, head, stack, display, tok, direction)
         return
     win = TV.window(n, tok)
     rows = models.cached(
@@ -99,10 +107,55 @@ def draw(
         rows, display, win, selected=tok, top_k=top_k, direction=direction, head_names=head_names, hover=hover
     )
     name = F.figure_name(ref.name, f"L{layer}", "lines", f"T{tok}")
-    export.chart(fig, name, key=LINES_CHART, on_select=True)
+    export.chart(fig, name, key=views.chart_key(LINES_CHART), on_select=True)
     if n > len(win):
         st.caption(
             f"Positions {win[0]}–{win[-1]} of {n} around the selected token; partners outside "
             "the window are listed past a ⋯ with their position, as (position) token "
             "(above it: earlier, below it: later)."
         )
+    hover_lines(res, key, layer, stack, display, tok, direction, top_k, head_names)
+
+
+def hover_lines(
+    res: Any, key: tuple, layer: int, stack: Stack, display: list[str], tok: int, direction: str, top_k: int,
+    head_names: Sequence[str],
+) -> None:  # fmt: skip
+    """BertViz's view: hover a token and only its lines show, drawn in the browser from every
+    head's top-k partners of every token (in the page: no server). Up to `F.HOVER_MAX_TOKENS`."""
+    n = len(display)
+    if n > F.HOVER_MAX_TOKENS:
+        return
+
+    def build() -> tuple:
+        t = res.layer_tensor(layer, stack=stack).float()  # (heads, N, N)
+        t = t.transpose(1, 2) if direction == "to" else t
+        w, idx = t.topk(min(top_k, n), dim=-1)
+        return idx.cpu().numpy(), w.cpu().numpy()
+
+    idx, w = models.cached("hoverlines", (key, stack, layer, direction, top_k), build)
+    st.caption("Hover a token on the left: its lines, every head at once (drawn in your browser, no wait).")
+    page = F.hover_lines_html(idx, w, display, list(head_names), F.head_colours(len(head_names)), start=tok)
+    components.html(page, height=min(520, 60 + 18 * n), scrolling=True)
+
+
+def hover_text(
+    res: Any, layer: int, head: int, stack: Stack, display: list[str], tok: int, direction: str
+) -> None:
+    """The text once more, coloured in the browser by the hovered token's weights (the whole
+    head's matrix is in the page: a hover needs no server). Up to `F.HOVER_MAX_TOKENS` tokens."""
+    n = len(display)
+    if n > F.HOVER_MAX_TOKENS:
+        st.caption(
+            f"Hover colouring is offered up to {F.HOVER_MAX_TOKENS} tokens; click a token above instead."
+        )
+        return
+    w = res.layer_tensor(layer, heads=[head], stack=stack)[0].float().cpu().numpy()
+    what = DIRECTION_NAMES[direction]
+    st.caption(f"Hover a token: the text is coloured by what it {what} (computed in your browser, no wait).")
+    lines = math.ceil(sum(len(t) + 1 for t in display) / 70) + 1
+    components.html(
+        F.hover_text_html(w.T if direction == "to" else w, display, start=tok, what=what),
+        height=min(520, 44 + 30 * lines),
+        scrolling=True,
+    )

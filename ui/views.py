@@ -22,6 +22,7 @@ SCALE_NAMES = {
     "perhead": "per head",
 }
 _SEEN = "_attnviz_seen_clicks"
+_ROUNDS = "_attnviz_click_rounds"
 
 
 SCALE_HELP = {
@@ -80,6 +81,28 @@ def clicked(event: Any, key: str) -> list | None:
         return None
     seen[key] = mark
     return list(data) if isinstance(data, list | tuple) else [data]
+
+
+def chart_key(name: str) -> str:
+    """The widget key of clickable chart ``name`` in this run (see `click`)."""
+    return f"{name}_{st.session_state.get(_ROUNDS, {}).get(name, 0)}"
+
+
+def click(name: str) -> list | None:
+    """A new click on chart ``name`` (drawn with ``key=chart_key(name)``), read before the chart
+    is drawn in this run: its customdata, or None.
+
+    After a click the chart is drawn under a new key: Plotly keeps a clicked point selected and
+    a second click on it unselects it, so an event would say nothing about clicking a tile
+    clicked before (head 1, head 4, head 1 again stayed on 4). A new chart starts with nothing
+    selected, so every click is a new point."""
+    key = chart_key(name)
+    picked = clicked(st.session_state.get(key), key)
+    if picked:
+        rounds = st.session_state.setdefault(_ROUNDS, {})
+        rounds[name] = rounds.get(name, 0) + 1
+        st.session_state.get(_SEEN, {}).pop(key, None)
+    return picked
 
 
 def value_weighted(ref: models.ResultRef, res: AttentionResult, on: bool) -> tuple[Any, tuple]:

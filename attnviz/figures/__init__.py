@@ -49,6 +49,7 @@ from attnviz.figures.colour import (
 )
 from attnviz.figures.grid import head_grid
 from attnviz.figures.heatmaps import head_heatmap, matrix_heatmap, rows_heatmap
+from attnviz.figures.hover import HOVER_MAX_TOKENS, hover_lines_html, hover_text_html
 from attnviz.figures.labels import (
     ALL_TICKS_MAX,
     TITLE_MARGIN,
@@ -79,6 +80,7 @@ __all__ = [
     "DIVERGING",
     "GRID_MAX_CELLS",
     "GRID_MAX_SIDE",
+    "HOVER_MAX_TOKENS",
     "LOG_FLOOR_EXP",
     "LONG_TEXT_TOKENS",
     "MOSAIC_MAX_CELLS",
@@ -104,6 +106,8 @@ __all__ = [
     "head_grid",
     "head_heatmap",
     "head_title",
+    "hover_lines_html",
+    "hover_text_html",
     "index_ticks",
     "matrix_heatmap",
     "metric_heatmap",

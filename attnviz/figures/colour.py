@@ -92,10 +92,11 @@ def _coloraxis(colorscale: str, log: bool | str, zmax: float | None, title: str 
     return dict(colorscale=colorscale, cmin=0.0, cmax=zmax, colorbar=dict(title=dict(text=title)))
 
 
-def _weight_hover(log: bool | str) -> str:
+def _weight_hover(log: bool | str, value: str = "weight") -> str:
+    """The hover's value line; ``value`` names what is drawn ("weight", "‖α·W_O v‖")."""
     if log == "rank":
-        return "weight rank %{z:.3f}"
-    return "log₁₀ weight %{z:.2f}" if log is True or log == "log" else "weight %{z:.4f}"
+        return f"{value} rank %{{z:.3f}}"
+    return f"log₁₀ {value} %{{z:.2f}}" if log is True or log == "log" else f"{value} %{{z:.4f}}"
 
 
 def _max(z: np.ndarray) -> float:

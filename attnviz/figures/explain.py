@@ -67,8 +67,11 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
         if e.kind == "attention":
             order = np.argsort(e.heads)[::-1]
             top = [f"H{int(h)} {e.heads[h]:.2f}" for h in order[:4] if e.heads[h] > 0]
-            handles["x"].append((x0 + x1) / 2)
-            handles["y"].append((y0 + y1) / 2)
+            # the click dot sits on the edge 0.35 of a column from its target: a midpoint fell on
+            # another token's column whenever the edge spanned an even number of them
+            t = 0.35 / abs(x0 - x1) if x0 != x1 else 0.5
+            handles["x"].append(x1 + (x0 - x1) * t)
+            handles["y"].append(y1 + (y0 - y1) * t)
             handles["data"].append([e.layer, int(order[0]), e.source.token, e.target.token])
             handles["text"].append(
                 f"layer {e.layer} attention · {labels[col[e.source.token]]} → {labels[col[e.target.token]]}"
@@ -177,6 +180,9 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
     return fig
 
 
+LENS_ROW_CHARS = 176  # characters of 9 px text across the lens on a full-width page (16 cells: 11 each)
+
+
 def lens_view(lens: LogitLens, *, height: int | None = None) -> go.Figure:
     """Layers × positions: each cell's colour is the top token's probability, its text that token;
     the hover lists the top k and where the model's final prediction stands."""
@@ -186,7 +192,8 @@ def lens_view(lens: LogitLens, *, height: int | None = None) -> go.Figure:
         "embeddings" if r == 0 else ("final" if r == n_rows - 1 else f"after layer {r - 1}")
         for r in range(n_rows)
     ]
-    text = [[escape(_short(lens.top_tokens[r][c][0], 8)) for c in range(n_pos)] for r in range(n_rows)]
+    chars = max(4, min(16, LENS_ROW_CHARS // max(n_pos, 1)))  # what a cell holds at the page's width
+    text = [[escape(_short(lens.top_tokens[r][c][0], chars)) for c in range(n_pos)] for r in range(n_rows)]
     hover = [
         [
             "<br>".join(f"{escape(lens.top_tokens[r][c][i])} {lens.top_probs[r, c, i]:.3f}" for i in range(k))
@@ -212,15 +219,14 @@ def lens_view(lens: LogitLens, *, height: int | None = None) -> go.Figure:
             hovertemplate="%{customdata}<extra></extra>",
         )
     )
-    step = 1 if n_rows <= 20 else 2
-    fig.update_layout(
+    fig.update_layout(  # every layer labelled: 22 px a row holds a tick label
         title=_title(f"Logit lens · {escape(lens.model_name)} · top token after each layer"),
-        height=height or max(380, 20 * n_rows + 150),
+        height=height or max(380, 22 * n_rows + 150),
         margin=dict(l=110, r=20, t=TITLE_MARGIN, b=100),
         xaxis=dict(
             tickmode="array", tickvals=list(range(n_pos)), ticktext=x, tickangle=-45, title="position"
         ),
-        yaxis=dict(tickmode="array", tickvals=list(range(0, n_rows, step)), ticktext=y[::step]),
+        yaxis=dict(tickmode="array", tickvals=list(range(n_rows)), ticktext=y),
     )
     return fig
 

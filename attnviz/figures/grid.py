@@ -28,11 +28,12 @@ def head_grid(
     zmax: float | None = None,
     diverging: bool = False,
     max_cells: int = GRID_MAX_CELLS,
-    facet_px: int = 190,
+    facet_px: int = 160,
     scale: str | None = None,
     selected: int | None = None,
     pickable: bool = False,
     max_side: int = GRID_MAX_SIDE,
+    value: str = "weight",
 ) -> go.Figure:
     """All heads of one layer, one heatmap each, in one figure with a shared colour axis.
     (``max_side``: bins per facet side at most; the notebook's `head_view` draws up to 256.)
@@ -41,7 +42,8 @@ def head_grid(
     ``max_cells``). ``kv_heads[i]`` labels each facet "head h · kv g"; with GQA the grid puts
     one KV group per row. ``diverging`` draws signed differences around 0. ``scale``
     ("linear" | "log" | "rank") overrides ``log``; pass the view's ``zmax`` so the grid and the
-    big head share one colour scale. ``selected`` (index into ``heads``) outlines that facet;
+    big head share one colour scale. ``value`` names what is drawn (colour bar, hover).
+    ``selected`` (index into ``heads``) outlines that facet;
     ``pickable`` adds a small clickable marker in each facet's top-right corner (customdata: the
     head) for selection events, leaving the cells' hover to the heatmaps.
     """
@@ -69,7 +71,7 @@ def head_grid(
     )
     x, y = [escape(s) for s in kl], [escape(s) for s in ql]
     z_all = pooled if diverging else _colour(pooled, mode)
-    hover = "%{z:+.4f}" if diverging else _weight_hover(mode)
+    hover = "%{z:+.4f}" if diverging else _weight_hover(mode, escape(value))
     for i in range(n_h):
         fig.add_trace(
             go.Heatmap(
@@ -88,9 +90,9 @@ def head_grid(
         bound = bound or 1.0
         axis = dict(colorscale=DIVERGING, cmin=-bound, cmax=bound, cmid=0.0, colorbar=dict(title="Δ weight"))
     else:
-        axis = _coloraxis(colorscale, mode, zmax if zmax is not None else _max(pooled))
+        axis = _coloraxis(colorscale, mode, zmax if zmax is not None else _max(pooled), title=escape(value))
     show_ticks = len(ql) <= 16
-    fig.update_xaxes(type="category", showticklabels=False, ticks="", tickangle=-60)
+    fig.update_xaxes(type="category", showticklabels=False, ticks="", tickangle=-90)  # no overlap
     fig.update_yaxes(type="category", autorange="reversed", showticklabels=False, ticks="")
     if show_ticks:
         small = dict(size=11 if len(ql) <= 8 else 9)
@@ -110,14 +112,14 @@ def head_grid(
         showlegend=False,
     )
     fig.update_annotations(font_size=12)
+    if not diverging and pooled.shape[1] == pooled.shape[2]:  # square tiles for square matrices
+        fig.update_yaxes(scaleanchor="x", constrain="domain")
+        fig.update_xaxes(constrain="domain")
     if pickable:
         _add_pickers(fig, heads, titles, cols, x, y)
     if selected is not None and 0 <= selected < n_h:
         _outline(fig, selected)
     return fig
-
-
-_PICK_FILL = "rgba(255,255,255,0.85)"
 
 
 def _axis_name(i: int) -> str:
@@ -132,8 +134,8 @@ def _add_pickers(
 ) -> None:
     """Make every facet clickable: heatmaps are not selectable in Plotly (a click on a cell is no
     selection event), so each facet gets a lattice of invisible points covering it (customdata:
-    the head; a click anywhere on the tile lands on one) and a visible square in its top-right
-    cell that says so."""
+    the head; a click anywhere on the tile lands on one). No visible marker: a grey square in a
+    corner read as an unticked checkbox; the hover and the page's caption say a click opens it."""
     n = PICK_LATTICE
     xi = sorted({round(i * (len(x) - 1) / (n - 1)) for i in range(n)})
     yi = sorted({round(i * (len(y) - 1) / (n - 1)) for i in range(n)})
@@ -148,19 +150,6 @@ def _add_pickers(
                 marker=dict(size=22, opacity=0, color="#fff"),
                 customdata=[[int(h)]] * (len(xi) * len(yi)),
                 name=f"tile {titles[i]}",
-                hovertemplate=tip,
-                showlegend=False,
-            ),
-            **where,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=[x[-1]],
-                y=[y[0]],
-                mode="markers",
-                marker=dict(symbol="square", size=12, color=_PICK_FILL, line=dict(width=1.5, color="#444")),
-                customdata=[[int(h)]],
-                name=f"pick {titles[i]}",
                 hovertemplate=tip,
                 showlegend=False,
             ),

@@ -14,12 +14,18 @@ from attnviz.figures.labels import TITLE_MARGIN, _title, bin_labels, escape, tok
 
 
 def _token_heatmap(
-    z: np.ndarray, row_labels: Sequence[str], k_labels: Sequence[str], *, log: bool | str, row_name: str = ""
+    z: np.ndarray,
+    row_labels: Sequence[str],
+    k_labels: Sequence[str],
+    *,
+    log: bool | str,
+    row_name: str = "",
+    value: str = "weight",
 ) -> tuple[go.Figure, list[str], list[str]]:
     """One heatmap over token labels (escaped: tokens are text, never HTML) sharing the figure's
     colour axis; returns the figure and the escaped key (x) and row (y) labels."""
     x, y = [escape(s) for s in k_labels], [escape(s) for s in row_labels]
-    hover = f"{row_name}%{{y}}<br>key %{{x}}<br>{_weight_hover(log)}<extra></extra>"
+    hover = f"{row_name}%{{y}}<br>key %{{x}}<br>{_weight_hover(log, escape(value))}<extra></extra>"
     return go.Figure(go.Heatmap(z=z, x=x, y=y, coloraxis="coloraxis", hovertemplate=hover)), x, y
 
 
@@ -35,10 +41,12 @@ def head_heatmap(
     max_cells: int = SINGLE_MAX_CELLS,
     height: int = 640,
     scale: str | None = None,
+    value: str = "weight",
 ) -> go.Figure:
     """One head's (query_pos, key_pos) weights; max-pooled when larger than ``max_cells``.
 
-    Hover shows the query token, the key token (with positions) and the weight.
+    Hover shows the query token, the key token (with positions) and the weight; ``value`` names
+    what is drawn on the colour bar and in the hover (e.g. "‖α·W_O v‖" for value-weighted).
     """
     probs = np.asarray(probs, dtype=np.float32)
     mode = resolve_scale(log, scale)  # ``scale`` ("linear" | "log" | "rank") overrides ``log``
@@ -54,10 +62,14 @@ def head_heatmap(
         probs, re, ce = downsample(probs, rows_max, cols_max, "max")
         q_labels, k_labels = bin_labels(q_labels, re), bin_labels(k_labels, ce)
         note = f" (max-pooled to {probs.shape[0]}×{probs.shape[1]})"
-    fig, x, y = _token_heatmap(_colour(probs, mode), q_labels, k_labels, log=mode, row_name="query ")
+    fig, x, y = _token_heatmap(
+        _colour(probs, mode), q_labels, k_labels, log=mode, row_name="query ", value=value
+    )
     fig.update_layout(
         title=_title(escape(title) + note),
-        coloraxis=_coloraxis(colorscale, mode, zmax if zmax is not None else _max(probs)),
+        coloraxis=_coloraxis(
+            colorscale, mode, zmax if zmax is not None else _max(probs), title=escape(value)
+        ),
         height=height,
         margin=dict(l=10, r=10, t=TITLE_MARGIN, b=10),
         xaxis=dict(

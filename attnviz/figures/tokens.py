@@ -207,6 +207,9 @@ def text_window(n: int, selected: int | None, max_tokens: int = TEXT_MAX_TOKENS)
     return range(start, start + max_tokens)
 
 
+DARK_LOW = frozenset({"Viridis", "Magma", "Inferno", "Cividis"})  # colour maps that start dark
+
+
 def token_text(
     weights: np.ndarray,
     display: Sequence[str],
@@ -244,7 +247,8 @@ def token_text(
     else:
         cmin, cmax = 0.0, 1.0
     frac = (colour - cmin) / max(cmax - cmin, 1e-12)
-    text_colour = ["#fff" if f > 0.6 else "#111" for f in frac]
+    dark_low = colorscale in DARK_LOW  # Viridis & co. start dark: light text on low weights
+    text_colour = ["#fff" if (f < 0.55 if dark_low else f > 0.6) else "#111" for f in frac]
     is_sel = [p == selected for p in shown]
     fig = go.Figure(
         go.Bar(

@@ -3,6 +3,8 @@ URL carries the view, a clicked edge or ranked head opens in the explorer, refus
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pytest
 from apptest import TEXT, TINY, new_app, ok, prepare, specs, z_of
@@ -57,6 +59,10 @@ def test_a_clicked_edge_opens_its_head_in_the_explorer(env):
     ok(at)
     button = at.button(key="routes_open")
     assert f"layer {layer}, head {head}" in button.label
+    # the button says what the edge's hover says: source → target, as tokens
+    hover = handles["hovertext"][0]
+    words = hover.split(" attention · ")[1].split("<br>")[0]
+    assert html.unescape(words) in button.label.replace("\\", "") and "→" in words, (words, button.label)
     at.slider(key="thr").set_value(0.3).run()  # another graph: the picked edge is not offered
     ok(at)
     assert "routes_open" not in [b.key for b in at.button]
@@ -69,9 +75,11 @@ def test_a_clicked_edge_opens_its_head_in_the_explorer(env):
 
 
 def test_an_encoder_is_refused_with_the_reason(env):
+    """The reason, and no "Running…" bar left under it whose Cancel would replace the reason."""
     at = new_app(PAGE, model="tiny:bert", text=TEXT).run()
     assert not at.exception
     assert any("encoder" in e.value for e in at.error), [e.value for e in at.error]
+    assert not at.get("progress") and not [b for b in at.button if b.label == "Cancel"]
 
 
 def test_from_scratch_shows_the_rotary_bands_of_the_chosen_query_and_key(env):
@@ -94,16 +102,17 @@ def test_from_scratch_shows_the_rotary_bands_of_the_chosen_query_and_key(env):
 def test_a_cancelled_trace_keeps_nothing_and_runs_again_on_request(env):
     """The trace runs behind a progress bar with a Cancel button; a cancelled run says so, draws
     nothing, and "Run again" runs it."""
-    from ui import explain
+    from ui import progress
 
-    at = new_app(PAGE, model=TINY, text=TEXT)
     key = ("explain_trace", "tiny-llama-gqa", "", TEXT, False)
-    at.session_state[explain._CANCELLED] = repr(key)
+    env.setattr(progress, "_key", lambda run_key: "this-run" if run_key == key else repr(run_key))
+    at = new_app(PAGE, model=TINY, text=TEXT)
+    at.session_state["_attnviz_cancelled"] = "this-run"  # ui.progress: the run a Cancel click stopped
     at.run()
     assert not at.exception
     assert any("Cancelled" in i.value for i in at.info), [i.value for i in at.info]
     assert not specs(at)
-    at.button(key="explain_rerun").click().run()
+    next(b for b in at.button if b.label == "Run again").click().run()
     ok(at)
     assert any(t.startswith("Routes to the prediction") for t in titles(at))
 

@@ -86,7 +86,7 @@ def test_one_colour_control_and_old_links_map_onto_it(env):
 
 def test_clicking_a_grid_tile_selects_the_head(env):
     at = new_app(model=TINY, text=TEXT, layer=1, head=0).run()
-    at.session_state["grid_chart"] = {"selection": {"points": [{"customdata": [3]}], "point_indices": [0]}}
+    at.session_state["grid_chart_0"] = {"selection": {"points": [{"customdata": [3]}], "point_indices": [0]}}
     at.run()
     ok(at)
     assert at.selectbox(key="head").value == 3
@@ -108,7 +108,7 @@ def test_token_views_and_clicking_a_token(env):
     bar = text_fig["data"][0]
     np.testing.assert_allclose(vals(bar["marker"]["color"]), res.head(2, 1)[4], atol=1e-6)
     click = {"points": [{"customdata": [6, 0.1]}], "point_indices": [6]}
-    at.session_state["text_chart"] = {"selection": click}
+    at.session_state["text_chart_0"] = {"selection": click}
     at.run()
     ok(at)
     assert at.number_input(key="tok").value == 6 and at.query_params["tok"] == "6"

