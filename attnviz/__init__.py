@@ -27,6 +27,7 @@ from .errors import (
     UnsafeWeights,
 )
 from .explain import ablate_heads, information_flow, logit_attribution, logit_lens, rotary_bands
+from .explain.patching import patch
 from .export import load_npz, save_npz
 from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
 from .figures.explain import ablation_view, attribution_view, flow_view, lens_view, rotary_view
@@ -74,6 +75,7 @@ __all__ = [
     "logit_attribution",
     "logit_lens",
     "model_view",
+    "patch",
     "rotary_bands",
     "rotary_view",
     "save_npz",

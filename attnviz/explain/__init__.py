@@ -13,20 +13,24 @@ Every function also takes the text itself (and then runs its own forward).
 from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
 from .lens import LogitLens, logit_lens
+from .patching import DIRECTIONS, OVERS, Patching, patch
 from .residual import Trace, Unsupported, trace
 from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
 from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "DIRECTIONS",
     "EDGE_KINDS",
     "MODES",
+    "OVERS",
     "Ablation",
     "Attribution",
     "Edge",
     "FlowGraph",
     "LogitLens",
     "Node",
+    "Patching",
     "RotaryBands",
     "RotarySpec",
     "Trace",
@@ -36,6 +40,7 @@ __all__ = [
     "information_flow",
     "logit_attribution",
     "logit_lens",
+    "patch",
     "rotary_bands",
     "trace",
 ]
