@@ -27,6 +27,7 @@ from .errors import (
     UnsafeWeights,
 )
 from .explain import ablate_heads, information_flow, logit_attribution, logit_lens, rotary_bands
+from .explain.attribution_patching import attribution_patch
 from .explain.patching import patch
 from .export import load_npz, save_npz
 from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
@@ -63,6 +64,7 @@ __all__ = [
     "__version__",
     "ablate_heads",
     "ablation_view",
+    "attribution_patch",
     "attribution_view",
     "extract",
     "extract_ids",

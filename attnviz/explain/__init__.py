@@ -12,6 +12,7 @@ Every function also takes the text itself (and then runs its own forward).
 
 from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
+from .attribution_patching import attribution_patch
 from .lens import LogitLens, logit_lens
 from .patching import DIRECTIONS, OVERS, Patching, patch
 from .residual import Trace, Unsupported, trace
@@ -36,6 +37,7 @@ __all__ = [
     "Trace",
     "Unsupported",
     "ablate_heads",
+    "attribution_patch",
     "bands",
     "information_flow",
     "logit_attribution",

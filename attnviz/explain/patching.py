@@ -30,6 +30,7 @@ patched and listed in ``unpatched``.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -319,6 +320,9 @@ def capture(
     return acts, logits
 
 
+Capture = Callable[[Sites, list[int], Sequence[Site]], tuple[Activations, torch.Tensor]]
+
+
 def patched_run(
     lm: LoadedModel,
     st: Sites,
@@ -463,8 +467,11 @@ def setup(
     *,
     chat: bool = False,
     keep_target: bool = True,
+    run_target: Capture | None = None,
 ) -> Setup:
-    """Tokenise, check, run both prompts once (their logit differences and the source's sites)."""
+    """Tokenise, check, run both prompts once (their logit differences and the source's sites).
+    ``run_target`` runs the patched prompt instead of `capture` (attribution patching's forward
+    with gradients)."""
     if over not in OVERS:
         raise AttnvizError(f"unknown over={over!r}; use one of {OVERS}")
     if direction not in DIRECTIONS:
@@ -480,8 +487,11 @@ def setup(
         hint="shorter prompts",
     )
     wanted = site_names(over)
-    c_acts, c_logits = capture(lm, st, c_ids, wanted)
-    x_acts, x_logits = capture(lm, st, x_ids, wanted)
+    denoise = direction == "denoise"
+    src_ids, tgt_ids = (c_ids, x_ids) if denoise else (x_ids, c_ids)
+    src_acts, src_logits = capture(lm, st, src_ids, wanted)
+    tgt_acts, tgt_logits = (run_target or functools.partial(capture, lm))(st, tgt_ids, wanted)
+    c_logits, x_logits = (src_logits, tgt_logits) if denoise else (tgt_logits, src_logits)
     ans = token_id(lm, answer, int(c_logits.argmax()))
     assert ans is not None
     notes: tuple[str, ...] = ()
@@ -505,15 +515,14 @@ def setup(
             "(0 = corrupted, 1 = clean) is undefined: pick other answer / wrong tokens or prompts"
         )
     tc, tx = Tokens.build(lm.tokenizer, c_ids), Tokens.build(lm.tokenizer, x_ids)
-    denoise = direction == "denoise"
     target, source = (tx, tc) if denoise else (tc, tx)
     return Setup(
         st=st,
         clean=tc,
         corrupted=tx,
-        target_ids=x_ids if denoise else c_ids,
-        source=c_acts if denoise else x_acts,
-        target_acts=(x_acts if denoise else c_acts) if keep_target else Activations(),
+        target_ids=tgt_ids,
+        source=src_acts,
+        target_acts=tgt_acts if keep_target else Activations(),
         pairing=pair(target, source),
         answer=ans,
         wrong=wr,
