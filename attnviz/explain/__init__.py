@@ -18,6 +18,7 @@ from .patching import DIRECTIONS, OVERS, Patching, patch
 from .residual import Trace, Unsupported, trace
 from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
 from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
+from .search import HeadScores, previous_occurrence_heads, search_heads
 
 __all__ = [
     "DEFAULT_THRESHOLD",
@@ -29,6 +30,7 @@ __all__ = [
     "Attribution",
     "Edge",
     "FlowGraph",
+    "HeadScores",
     "LogitLens",
     "Node",
     "Patching",
@@ -43,6 +45,8 @@ __all__ = [
     "logit_attribution",
     "logit_lens",
     "patch",
+    "previous_occurrence_heads",
     "rotary_bands",
+    "search_heads",
     "trace",
 ]
