@@ -31,7 +31,16 @@ from .explain.attribution_patching import attribution_patch
 from .explain.patching import patch
 from .export import load_npz, save_npz
 from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
-from .figures.explain import ablation_view, attribution_view, flow_view, lens_view, rotary_view
+from .figures.explain import (
+    ablation_view,
+    attribution_view,
+    flow_view,
+    head_search_view,
+    lens_view,
+    patching_comparison_view,
+    patching_view,
+    rotary_view,
+)
 from .figures.notebook import head_view, model_view
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
@@ -69,6 +78,7 @@ __all__ = [
     "extract",
     "extract_ids",
     "flow_view",
+    "head_search_view",
     "head_view",
     "information_flow",
     "lens_view",
@@ -78,6 +88,8 @@ __all__ = [
     "logit_lens",
     "model_view",
     "patch",
+    "patching_comparison_view",
+    "patching_view",
     "rotary_bands",
     "rotary_view",
     "save_npz",
