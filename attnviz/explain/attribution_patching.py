@@ -26,6 +26,8 @@ import torch
 from ..loading import LoadedModel
 from .blocks import Unsupported
 from .patching import (
+    DIMS,
+    PARTS,
     Activations,
     Direction,
     Over,
@@ -34,8 +36,8 @@ from .patching import (
     Setup,
     Site,
     Sites,
-    cells,
     hooked,
+    patch_at,
     result,
     run_cells,
     run_ids,
@@ -130,25 +132,21 @@ def attribution_patch(
     tell(2, 3 + verify)
     effects = _effects(s, run.grads(s.answer, s.wrong))
     tell(3, 3 + verify)
-    dims, grid = cells(over, s.st.n_layers, lm.layout.n_heads, s.pairing)
+    L = s.st.n_layers
+    if over == "heads":  # (positions, heads) per layer, summed over the positions
+        est = np.stack([effects[("head", la)].sum(0) for la in range(L)])
+    elif over == "heads_by_position":
+        est = np.stack([effects[("head", la)].T for la in range(L)])  # (layers, heads, positions)
+    elif over == "residual":
+        est = np.stack([effects[("residual", la)] for la in range(L)])  # (layers, positions)
+    else:
+        est = np.stack([np.stack([effects[(part, la)] for part in PARTS]) for la in range(L)])
     target_diff = s.corrupted_diff if direction == "denoise" else s.clean_diff
-    est = np.empty(len(grid))
-    for k, (idx, p) in enumerate(grid):
-        e = effects[(p.site, p.layer)]
-        if over == "heads":
-            est[k] = e[:, p.head].sum()
-        else:
-            i = idx[-1]  # the position's index along the pairing
-            est[k] = e[i, p.head] if p.site == "head" else e[i]
-    shape = tuple(max(i[d] for i, _ in grid) + 1 for d in range(len(dims)))
-    res = result(
-        lm, s, over, direction, dims, (target_diff + est).reshape(shape), estimate=True, method=ESTIMATE_LABEL
-    )
+    res = result(lm, s, over, direction, DIMS[over], target_diff + est, estimate=True, method=ESTIMATE_LABEL)
     top = [idx for idx, _ in res.ranking(verify)] if verify > 0 else []
     if top:
-        patch_of = dict(grid)
         sub = None if progress is None else (lambda d, t: progress(3 + d * len(top) // max(t, 1), 3 + verify))
-        real = run_cells(lm, s, [patch_of[idx] for idx in top], batch=batch, progress=sub)
+        real = run_cells(lm, s, [patch_at(over, idx, s.pairing) for idx in top], batch=batch, progress=sub)
         verified = {
             idx: (float(res.values[idx]), float(res.normalise(r))) for idx, r in zip(top, real, strict=True)
         }

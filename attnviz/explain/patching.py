@@ -54,7 +54,7 @@ OVERS: tuple[str, ...] = get_args(Over)
 Direction = Literal["denoise", "noise"]
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
 Site = Literal["head", "residual", "attention", "mlp"]
-PARTS: tuple[str, ...] = ("attention", "mlp")  # the "blocks" sites, in this order
+PARTS: tuple[Site, ...] = ("attention", "mlp")  # the "blocks" sites, in this order
 Progress = Callable[[int, int], None]  # (cells done, cells in all); raising cancels
 MAX_BATCH = 32
 BATCH_SHARE = 0.25  # at most this share of the free memory for one batch of patched forwards
@@ -396,25 +396,29 @@ def pair(target: Tokens, source: Tokens) -> Pairing:
 # -- the grid -------------------------------------------------------------------------------------
 
 
-def cells(
-    over: Over, n_layers: int, n_heads: int, pairing: Pairing
-) -> tuple[tuple[str, ...], list[tuple[tuple[int, ...], Patch]]]:
-    """(dims, [(grid index, patch)]) of every cell of ``over``."""
-    L, P = range(n_layers), list(enumerate(pairing.target))
+DIMS: dict[str, tuple[str, ...]] = {
+    "heads": ("layer", "head"),
+    "heads_by_position": ("layer", "head", "position"),
+    "residual": ("layer", "position"),
+    "blocks": ("layer", "part", "position"),
+}
+
+
+def grid_shape(over: str, n_layers: int, n_heads: int, pairing: Pairing) -> tuple[int, ...]:
+    """The grid of ``over``: one axis per entry of ``DIMS[over]``."""
+    size = {"layer": n_layers, "head": n_heads, "position": len(pairing.target), "part": len(PARTS)}
+    return tuple(size[d] for d in DIMS[over])
+
+
+def patch_at(over: str, index: tuple[int, ...], pairing: Pairing) -> Patch:
+    """The patch of the grid cell ``index`` (a position axis indexes ``pairing.target``)."""
     if over == "heads":
-        return ("layer", "head"), [((la, h), Patch("head", la, h)) for la in L for h in range(n_heads)]
+        return Patch("head", index[0], index[1])
     if over == "heads_by_position":
-        return ("layer", "head", "position"), [
-            ((la, h, i), Patch("head", la, h, p)) for la in L for h in range(n_heads) for i, p in P
-        ]
+        return Patch("head", index[0], index[1], pairing.target[index[2]])
     if over == "residual":
-        return ("layer", "position"), [((la, i), Patch("residual", la, -1, p)) for la in L for i, p in P]
-    return ("layer", "part", "position"), [
-        ((la, k, i), Patch(part, la, -1, p))  # type: ignore[arg-type]
-        for la in L
-        for k, part in enumerate(PARTS)
-        for i, p in P
-    ]
+        return Patch("residual", index[0], -1, pairing.target[index[1]])
+    return Patch(PARTS[index[1]], index[0], -1, pairing.target[index[2]])  # type: ignore[arg-type]
 
 
 def batch_size(lm: LoadedModel, n_tokens: int, batch: int | None) -> int:
@@ -599,12 +603,7 @@ def patch(
     position, normalised (0 = corrupted run, 1 = clean run). ``progress(done, cells)`` hears each
     batch of patched forwards (raising cancels)."""
     s = setup(lm, clean, corrupted, answer, wrong, over, direction, chat=chat, keep_target=False)
-    dims, grid = cells(over, s.st.n_layers, lm.layout.n_heads, s.pairing)  # type: ignore[arg-type]
-    shape = _shape(dims, s.st.n_layers, lm.layout.n_heads, len(s.pairing.target))
-    raw = run_cells(lm, s, [p for _, p in grid], batch=batch, progress=progress).reshape(shape)
-    return result(lm, s, over, direction, dims, raw)
-
-
-def _shape(dims: tuple[str, ...], n_layers: int, n_heads: int, n_pos: int) -> tuple[int, ...]:
-    size = {"layer": n_layers, "head": n_heads, "position": n_pos, "part": len(PARTS)}
-    return tuple(size[d] for d in dims)
+    shape = grid_shape(over, s.st.n_layers, lm.layout.n_heads, s.pairing)
+    todo = [patch_at(over, idx, s.pairing) for idx in np.ndindex(*shape)]
+    raw = run_cells(lm, s, todo, batch=batch, progress=progress).reshape(shape)
+    return result(lm, s, over, direction, DIMS[over], raw)
