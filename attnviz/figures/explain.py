@@ -417,7 +417,9 @@ def _patch_heatmap(res: Patching, values: np.ndarray, lim: float, colorbar: dict
         showscale=colorbar is not None,
         colorbar=colorbar,
         hoverongaps=False,
-        hovertemplate="%{y} · %{x}: %{z:.3f}<br>click: open the head<extra></extra>",
+        hovertemplate="%{y} · %{x}: %{z:.3f}"
+        + ("<br>click: open the head" if "head" in res.dims else "")
+        + "<extra></extra>",
     )
 
 
@@ -475,6 +477,7 @@ def patching_comparison_view(res: Patching, *, height: int | None = None) -> go.
         title=_subplot_title(_patch_title(res)),
         height=height or max(380, 18 * n_rows + 200),
         margin=dict(l=80, r=20, t=TITLE_MARGIN + 30, b=90),
+        plot_bgcolor="white",  # cells not verified stay blank
     )
     fig.update_yaxes(autorange="reversed")
     return fig
