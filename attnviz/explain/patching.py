@@ -58,7 +58,8 @@ PARTS: tuple[Site, ...] = ("attention", "mlp")  # the "blocks" sites, in this or
 Progress = Callable[[int, int], None]  # (cells done, cells in all); raising cancels
 MAX_BATCH = 32
 BATCH_SHARE = 0.25  # at most this share of the free memory for one batch of patched forwards
-MAX_PATCH_TOKENS = 4096
+MAX_PATCH_TOKENS = 8192
+PREFIX_MIN = 32  # a shared unpatched prefix at least this long runs once, into a KV cache
 
 EXACT = "activation patching: one forward per cell, the model's own computation"
 ESTIMATE = "attribution patching: a first-order ESTIMATE (two forwards, one backward)"
@@ -330,9 +331,15 @@ def patched_run(
     source: Activations,
     pairing: Pairing,
     batch: Sequence[Sequence[Patch]],
+    *,
+    prefix: int = 0,
 ) -> torch.Tensor:
     """Row b runs ``ids`` with every patch of ``batch[b]`` applied at once (the source's activation
-    at the paired positions): the last position's logits, float32 (len(batch), vocab)."""
+    at the paired positions): the last position's logits, float32 (len(batch), vocab).
+
+    ``prefix`` > 0 (every patch at or after it): the first ``prefix`` positions, which no patch
+    can change in a causal model, run once, unpatched, into a KV cache that every row continues
+    from (the model's own cached forward, as in generation)."""
     plan: dict[tuple[Site, int], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
     for b, patches in enumerate(batch):
         for p in patches:
@@ -340,7 +347,10 @@ def patched_run(
                 tgt, src = list(pairing.target), list(pairing.source)
             else:
                 tgt, src = [p.position], [pairing.source_of(p.position)]
+            if min(tgt) < prefix:
+                raise AttnvizError(f"a patch at position {min(tgt)} lies inside the cached prefix ({prefix})")
             dev = source.of(p.site)[p.layer].device
+            tgt = [t - prefix for t in tgt]  # positions of the rows that run
             plan.setdefault((p.site, p.layer), []).append(
                 (b, p.head, torch.tensor(tgt, device=dev), torch.tensor(src, device=dev))
             )
@@ -360,8 +370,17 @@ def patched_run(
 
     ids_t = torch.tensor([ids], device=lm.device).expand(len(batch), -1)
     wanted = sorted({site for site, _ in plan})
-    with lm.lock, torch.inference_mode(), hooked(lm, st, change, wanted):  # type: ignore[arg-type]
-        return run_ids(lm, ids_t)
+    with lm.lock, torch.inference_mode():
+        cache = None
+        if prefix > 0:
+            cache = lm.model(input_ids=ids_t[:1, :prefix], use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(batch))
+        with hooked(lm, st, change, wanted):  # type: ignore[arg-type]
+            if cache is None:
+                return run_ids(lm, ids_t)
+            kwargs = forward_kwargs(lm, -1)
+            kwargs.update(use_cache=True, past_key_values=cache)
+            return lm.model(input_ids=ids_t[:, prefix:], **kwargs).logits[:, -1].float()
 
 
 # -- pairing the two prompts --------------------------------------------------------------------
@@ -570,15 +589,23 @@ def run_cells(
     batch: int | None = None,
     progress: Progress | None = None,
 ) -> np.ndarray:
-    """The patched logit difference of each cell (one patched forward each, batched): float64."""
+    """The patched logit difference of each cell (one patched forward each, batched): float64.
+
+    Cells are batched in order of their first patched position; a batch whose cells all start at
+    or after ``PREFIX_MIN`` tokens runs that shared prefix once into a KV cache (`patched_run`)."""
     size = batch_size(lm, len(s.target_ids), batch)
     out = np.empty(len(todo))
+    first = [s.pairing.target[0] if p.position is None else p.position for p in todo]
+    order = sorted(range(len(todo)), key=lambda i: first[i])
     for start in range(0, len(todo), size):
         if progress is not None:
             progress(start, len(todo))  # may raise to cancel
-        chunk = todo[start : start + size]
-        logits = patched_run(lm, s.st, s.target_ids, s.source, s.pairing, [[p] for p in chunk])
-        out[start : start + len(chunk)] = (logits[:, s.answer] - logits[:, s.wrong]).double().cpu().numpy()
+        rows = order[start : start + size]
+        prefix = min(first[i] for i in rows)
+        prefix = prefix if prefix >= PREFIX_MIN and len(s.target_ids) > prefix else 0
+        batch_cells = [[todo[i]] for i in rows]
+        logits = patched_run(lm, s.st, s.target_ids, s.source, s.pairing, batch_cells, prefix=prefix)
+        out[rows] = (logits[:, s.answer] - logits[:, s.wrong]).double().cpu().numpy()
     if progress is not None:
         progress(len(todo), len(todo))
     return out

@@ -264,3 +264,26 @@ def test_patching_needs_no_decomposition_but_hybrids_wait_for_their_mixers():
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
     with pytest.raises(AttnvizError, match="hybrid"):
         patch(TE.build("qwen3_next"), CLEAN, CORRUPT)
+
+
+@pytest.mark.parametrize("name", [*LAYOUTS, "mistral-sliding", "gemma2", "gpt2"])
+def test_a_cached_unpatched_prefix_gives_the_same_cells(name, monkeypatch):
+    """Cells from position p on run positions < p once into a KV cache: the same numbers as the
+    hand-written full runs (fp32), sliding windows and soft-capping included."""
+    import attnviz.explain.patching as P
+
+    monkeypatch.setattr(P, "PREFIX_MIN", 1)
+    lm = TE.loaded(name)
+    clean, corrupt = ids_of(lm, CLEAN), ids_of(lm, CORRUPT)
+    L, H, n = lm.layout.n_layers, lm.layout.n_heads, len(clean)
+    res = patch(lm, CLEAN, CORRUPT, over="heads_by_position", batch=5)
+    cells = [("head", la, h, [p], [p]) for la in range(L) for h in range(H) for p in range(n)]
+    assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
+    res = patch(lm, CLEAN, CORRUPT, over="blocks", batch=4)
+    cells = [(k, la, -1, [p], [p]) for la in range(L) for k in ("attention", "mlp") for p in range(n)]
+    assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
+    with pytest.raises(AttnvizError, match="inside the cached prefix"):
+        s = P.setup(lm, CLEAN, CORRUPT, None, None, "residual", "denoise")
+        P.patched_run(
+            lm, s.st, s.target_ids, s.source, s.pairing, [[P.Patch("residual", 0, -1, 2)]], prefix=3
+        )
