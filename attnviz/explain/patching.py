@@ -84,6 +84,9 @@ class Pairing:
     source: tuple[int, ...]
     unpatched: tuple[int, ...]  # target positions with no partner in the source run
     differing: tuple[int, ...]  # target positions whose token differs from its partner's
+    # positions 0 .. shared-1 hold the same tokens in both prompts and pair with themselves: a causal
+    # model computes the very same activations there in both runs, so copying them changes nothing
+    shared: int = 0
 
     def pairs(self) -> list[tuple[int, int]]:
         return list(zip(self.target, self.source, strict=True))
@@ -343,8 +346,9 @@ def patched_run(
     plan: dict[tuple[Site, int], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
     for b, patches in enumerate(batch):
         for p in patches:
-            if p.position is None:
-                tgt, src = list(pairing.target), list(pairing.source)
+            if p.position is None:  # every paired position after the shared prefix (the same there)
+                kept = [(t, u) for t, u in pairing.pairs() if t >= pairing.shared] or pairing.pairs()[-1:]
+                tgt, src = [t for t, _ in kept], [u for _, u in kept]
             else:
                 tgt, src = [p.position], [pairing.source_of(p.position)]
             if min(tgt) < prefix:
@@ -409,7 +413,12 @@ def pair(target: Tokens, source: Tokens) -> Pairing:
         raise AttnvizError("the two prompts share no aligned positions; nothing can be patched")
     unpatched = tuple(sorted(set(range(len(t_ids))) - set(pt)))
     differing = tuple(a for a, b in zip(pt, ps, strict=True) if t_ids[a] != s_ids[b])
-    return Pairing(target=tuple(pt), source=tuple(ps), unpatched=unpatched, differing=differing)
+    shared = 0
+    while shared < len(pt) and pt[shared] == ps[shared] == shared and t_ids[shared] == s_ids[shared]:
+        shared += 1
+    return Pairing(
+        target=tuple(pt), source=tuple(ps), unpatched=unpatched, differing=differing, shared=shared
+    )
 
 
 # -- the grid -------------------------------------------------------------------------------------
@@ -595,7 +604,8 @@ def run_cells(
     or after ``PREFIX_MIN`` tokens runs that shared prefix once into a KV cache (`patched_run`)."""
     size = batch_size(lm, len(s.target_ids), batch)
     out = np.empty(len(todo))
-    first = [s.pairing.target[0] if p.position is None else p.position for p in todo]
+    every = max(s.pairing.shared, s.pairing.target[0])  # where an all-positions patch starts
+    first = [min(every, s.pairing.target[-1]) if p.position is None else p.position for p in todo]
     order = sorted(range(len(todo)), key=lambda i: first[i])
     for start in range(0, len(todo), size):
         if progress is not None:

@@ -217,6 +217,7 @@ def test_prompts_of_different_lengths_patch_aligned_positions():
     assert res.pairing.unpatched == (2, 3, 4)
     assert res.pairing.target == (0, 1, 5, 6, 7, 8, 9, 10, 11)
     assert res.pairing.source == tuple(range(9)) and res.pairing.differing == (6,)
+    assert res.pairing.shared == 2  # <s> the
     cells = [("residual", la, -1, [t], [s]) for la in range(2) for t, s in res.pairing.pairs()]
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, longer, cells), atol=ATOL)
     frame = res.to_frame()
@@ -281,6 +282,12 @@ def test_a_cached_unpatched_prefix_gives_the_same_cells(name, monkeypatch):
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
     res = patch(lm, CLEAN, CORRUPT, over="blocks", batch=4)
     cells = [(k, la, -1, [p], [p]) for la in range(L) for k in ("attention", "mlp") for p in range(n)]
+    assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
+    # a head at every position: the shared prefix (<s> the financial) is the same in both runs
+    res = patch(lm, CLEAN, CORRUPT, over="heads", batch=3)
+    assert res.pairing.shared == 3
+    every = list(range(n))
+    cells = [("head", la, h, every, every) for la in range(L) for h in range(H)]
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
     with pytest.raises(AttnvizError, match="inside the cached prefix"):
         s = P.setup(lm, CLEAN, CORRUPT, None, None, "residual", "denoise")
