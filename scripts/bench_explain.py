@@ -160,10 +160,11 @@ VERIFY = 20
 
 
 def corrupted(lm, ids: list[int]) -> list[int]:
-    """``ids`` with the token 4 from the end replaced by another word's token."""
-    out = list(ids)
-    swap = [t for t in lm.tokenizer(" fish shore loan")["input_ids"] if t != out[-4]]
-    out[-4] = swap[0]
+    """``ids`` with the middle token replaced by another word's token (half the text is then a
+    prefix both prompts share, which patching runs once into a KV cache)."""
+    out, at = list(ids), len(ids) // 2
+    swap = [t for t in lm.tokenizer(" fish shore loan")["input_ids"] if t != out[at]]
+    out[at] = swap[0]
     return out
 
 
@@ -227,8 +228,8 @@ def patching_markdown(rows: list[dict], loads: tuple[str, str]) -> str:
         f"sessions' work, {torch.get_num_threads()} thread(s), torch {torch.__version__}, smollm2-135m "
         f"float32; load average (1 / 5 / 15 min) {loads[0]} at the start, {loads[1]} at the end; one run "
         "per size (no repeats). Unit: the median of three plain SDPA forwards of the same ids; wall-time "
-        "ratio, CPU-time ratio in brackets. The corrupted prompt replaces the token 4 from the end; the "
-        "metric is the normalised logit difference of the clean vs the corrupted top prediction.\n\n"
+        "ratio, CPU-time ratio in brackets. The corrupted prompt replaces the middle token (so half the "
+        "text is a prefix both prompts share: patching runs it once into a KV cache); the metric is the normalised logit difference of the clean vs the corrupted top prediction.\n\n"
         "| N | forward | real head grid (270 patched forwards, batched) | attribution patching, every "
         "head × position (≤ 4x; estimate) | top-20 verification (≤ 20x) | Spearman, estimate vs real "
         "head grid | worst head: estimate / real | worst of the top-20: abs(estimate − real) |\n"
