@@ -75,18 +75,18 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
         lengths = _prompts(lm, p, chat)
     if lengths is None:
         return
-    c1, c2, c3 = st.columns([2.2, 1.2, 2.0])
+    c1, c2 = st.columns([3.0, 1.3])
     over = c1.segmented_control("Patch", list(X.OVERS), key="over", required=True)
     direction = c2.segmented_control("Direction", list(X.DIRECTIONS), key="pdir", required=True)
-    estimate = c3.toggle(
-        "Attribution patching (an estimate)",
+    a1, a2, a3 = st.columns([1.6, 1.6, 1.5])
+    answer = a1.text_input("Answer token (empty: the clean prediction)", key="answer", max_chars=64)
+    wrong = a2.text_input("Wrong token (empty: the corrupted prediction)", key="wrong", max_chars=64)
+    estimate = a3.toggle(
+        "Attribution patching (estimate)",
         key="pest",
         help="Every cell from two forwards and one backward (first order); its top cells are then "
         f"patched for real ({VERIFY}) and shown beside it.",
     )
-    a1, a2 = st.columns(2)
-    answer = a1.text_input("Answer token (empty: the clean prediction)", key="answer", max_chars=64)
-    wrong = a2.text_input("Wrong token (empty: the corrupted prediction)", key="wrong", max_chars=64)
     n_cells = _cells(lm, str(over), max(lengths))
     if not estimate and n_cells > MAX_UI_CELLS:
         st.warning(

@@ -369,6 +369,7 @@ def rotary_view(b: RotaryBands, *, height: int = 420) -> go.Figure:
 # -- activation patching, attribution patching and head search (issue 33) ----------------------
 
 PATCH_COLOURS = "RdBu_r"  # diverging, centred at 0 (the corrupted run); 1 is the clean run
+BAR = dict(thickness=12, lenmode="pixels", len=280, y=1.0, yanchor="top")  # tall grids: a bar at the top
 
 
 def _patch_grid(res: Patching, values: np.ndarray) -> tuple[np.ndarray, list[str], list[str], list]:
@@ -427,7 +428,7 @@ def _patch_title(res: Patching) -> str:
     kind = "ESTIMATE · attribution patching" if res.estimate else "activation patching"
     what = f"logit(“{escape(res.answer_token)}”) − logit(“{escape(res.wrong_token)}”)"
     return (
-        f"{kind} · {res.over} · {res.direction} · {what} normalised: 0 = corrupted "
+        f"{kind} · {res.over} · {res.direction}<br>{what} normalised: 0 = corrupted "
         f"({res.corrupted_diff:.2f}), 1 = clean ({res.clean_diff:.2f})"
     )
 
@@ -438,13 +439,13 @@ def patching_view(res: Patching, *, height: int | None = None) -> go.Figure:
     are the patched run's positions, ≠ marking tokens that differ between the prompts. Cells carry
     [layer, head] (head -1 for the stream and blocks) to open a head in the explorer."""
     lim = max(1.0, float(np.nanmax(np.abs(res.values))))
-    bar = dict(title=dict(text="estimate" if res.estimate else "patched", side="right"), thickness=12)
+    bar = dict(title=dict(text="estimate" if res.estimate else "patched", side="right"), **BAR)
     fig = go.Figure(_patch_heatmap(res, res.values, lim, bar))
     n_rows = len(_patch_grid(res, res.values)[1])
     fig.update_layout(
         title=_title(_patch_title(res), size=13),
         height=height or max(360, 18 * n_rows + 180),
-        margin=dict(l=80, r=20, t=TITLE_MARGIN + 10, b=90),
+        margin=dict(l=80, r=20, t=TITLE_MARGIN + 30, b=90),
         yaxis=dict(autorange="reversed"),
     )
     return fig
@@ -469,14 +470,14 @@ def patching_comparison_view(res: Patching, *, height: int | None = None) -> go.
             "estimate − real",
         ),
     )
-    bar = dict(title=dict(text="normalised", side="right"), thickness=12)
+    bar = dict(title=dict(text="normalised", side="right"), **BAR)
     for col, z in enumerate((res.values, real, diff), start=1):
         fig.add_trace(_patch_heatmap(res, z, lim, bar if col == 3 else None), row=1, col=col)
     n_rows = len(_patch_grid(res, res.values)[1])
     fig.update_layout(
         title=_subplot_title(_patch_title(res)),
         height=height or max(380, 18 * n_rows + 200),
-        margin=dict(l=80, r=20, t=TITLE_MARGIN + 30, b=90),
+        margin=dict(l=80, r=20, t=TITLE_MARGIN + 50, b=90),
         plot_bgcolor="white",  # cells not verified stay blank
     )
     fig.update_yaxes(autorange="reversed")

@@ -40,7 +40,7 @@ def test_patching_view_draws_the_engines_grid_and_the_link_carries_it(env):
     at.segmented_control(key="pdir").set_value("noise").run()
     ok(at)
     assert at.query_params["pdir"] == "noise"
-    assert any("· noise ·" in t for t in titles(at))
+    assert any("· noise<br>" in t for t in titles(at))
     # a clicked head opens in the explorer
     at.session_state["patch_chart"] = {
         "selection": {"points": [{"customdata": [1, 2]}], "point_indices": [0]}
