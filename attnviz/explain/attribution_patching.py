@@ -23,6 +23,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ..limits import forward_bytes, require
 from ..loading import LoadedModel
 from .blocks import Unsupported
 from .patching import (
@@ -58,6 +59,14 @@ class _GradRun:
 
     def __call__(self, st: Sites, ids: list[int], wanted: Sequence[Site]) -> tuple[Activations, torch.Tensor]:
         acts = Activations()
+        lm = self.lm
+        dtype = next(lm.model.parameters()).dtype
+        require(
+            lm.layout.n_layers * forward_bytes(lm.layout, len(ids), dtype),  # what the backward keeps
+            lm.device,
+            what=f"attribution patching of {len(ids)} tokens (a forward keeping every layer for its backward)",
+            hint="a shorter text, or real patches over='heads' / 'blocks'",
+        )
 
         def add_leaf(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
             acts.of(site).append(x[0].detach().clone())
@@ -65,7 +74,6 @@ class _GradRun:
             self.leaves[(site, layer)] = leaf
             return x + leaf
 
-        lm = self.lm
         # gradients here even when the caller runs under inference_mode / no_grad
         with lm.lock, torch.inference_mode(False), torch.enable_grad(), hooked(lm, st, add_leaf, wanted):
             self.logits = run_ids(lm, torch.tensor([ids], device=lm.device))[0]
