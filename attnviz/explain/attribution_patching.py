@@ -64,7 +64,7 @@ class _GradRun:
         require(
             lm.layout.n_layers * forward_bytes(lm.layout, len(ids), dtype),  # what the backward keeps
             lm.device,
-            what=f"attribution patching of {len(ids)} tokens (a forward keeping every layer for its backward)",
+            what=f"attribution patching of {len(ids)} tokens (a forward keeping each layer for the backward)",
             hint="a shorter text, or real patches over='heads' / 'blocks'",
         )
 
