@@ -123,6 +123,11 @@ class Patching:
     notes: tuple[str, ...] = ()
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the result holds (its two grids; for caches)."""
+        return int(self.values.nbytes + self.raw.nbytes) + 64 * (len(self.clean) + len(self.corrupted))
+
+    @property
     def positions(self) -> tuple[int, ...]:
         """The patched run's positions along a "position" axis (the aligned ones, in order)."""
         return self.pairing.target
