@@ -27,9 +27,20 @@ from .errors import (
     UnsafeWeights,
 )
 from .explain import ablate_heads, information_flow, logit_attribution, logit_lens, rotary_bands
+from .explain.attribution_patching import attribution_patch
+from .explain.patching import patch
 from .export import load_npz, save_npz
 from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
-from .figures.explain import ablation_view, attribution_view, flow_view, lens_view, rotary_view
+from .figures.explain import (
+    ablation_view,
+    attribution_view,
+    flow_view,
+    head_search_view,
+    lens_view,
+    patching_comparison_view,
+    patching_view,
+    rotary_view,
+)
 from .figures.notebook import head_view, model_view
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
@@ -62,10 +73,12 @@ __all__ = [
     "__version__",
     "ablate_heads",
     "ablation_view",
+    "attribution_patch",
     "attribution_view",
     "extract",
     "extract_ids",
     "flow_view",
+    "head_search_view",
     "head_view",
     "information_flow",
     "lens_view",
@@ -74,6 +87,9 @@ __all__ = [
     "logit_attribution",
     "logit_lens",
     "model_view",
+    "patch",
+    "patching_comparison_view",
+    "patching_view",
     "rotary_bands",
     "rotary_view",
     "save_npz",

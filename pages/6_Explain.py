@@ -6,7 +6,7 @@ import streamlit as st
 
 from attnviz import AttnvizError
 from ui import explain as E
-from ui import models, shell, sidebar, state
+from ui import models, patching, shell, sidebar, state
 from ui.params import EXPLAIN_VIEWS, ExplainParams
 from ui.text import md
 
@@ -29,6 +29,10 @@ def main() -> None:
         sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
     view = st.segmented_control("View", list(EXPLAIN_VIEWS), key="view", required=True)
+    if view == "patching":  # two prompts, a trace of neither (ui/patching.py, issue 33)
+        patching.page(lm, p, frame.token, chat)
+        state.share_box()
+        return
     tr, key = E.load_trace(lm, p, frame.token, chat)
     if tr is None:
         shell.stop()

@@ -42,8 +42,10 @@ Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
 CHANGES: tuple[str, ...] = get_args(Change)
 TokenView = Literal["lines", "text"]  # the explorer's token view: lines between tokens or coloured text
 TOKEN_VIEWS: tuple[str, ...] = get_args(TokenView)
-ExplainView = Literal["routes", "logit lens", "attribution", "ablation"]
+ExplainView = Literal["routes", "logit lens", "attribution", "ablation", "patching"]
 EXPLAIN_VIEWS: tuple[str, ...] = get_args(ExplainView)
+PATCH_OVER_CHOICES: tuple[str, ...] = attnviz.explain.OVERS  # the Patching view (issue 33)
+PATCH_DIRECTION_CHOICES: tuple[str, ...] = attnviz.explain.DIRECTIONS
 GenRow = Literal["new token", "predicting position"]
 GEN_ROWS: tuple[str, ...] = get_args(GenRow)
 STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
@@ -374,6 +376,15 @@ class ExplainParams(Params):
     contrast: str = p("", _short_text)  # attribution: minus this token's logit
     abl: str = p("", _heads)  # ablation: the heads, "layer.head,..."
     amode: str = p("zero", _choice(ABLATION_MODES))
+    # patching (issue 33, ui/patching.py): the corrupted prompt, the grid, direction, estimate or real
+    corrupt: str = p("", _text, packed="tzc")
+    over: str = p("heads", _choice(PATCH_OVER_CHOICES))
+    pdir: str = p("denoise", _choice(PATCH_DIRECTION_CHOICES))
+    pest: bool = p(False, _bool)  # attribution patching (an estimate) instead of real patches
+    answer: str = p("", _short_text)  # "" = the clean prompt's prediction
+    wrong: str = p("", _short_text)  # "" = the corrupted prompt's prediction
+    sq: int = p(-1, _int(-1))  # head search: the query position (-1: the last token)
+    sk: int = p(0, _int())  # head search: the key position
 
     def ablated(self) -> list[tuple[int, int]]:
         return [(int(a), int(b)) for a, _, b in (x.partition(".") for x in self.abl.split(",") if x)]

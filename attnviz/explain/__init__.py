@@ -12,30 +12,41 @@ Every function also takes the text itself (and then runs its own forward).
 
 from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
+from .attribution_patching import attribution_patch
 from .lens import LogitLens, logit_lens
+from .patching import DIRECTIONS, OVERS, Patching, patch
 from .residual import Trace, Unsupported, trace
 from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
 from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
+from .search import HeadScores, previous_occurrence_heads, search_heads
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "DIRECTIONS",
     "EDGE_KINDS",
     "MODES",
+    "OVERS",
     "Ablation",
     "Attribution",
     "Edge",
     "FlowGraph",
+    "HeadScores",
     "LogitLens",
     "Node",
+    "Patching",
     "RotaryBands",
     "RotarySpec",
     "Trace",
     "Unsupported",
     "ablate_heads",
+    "attribution_patch",
     "bands",
     "information_flow",
     "logit_attribution",
     "logit_lens",
+    "patch",
+    "previous_occurrence_heads",
     "rotary_bands",
+    "search_heads",
     "trace",
 ]

@@ -68,12 +68,12 @@ def non_default(cls: type[P.Params]) -> P.Params:
             changes[f.name] = d / 2
         elif f.name in ("model", "model2"):
             changes[f.name] = "tiny:qwen3"
-        elif f.name in ("text", "text2"):
+        elif f.name in ("text", "text2", "corrupt"):
             changes[f.name] = "a [link](http://x) *and* ü 🙂\nnew line"
         elif f.name == "wstep":
             changes[f.name] = "scores_raw"
-        elif f.name in ("target", "contrast"):  # Explain's attribution tokens
-            changes[f.name] = " bank" if f.name == "target" else " river"
+        elif f.name in ("target", "contrast", "answer", "wrong"):  # Explain's attribution/patching tokens
+            changes[f.name] = " bank" if f.name in ("target", "answer") else " river"
         elif f.name == "abl":  # Explain's ablated heads
             changes[f.name] = "3.1,5.0"
         else:  # a choice: another option that its parser accepts

@@ -1,0 +1,167 @@
+"""Attribution patching: every cell of a patching grid ESTIMATED from two forwards and one backward.
+
+Nanda (2023); Syed et al. (2023); Kramár et al. (2024, AtP*). With a the patched run's activation
+at a site, a' the other run's and m the logit difference, the effect of patching is taken to first
+order:
+
+    m(a') − m(a)  ≈  (a' − a) · ∂m/∂a          (evaluated on the patched run)
+
+so one forward of the source prompt (its activations), one forward of the patched prompt with a
+zero tensor added at every site (its activations; the gradient of m with respect to that tensor is
+∂m/∂a) and one backward give every cell at once. It is an ESTIMATE, labelled so everywhere it is
+shown (``Patching.estimate`` is True): AtP* shows it misses cells where attention saturates or
+effects cancel. It is exact where m is linear in the activation (the last layer's heads into a
+linear readout, `tests/engine/test_patching_estimate.py`). ``verify=k`` patches the k cells with
+the largest estimated effect for real (`attnviz.explain.patching`) and keeps both figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from ..limits import forward_bytes, require
+from ..loading import LoadedModel
+from .blocks import Unsupported
+from .patching import (
+    DIMS,
+    PARTS,
+    Activations,
+    Direction,
+    Over,
+    Patching,
+    Progress,
+    Setup,
+    Site,
+    Sites,
+    hooked,
+    patch_at,
+    result,
+    run_cells,
+    run_ids,
+    setup,
+)
+
+ESTIMATE_LABEL = "estimate (attribution patching, first order)"
+DEFAULT_VERIFY = 20
+
+
+class _GradRun:
+    """The patched prompt's forward with a zero leaf added at every site, kept for one backward."""
+
+    def __init__(self, lm: LoadedModel) -> None:
+        self.lm = lm
+        self.leaves: dict[tuple[Site, int], torch.Tensor] = {}
+        self.logits: torch.Tensor | None = None
+
+    def __call__(self, st: Sites, ids: list[int], wanted: Sequence[Site]) -> tuple[Activations, torch.Tensor]:
+        acts = Activations()
+        lm = self.lm
+        dtype = next(lm.model.parameters()).dtype
+        require(
+            lm.layout.n_layers * forward_bytes(lm.layout, len(ids), dtype),  # what the backward keeps
+            lm.device,
+            what=f"attribution patching of {len(ids)} tokens (a forward keeping each layer for the backward)",
+            hint="a shorter text, or real patches over='heads' / 'blocks'",
+        )
+
+        def add_leaf(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
+            acts.of(site).append(x[0].detach().clone())
+            leaf = torch.zeros_like(x.detach(), requires_grad=True)
+            self.leaves[(site, layer)] = leaf
+            return x + leaf
+
+        # gradients here even when the caller runs under inference_mode / no_grad
+        with lm.lock, torch.inference_mode(False), torch.enable_grad(), hooked(lm, st, add_leaf, wanted):
+            self.logits = run_ids(lm, torch.tensor([ids], device=lm.device))[0]
+        return acts, self.logits.detach()
+
+    def grads(self, answer: int, wrong: int) -> dict[tuple[Site, int], torch.Tensor]:
+        """∂(logit(answer) − logit(wrong))/∂ every site (batch row 0), one backward."""
+        assert self.logits is not None
+        keys = list(self.leaves)
+        with self.lm.lock, torch.inference_mode(False), torch.enable_grad():
+            metric = self.logits[answer] - self.logits[wrong]
+            try:
+                got = torch.autograd.grad(metric, [self.leaves[k] for k in keys], allow_unused=True)
+            except RuntimeError as err:
+                raise Unsupported(
+                    f"attribution patching needs gradients through {self.lm.spec!r}'s attention, which "
+                    "attnviz computes in place for soft-capping, position biases and sinks; use "
+                    f"attnviz.patch (real patches) for this model ({str(err)[:80]}...)"
+                ) from err
+            finally:
+                self.leaves, self.logits = {}, None  # free the graph
+        return {k: (torch.zeros(0) if g is None else g[0].detach()) for k, g in zip(keys, got, strict=True)}
+
+
+def _effects(s: Setup, grads: dict[tuple[Site, int], torch.Tensor]) -> dict[tuple[Site, int], np.ndarray]:
+    """(a' − a) · g per site and layer at each paired position: float64 (positions,) or
+    (positions, heads) for heads."""
+    tgt = torch.tensor(s.pairing.target)
+    src = torch.tensor(s.pairing.source)
+    out = {}
+    for (site, layer), g in grads.items():
+        a = s.target_acts.of(site)[layer].double().cpu()
+        a2 = s.source.of(site)[layer].double().cpu()
+        grad = g.double().cpu()
+        if grad.numel() == 0:
+            grad = torch.zeros_like(a)
+        delta = (a2[src] - a[tgt]) * grad[tgt]  # (positions, ...) elementwise
+        out[(site, layer)] = delta.sum(-1).numpy()  # heads: (positions, heads); else (positions,)
+    return out
+
+
+def attribution_patch(
+    lm: LoadedModel,
+    clean: str | Sequence[int],
+    corrupted: str | Sequence[int],
+    *,
+    answer: int | str | None = None,
+    wrong: int | str | None = None,
+    over: Over = "heads_by_position",
+    direction: Direction = "denoise",
+    verify: int = DEFAULT_VERIFY,
+    chat: bool = False,
+    batch: int | None = None,
+    progress: Progress | None = None,
+) -> Patching:
+    """Every cell of ``over`` ESTIMATED by attribution patching (``estimate`` = True), then the
+    ``verify`` cells with the largest estimated effect patched for real (``verified``: {cell:
+    (estimate, real)}, normalised). Same arguments and metric as `attnviz.patch`.
+    ``progress(done, total)`` hears the three passes, then each batch of the verification."""
+    tell = progress or (lambda _d, _t: None)
+    tell(0, 3 + verify)
+    run = _GradRun(lm)
+    s = setup(lm, clean, corrupted, answer, wrong, over, direction, chat=chat, run_target=run)
+    tell(2, 3 + verify)
+    effects = _effects(s, run.grads(s.answer, s.wrong))
+    tell(3, 3 + verify)
+    L = s.st.n_layers
+    if over == "heads":  # (positions, heads) per layer, summed over the positions
+        est = np.stack([effects[("head", la)].sum(0) for la in range(L)])
+    elif over == "heads_by_position":
+        est = np.stack([effects[("head", la)].T for la in range(L)])  # (layers, heads, positions)
+    elif over == "residual":
+        est = np.stack([effects[("residual", la)] for la in range(L)])  # (layers, positions)
+    else:
+        est = np.stack([np.stack([effects[(part, la)] for part in PARTS]) for la in range(L)])
+    target_diff = s.corrupted_diff if direction == "denoise" else s.clean_diff
+    res = result(lm, s, over, direction, DIMS[over], target_diff + est, estimate=True, method=ESTIMATE_LABEL)
+    top = [idx for idx, _ in res.ranking(verify)] if verify > 0 else []
+    if top:
+        sub = None if progress is None else (lambda d, t: progress(3 + d * len(top) // max(t, 1), 3 + verify))
+        real = run_cells(lm, s, [patch_at(over, idx, s.pairing) for idx in top], batch=batch, progress=sub)
+        verified = {
+            idx: (float(res.values[idx]), float(res.normalise(r))) for idx, r in zip(top, real, strict=True)
+        }
+        res = _with_verified(res, verified)
+    tell(3 + verify, 3 + verify)
+    return res
+
+
+def _with_verified(res: Patching, verified: dict[tuple[int, ...], tuple[float, float]]) -> Patching:
+    return replace(res, verified=verified)

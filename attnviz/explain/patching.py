@@ -1,0 +1,651 @@
+"""Activation patching between two prompts: copy one component's activation from one run into the
+other and measure how much of the answer's logit difference comes back.
+
+    res = attnviz.patch(lm, clean, corrupted, over="heads")   # every (layer, head), denoising
+    res.to_frame()                                            # one row per cell
+
+Metric: the logit difference ``logit(answer) − logit(wrong)`` at the last position, normalised so
+that the corrupted run is 0 and the clean run 1 (in both directions: "denoise" runs the corrupted
+prompt with one clean activation patched in, "noise" runs the clean prompt with one corrupted
+activation patched in). Default answer / wrong: the model's top prediction on the clean / the
+corrupted prompt.
+
+The sites, per layer l (the same hook points for every residual layout: pre-norm, parallel,
+post-norm between the heads and the stream):
+
+- ``heads``: head h's output z^h = Σ_j α v_j at every patched position, read and replaced inside
+  attnviz's attention function (`attnviz.capture.editing`) before the output projection;
+- ``heads_by_position``: the same at one position;
+- ``residual``: the stream entering block l at one position (l = 0: the embedding);
+- ``blocks``: what the attention module or the MLP returns at one position (before a norm that
+  sits between them and the stream: that norm is per token, so it follows the patch).
+
+Every cell is one forward of the patched run (cells are batched: row b of a batch carries cell b's
+patch only), the model's own code, in its own dtype. Prompts of different lengths are aligned with
+`attnviz.analysis.align.align_tokens` (ids; a gap of equal length on both sides is paired
+position by position, since those are the tokens that differ); positions without a partner are not
+patched and listed in ``unpatched``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import numpy as np
+import torch
+
+from ..analysis.align import align_tokens
+from ..capture.hook import editing
+from ..errors import AttnvizError
+from ..extract import tokenize
+from ..limits import forward_bytes, free_bytes, require
+from ..loading import LoadedModel
+from ..tokens import Tokens
+from .attribution import token_id
+from .blocks import MLP_NAMES, Unsupported
+from .residual import _decoder_layers, forward_kwargs
+
+Over = Literal["heads", "heads_by_position", "residual", "blocks"]
+OVERS: tuple[str, ...] = get_args(Over)
+Direction = Literal["denoise", "noise"]
+DIRECTIONS: tuple[str, ...] = get_args(Direction)
+Site = Literal["head", "residual", "attention", "mlp"]
+PARTS: tuple[Site, ...] = ("attention", "mlp")  # the "blocks" sites, in this order
+Progress = Callable[[int, int], None]  # (cells done, cells in all); raising cancels
+MAX_BATCH = 32
+BATCH_SHARE = 0.25  # at most this share of the free memory for one batch of patched forwards
+MAX_PATCH_TOKENS = 8192
+PREFIX_MIN = 32  # a shared unpatched prefix at least this long runs once, into a KV cache
+
+EXACT = "activation patching: one forward per cell, the model's own computation"
+ESTIMATE = "attribution patching: a first-order ESTIMATE (two forwards, one backward)"
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patched component: ``site`` of ``layer`` (``head`` for a head), at ``position`` of the
+    patched run (None: every aligned position)."""
+
+    site: Site
+    layer: int
+    head: int = -1
+    position: int | None = None
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Which positions of the patched (target) run take the activation of which source position."""
+
+    target: tuple[int, ...]
+    source: tuple[int, ...]
+    unpatched: tuple[int, ...]  # target positions with no partner in the source run
+    differing: tuple[int, ...]  # target positions whose token differs from its partner's
+    # positions 0 .. shared-1 hold the same tokens in both prompts and pair with themselves: a causal
+    # model computes the very same activations there in both runs, so copying them changes nothing
+    shared: int = 0
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return list(zip(self.target, self.source, strict=True))
+
+    def source_of(self, position: int) -> int:
+        return self.source[self.target.index(position)]
+
+
+@dataclass(frozen=True)
+class Patching:
+    """Patching results on a grid: ``values`` (normalised: 0 = corrupted, 1 = clean) and ``raw``
+    (the patched run's logit difference), both shaped by ``dims`` (e.g. ("layer", "head")).
+    ``estimate`` is True for attribution patching (a first-order estimate, not a patched run)."""
+
+    model_name: str
+    clean: Tokens
+    corrupted: Tokens
+    over: Over
+    direction: Direction
+    answer: int
+    answer_token: str
+    wrong: int
+    wrong_token: str
+    clean_diff: float  # logit(answer) − logit(wrong) at the clean prompt's last position
+    corrupted_diff: float
+    dims: tuple[str, ...]
+    values: np.ndarray  # float64
+    raw: np.ndarray  # float64
+    pairing: Pairing
+    estimate: bool = False
+    method: str = EXACT
+    # attribution patching: the top cells patched for real, {cell index: (estimate, real)} normalised
+    verified: dict[tuple[int, ...], tuple[float, float]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the result holds (its two grids; for caches)."""
+        return int(self.values.nbytes + self.raw.nbytes) + 64 * (len(self.clean) + len(self.corrupted))
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        """The patched run's positions along a "position" axis (the aligned ones, in order)."""
+        return self.pairing.target
+
+    @property
+    def label(self) -> str:
+        return "estimate" if self.estimate else "patched"
+
+    def normalise(self, diff: float | np.ndarray) -> Any:
+        return (diff - self.corrupted_diff) / (self.clean_diff - self.corrupted_diff)
+
+    def cell(self, index: tuple[int, ...]) -> dict[str, Any]:
+        """The cell at ``index`` as {dim: label}: layer and head as numbers, the position as the
+        patched run's position, the block part by name."""
+        out: dict[str, Any] = {}
+        for dim, i in zip(self.dims, index, strict=True):
+            if dim == "position":
+                out["position"] = self.pairing.target[i]
+                out["source_position"] = self.pairing.source[i]
+            elif dim == "part":
+                out["part"] = PARTS[i]
+            else:
+                out[dim] = int(i)
+        return out
+
+    def to_frame(self) -> Any:
+        """One row per cell: its coordinates, ``value`` (normalised), ``logit_diff`` (raw), and
+        for attribution patching ``estimate`` = True (and the verified cells' real values)."""
+        import pandas as pd
+
+        rows = []
+        for index in np.ndindex(*self.values.shape):
+            row = self.cell(index)
+            row["value"] = float(self.values[index])
+            row["logit_diff"] = float(self.raw[index])
+            row["estimate"] = self.estimate
+            if self.estimate:
+                row["real"] = self.verified[index][1] if index in self.verified else np.nan
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def ranking(self, top: int | None = None) -> list[tuple[tuple[int, ...], float]]:
+        """(cell index, value) by |value − baseline| largest first: the cells that move the metric
+        most (baseline 0 for denoising, 1 for noising)."""
+        base = 0.0 if self.direction == "denoise" else 1.0
+        flat = [(idx, float(self.values[idx])) for idx in np.ndindex(*self.values.shape)]
+        flat.sort(key=lambda c: -abs(c[1] - base))
+        return flat if top is None else flat[:top]
+
+    def comparison(self) -> Any:
+        """The verified cells: estimate, real patch and their difference (attribution patching)."""
+        import pandas as pd
+
+        rows = [
+            {**self.cell(idx), "estimate": est, "real": real, "difference": est - real}
+            for idx, (est, real) in self.verified.items()
+        ]
+        return pd.DataFrame(rows)
+
+
+# -- the model's sites ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sites:
+    """The modules patching hooks: each block, its attention module (and name) and its MLP."""
+
+    blocks: list[Any]
+    attn: list[Any]
+    names: list[str]
+    mlps: list[Any]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+
+def sites(lm: LoadedModel, over: str) -> Sites:
+    """The patching sites of ``lm``, or `Unsupported` with the reason."""
+    if lm.layout.attention_layers:
+        # Hybrid mixers (issue 30, attnviz.mixers) are patched here once their outputs have a
+        # hook: add a "mixer" site next to "attention" / "mlp" reading the mixer module's output.
+        raise Unsupported(
+            f"{lm.spec!r} is a hybrid (blocks {', '.join(map(str, lm.layout.blocks_without_attention))} "
+            "are recurrent / state-space mixers); patching their outputs is not supported yet, only "
+            "models whose every block is attention + MLP"
+        )
+    blocks, attn, names = _decoder_layers(lm)
+    if over.startswith("heads") and not lm.supports_capture:
+        raise Unsupported(
+            f"{lm.spec!r} computes its attention outside attnviz's attention function, so its heads' "
+            "outputs cannot be patched; use over='residual' or 'blocks'"
+        )
+    mlps = []
+    for i, block in enumerate(blocks):
+        mlp = next((c for n, c in block.named_children() if n in MLP_NAMES), None)
+        if mlp is None and over == "blocks":
+            raise Unsupported(f"block {i} of {lm.spec!r} has no MLP child named {'/'.join(MLP_NAMES)}")
+        mlps.append(mlp)
+    return Sites(blocks, attn, names, mlps)
+
+
+def _first(x: Any) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else x[0]
+
+
+def _with_first(x: Any, new: torch.Tensor) -> Any:
+    return new if isinstance(x, torch.Tensor) else (new, *x[1:])
+
+
+# -- one run's activations -----------------------------------------------------------------------
+
+
+@dataclass
+class Activations:
+    """What one forward kept per layer (batch row 0): the stream entering each block (N, d_model),
+    the attention module's and the MLP's outputs (N, d_model), each head's output (N, heads,
+    d_head); only the sites asked for."""
+
+    residual: list[torch.Tensor] = field(default_factory=list)
+    attention: list[torch.Tensor] = field(default_factory=list)
+    mlp: list[torch.Tensor] = field(default_factory=list)
+    head: list[torch.Tensor] = field(default_factory=list)
+
+    def of(self, site: Site) -> list[torch.Tensor]:
+        return getattr(self, site)
+
+
+def site_names(over: str) -> tuple[Site, ...]:
+    if over in ("heads", "heads_by_position"):
+        return ("head",)
+    return ("residual",) if over == "residual" else ("attention", "mlp")
+
+
+@contextlib.contextmanager
+def hooked(
+    lm: LoadedModel,
+    st: Sites,
+    change: Callable[[Site, int, torch.Tensor], torch.Tensor],
+    wanted: Sequence[Site],
+) -> Iterator[None]:
+    """Every site in ``wanted`` passes through ``change(site, layer, tensor)`` (batch-first
+    tensors; what it returns replaces the activation). Hooks are registered under the model's lock
+    by the caller and removed on exit."""
+    handles = []
+    layer_of = {name: i for i, name in enumerate(st.names)}
+
+    def pre(i: int):
+        def hook(_module, args, kwargs):
+            if args:
+                return (change("residual", i, args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": change("residual", i, kwargs["hidden_states"])}
+
+        return hook
+
+    def post(site: Site, i: int):
+        def hook(_module, _args, output):
+            return _with_first(output, change(site, i, _first(output)))
+
+        return hook
+
+    def edit(module: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
+        i = layer_of.get(lm.module_names.get(id(module), ""))
+        return out if i is None else change("head", i, out)
+
+    try:
+        for i in range(st.n_layers):
+            if "residual" in wanted:
+                handles.append(st.blocks[i].register_forward_pre_hook(pre(i), with_kwargs=True))
+            if "attention" in wanted:
+                handles.append(st.attn[i].register_forward_hook(post("attention", i)))
+            if "mlp" in wanted:
+                handles.append(st.mlps[i].register_forward_hook(post("mlp", i)))
+        with editing(edit) if "head" in wanted else contextlib.nullcontext():
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_ids(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    """The model's logits at the last position of each row of ``ids`` (B, N): float32 (B, vocab)."""
+    kwargs = forward_kwargs(lm, -1)
+    return lm.model(input_ids=ids, **kwargs).logits[:, -1].float()
+
+
+def capture(
+    lm: LoadedModel, st: Sites, ids: list[int], wanted: Sequence[Site]
+) -> tuple[Activations, torch.Tensor]:
+    """One forward of ``ids`` keeping the ``wanted`` sites: (activations, last logits (vocab,))."""
+    acts = Activations()
+
+    def keep(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
+        acts.of(site).append(x[0].detach().clone())
+        return x
+
+    with lm.lock, torch.inference_mode(), hooked(lm, st, keep, wanted):
+        logits = run_ids(lm, torch.tensor([ids], device=lm.device))[0]
+    return acts, logits
+
+
+Capture = Callable[[Sites, list[int], Sequence[Site]], tuple[Activations, torch.Tensor]]
+
+
+def patched_run(
+    lm: LoadedModel,
+    st: Sites,
+    ids: list[int],
+    source: Activations,
+    pairing: Pairing,
+    batch: Sequence[Sequence[Patch]],
+    *,
+    prefix: int = 0,
+) -> torch.Tensor:
+    """Row b runs ``ids`` with every patch of ``batch[b]`` applied at once (the source's activation
+    at the paired positions): the last position's logits, float32 (len(batch), vocab).
+
+    ``prefix`` > 0 (every patch at or after it): the first ``prefix`` positions, which no patch
+    can change in a causal model, run once, unpatched, into a KV cache that every row continues
+    from (the model's own cached forward, as in generation)."""
+    plan: dict[tuple[Site, int], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+    for b, patches in enumerate(batch):
+        for p in patches:
+            if p.position is None:  # every paired position after the shared prefix (the same there)
+                kept = [(t, u) for t, u in pairing.pairs() if t >= pairing.shared] or pairing.pairs()[-1:]
+                tgt, src = [t for t, _ in kept], [u for _, u in kept]
+            else:
+                tgt, src = [p.position], [pairing.source_of(p.position)]
+            if min(tgt) < prefix:
+                raise AttnvizError(f"a patch at position {min(tgt)} lies inside the cached prefix ({prefix})")
+            dev = source.of(p.site)[p.layer].device
+            tgt = [t - prefix for t in tgt]  # positions of the rows that run
+            plan.setdefault((p.site, p.layer), []).append(
+                (b, p.head, torch.tensor(tgt, device=dev), torch.tensor(src, device=dev))
+            )
+
+    def change(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
+        todo = plan.get((site, layer))
+        if not todo:
+            return x
+        x = x.clone()
+        src = source.of(site)[layer].to(x.dtype)
+        for b, head, tgt, spos in todo:
+            if site == "head":
+                x[b, tgt, head] = src[spos, head]  # (positions, d_head)
+            else:
+                x[b, tgt] = src[spos]  # (positions, d_model)
+        return x
+
+    ids_t = torch.tensor([ids], device=lm.device).expand(len(batch), -1)
+    wanted = sorted({site for site, _ in plan})
+    with lm.lock, torch.inference_mode():
+        cache = None
+        if prefix > 0:
+            cache = lm.model(input_ids=ids_t[:1, :prefix], use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(batch))
+        with hooked(lm, st, change, wanted):  # type: ignore[arg-type]
+            if cache is None:
+                return run_ids(lm, ids_t)
+            kwargs = forward_kwargs(lm, -1)
+            kwargs.update(use_cache=True, past_key_values=cache)
+            return lm.model(input_ids=ids_t[:, prefix:], **kwargs).logits[:, -1].float()
+
+
+# -- pairing the two prompts --------------------------------------------------------------------
+
+
+def pair(target: Tokens, source: Tokens) -> Pairing:
+    """Target position -> source position: the identity for prompts of one length; otherwise the
+    token alignment's matching blocks plus each gap of equal length on both sides, position by
+    position (those are the replaced tokens). Refuses when nothing pairs."""
+    t_ids, s_ids = list(target.ids), list(source.ids)
+    if len(t_ids) == len(s_ids):
+        pt, ps = list(range(len(t_ids))), list(range(len(s_ids)))
+    else:
+        al = align_tokens(target, source, by="ids")
+        pt, ps = [], []
+        prev_t, prev_s = -1, -1
+        for a, b in [*al.pairs(), (len(t_ids), len(s_ids))]:
+            if a - prev_t == b - prev_s:  # a replaced run of equal length: pair it position by position
+                pt.extend(range(prev_t + 1, a))
+                ps.extend(range(prev_s + 1, b))
+            if a < len(t_ids):
+                pt.append(a)
+                ps.append(b)
+            prev_t, prev_s = a, b
+    if not pt:
+        raise AttnvizError("the two prompts share no aligned positions; nothing can be patched")
+    unpatched = tuple(sorted(set(range(len(t_ids))) - set(pt)))
+    differing = tuple(a for a, b in zip(pt, ps, strict=True) if t_ids[a] != s_ids[b])
+    shared = 0
+    while shared < len(pt) and pt[shared] == ps[shared] == shared and t_ids[shared] == s_ids[shared]:
+        shared += 1
+    return Pairing(
+        target=tuple(pt), source=tuple(ps), unpatched=unpatched, differing=differing, shared=shared
+    )
+
+
+# -- the grid -------------------------------------------------------------------------------------
+
+
+DIMS: dict[str, tuple[str, ...]] = {
+    "heads": ("layer", "head"),
+    "heads_by_position": ("layer", "head", "position"),
+    "residual": ("layer", "position"),
+    "blocks": ("layer", "part", "position"),
+}
+
+
+def grid_shape(over: str, n_layers: int, n_heads: int, pairing: Pairing) -> tuple[int, ...]:
+    """The grid of ``over``: one axis per entry of ``DIMS[over]``."""
+    size = {"layer": n_layers, "head": n_heads, "position": len(pairing.target), "part": len(PARTS)}
+    return tuple(size[d] for d in DIMS[over])
+
+
+def patch_at(over: str, index: tuple[int, ...], pairing: Pairing) -> Patch:
+    """The patch of the grid cell ``index`` (a position axis indexes ``pairing.target``)."""
+    if over == "heads":
+        return Patch("head", index[0], index[1])
+    if over == "heads_by_position":
+        return Patch("head", index[0], index[1], pairing.target[index[2]])
+    if over == "residual":
+        return Patch("residual", index[0], -1, pairing.target[index[1]])
+    return Patch(PARTS[index[1]], index[0], -1, pairing.target[index[2]])  # type: ignore[arg-type]
+
+
+def batch_size(lm: LoadedModel, n_tokens: int, batch: int | None) -> int:
+    """Rows per patched forward: ``batch`` if given, else what fits ``BATCH_SHARE`` of the free
+    memory (at most ``MAX_BATCH``)."""
+    if batch is not None:
+        return max(1, int(batch))
+    dtype = next(lm.model.parameters()).dtype
+    per = forward_bytes(lm.layout, n_tokens, dtype) + 8 * lm.layout.d_model * n_tokens
+    return int(max(1, min(MAX_BATCH, BATCH_SHARE * free_bytes(lm.device) // max(1, per))))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Both prompts tokenised and run once: who is patched (target) with whose activations."""
+
+    st: Sites
+    clean: Tokens
+    corrupted: Tokens
+    target_ids: list[int]
+    source: Activations
+    target_acts: Activations
+    pairing: Pairing
+    answer: int
+    wrong: int
+    clean_diff: float
+    corrupted_diff: float
+    notes: tuple[str, ...] = ()
+
+
+def _ids(lm: LoadedModel, text: str | Sequence[int], chat: bool) -> list[int]:
+    ids = tokenize(lm, text, chat=chat)[0] if isinstance(text, str) else [int(i) for i in text]
+    if not ids:
+        raise AttnvizError("an empty prompt; give both a clean and a corrupted prompt")
+    if len(ids) > MAX_PATCH_TOKENS:
+        raise AttnvizError(
+            f"a prompt has {len(ids)} tokens; patching takes at most {MAX_PATCH_TOKENS}. Shorten it."
+        )
+    return ids
+
+
+def setup(
+    lm: LoadedModel,
+    clean: str | Sequence[int],
+    corrupted: str | Sequence[int],
+    answer: int | str | None,
+    wrong: int | str | None,
+    over: str,
+    direction: str,
+    *,
+    chat: bool = False,
+    keep_target: bool = True,
+    run_target: Capture | None = None,
+) -> Setup:
+    """Tokenise, check, run both prompts once (their logit differences and the source's sites).
+    ``run_target`` runs the patched prompt instead of `capture` (attribution patching's forward
+    with gradients)."""
+    if over not in OVERS:
+        raise AttnvizError(f"unknown over={over!r}; use one of {OVERS}")
+    if direction not in DIRECTIONS:
+        raise AttnvizError(f"unknown direction={direction!r}; use one of {DIRECTIONS}")
+    st = sites(lm, over)
+    c_ids, x_ids = _ids(lm, clean, chat), _ids(lm, corrupted, chat)
+    dtype = next(lm.model.parameters()).dtype
+    n = max(len(c_ids), len(x_ids))
+    require(
+        2 * forward_bytes(lm.layout, n, dtype) + 4 * lm.layout.n_layers * n * lm.layout.d_model * 4,
+        lm.device,
+        what=f"patching two prompts of up to {n} tokens",
+        hint="shorter prompts",
+    )
+    wanted = site_names(over)
+    denoise = direction == "denoise"
+    src_ids, tgt_ids = (c_ids, x_ids) if denoise else (x_ids, c_ids)
+    src_acts, src_logits = capture(lm, st, src_ids, wanted)
+    tgt_acts, tgt_logits = (run_target or functools.partial(capture, lm))(st, tgt_ids, wanted)
+    c_logits, x_logits = (src_logits, tgt_logits) if denoise else (tgt_logits, src_logits)
+    ans = token_id(lm, answer, int(c_logits.argmax()))
+    assert ans is not None
+    notes: tuple[str, ...] = ()
+    if wrong is None:
+        top2 = [int(i) for i in x_logits.topk(2).indices]
+        wr = top2[0] if top2[0] != ans else top2[1]
+        if top2[0] == ans:
+            notes = (
+                "the model predicts the answer on both prompts; wrong = the corrupted prompt's second choice",
+            )
+    else:
+        wr = token_id(lm, wrong, None)  # type: ignore[assignment]
+    assert wr is not None
+    if ans == wr:
+        raise AttnvizError("answer and wrong are the same token; pick two different tokens")
+    c_diff = float(c_logits[ans] - c_logits[wr])
+    x_diff = float(x_logits[ans] - x_logits[wr])
+    if abs(c_diff - x_diff) < 1e-6 * max(1.0, abs(c_diff)):
+        raise AttnvizError(
+            f"the logit difference is the same on both prompts ({c_diff:.4g}); the normalised metric "
+            "(0 = corrupted, 1 = clean) is undefined: pick other answer / wrong tokens or prompts"
+        )
+    tc, tx = Tokens.build(lm.tokenizer, c_ids), Tokens.build(lm.tokenizer, x_ids)
+    target, source = (tx, tc) if denoise else (tc, tx)
+    return Setup(
+        st=st,
+        clean=tc,
+        corrupted=tx,
+        target_ids=tgt_ids,
+        source=src_acts,
+        target_acts=tgt_acts if keep_target else Activations(),
+        pairing=pair(target, source),
+        answer=ans,
+        wrong=wr,
+        clean_diff=c_diff,
+        corrupted_diff=x_diff,
+        notes=notes,
+    )
+
+
+def result(
+    lm: LoadedModel, s: Setup, over: str, direction: str, dims: tuple[str, ...], raw: np.ndarray, **extra: Any
+) -> Patching:
+    shown = Tokens.build(lm.tokenizer, [s.answer, s.wrong]).display
+    values = (raw - s.corrupted_diff) / (s.clean_diff - s.corrupted_diff)
+    return Patching(
+        model_name=lm.spec,
+        clean=s.clean,
+        corrupted=s.corrupted,
+        over=over,  # type: ignore[arg-type]
+        direction=direction,  # type: ignore[arg-type]
+        answer=s.answer,
+        answer_token=shown[0],
+        wrong=s.wrong,
+        wrong_token=shown[1],
+        clean_diff=s.clean_diff,
+        corrupted_diff=s.corrupted_diff,
+        dims=dims,
+        values=values,
+        raw=raw,
+        pairing=s.pairing,
+        notes=s.notes,
+        **extra,
+    )
+
+
+def run_cells(
+    lm: LoadedModel,
+    s: Setup,
+    todo: Sequence[Patch],
+    *,
+    batch: int | None = None,
+    progress: Progress | None = None,
+) -> np.ndarray:
+    """The patched logit difference of each cell (one patched forward each, batched): float64.
+
+    Cells are batched in order of their first patched position; a batch whose cells all start at
+    or after ``PREFIX_MIN`` tokens runs that shared prefix once into a KV cache (`patched_run`)."""
+    size = batch_size(lm, len(s.target_ids), batch)
+    out = np.empty(len(todo))
+    every = max(s.pairing.shared, s.pairing.target[0])  # where an all-positions patch starts
+    first = [min(every, s.pairing.target[-1]) if p.position is None else p.position for p in todo]
+    order = sorted(range(len(todo)), key=lambda i: first[i])
+    for start in range(0, len(todo), size):
+        if progress is not None:
+            progress(start, len(todo))  # may raise to cancel
+        rows = order[start : start + size]
+        prefix = min(first[i] for i in rows)
+        prefix = prefix if prefix >= PREFIX_MIN and len(s.target_ids) > prefix else 0
+        batch_cells = [[todo[i]] for i in rows]
+        logits = patched_run(lm, s.st, s.target_ids, s.source, s.pairing, batch_cells, prefix=prefix)
+        out[rows] = (logits[:, s.answer] - logits[:, s.wrong]).double().cpu().numpy()
+    if progress is not None:
+        progress(len(todo), len(todo))
+    return out
+
+
+def patch(
+    lm: LoadedModel,
+    clean: str | Sequence[int],
+    corrupted: str | Sequence[int],
+    *,
+    answer: int | str | None = None,
+    wrong: int | str | None = None,
+    over: Over = "heads",
+    direction: Direction = "denoise",
+    chat: bool = False,
+    batch: int | None = None,
+    progress: Progress | None = None,
+) -> Patching:
+    """Activation patching of every cell of ``over`` between ``clean`` and ``corrupted`` (texts or
+    token ids). ``direction="denoise"`` runs the corrupted prompt with one clean activation patched
+    in per cell; ``"noise"`` the reverse. Metric: logit(answer) − logit(wrong) at the last
+    position, normalised (0 = corrupted run, 1 = clean run). ``progress(done, cells)`` hears each
+    batch of patched forwards (raising cancels)."""
+    s = setup(lm, clean, corrupted, answer, wrong, over, direction, chat=chat, keep_target=False)
+    shape = grid_shape(over, s.st.n_layers, lm.layout.n_heads, s.pairing)
+    todo = [patch_at(over, idx, s.pairing) for idx in np.ndindex(*shape)]
+    raw = run_cells(lm, s, todo, batch=batch, progress=progress).reshape(shape)
+    return result(lm, s, over, direction, DIMS[over], raw)

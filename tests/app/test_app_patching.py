@@ -1,0 +1,69 @@
+"""The Explain page's Patching view through AppTest on a tiny model: both prompts with the
+differing token marked, the patching heatmap (the engine's numbers), the estimate labelled and
+beside its real patches, the link carrying the view, a clicked head opening in the explorer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tiny
+from apptest import TEXT, TINY, new_app, ok, prepare, specs, z_of
+
+import attnviz
+
+PAGE = "pages/6_Explain.py"
+CORRUPT = "the bank of the fox"
+
+
+@pytest.fixture
+def env(monkeypatch):
+    return prepare(monkeypatch)
+
+
+def titles(at) -> list[str]:
+    return [(s["layout"].get("title") or {}).get("text", "") for s in specs(at)]
+
+
+def test_patching_view_draws_the_engines_grid_and_the_link_carries_it(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, view="patching", corrupt=CORRUPT, over="heads").run()
+    ok(at)
+    assert any(":red-background[**fox**]" in m.value for m in at.markdown)  # the differing token
+    assert any(":red-background[**river**]" in m.value for m in at.markdown)
+    fig = next(
+        s for s in specs(at) if "activation patching" in (s["layout"].get("title") or {}).get("text", "")
+    )
+    lm = tiny.loaded("llama-gqa")
+    want = attnviz.patch(lm, TEXT, CORRUPT, over="heads")
+    assert np.allclose(z_of(fig["data"][0]), want.values, atol=1e-5)
+    assert fig["data"][0]["zmid"] == 0
+    assert at.query_params["view"] == "patching" and at.query_params["corrupt"] == CORRUPT
+    at.segmented_control(key="pdir").set_value("noise").run()
+    ok(at)
+    assert at.query_params["pdir"] == "noise"
+    assert any("· noise<br>" in t for t in titles(at))
+    # a clicked head opens in the explorer
+    at.session_state["patch_chart"] = {
+        "selection": {"points": [{"customdata": [1, 2]}], "point_indices": [0]}
+    }
+    at.run()
+    button = at.button(key="patch_open")
+    assert "layer 1, head 2" in button.label
+    button.click().run()
+    ok(at)
+    assert at.query_params["layer"] == "1" and at.query_params["head"] == "2"
+
+
+def test_the_estimate_is_labelled_and_shown_beside_real_patches(env):
+    at = new_app(
+        PAGE, model=TINY, text=TEXT, view="patching", corrupt=CORRUPT, over="residual", pest="1"
+    ).run()
+    ok(at)
+    fig = next(s for s in specs(at) if "ESTIMATE" in (s["layout"].get("title") or {}).get("text", ""))
+    assert len(fig["data"]) == 3  # estimate | real | difference
+    assert any("**ESTIMATE**" in c.value for c in at.caption)
+
+
+def test_without_a_corrupted_prompt_the_view_says_what_to_do(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, view="patching").run()
+    ok(at)
+    assert any("corrupted prompt" in i.value for i in at.info)

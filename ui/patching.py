@@ -1,0 +1,219 @@
+"""The Explain page's Patching view: activation patching between the sidebar's text (clean) and a
+corrupted prompt, attribution patching (an estimate, with its top cells verified by real patches)
+and head search on the clean text. The engine does the work (`attnviz.explain.patching`,
+`attribution_patching`, `search`); this module only draws it.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import streamlit as st
+
+from attnviz import LoadedModel, Tokens, tokenize
+from attnviz import explain as X
+from attnviz.explain.patching import pair
+from attnviz.figures import explain as FX
+from attnviz.figures import figure_name
+from ui import export, models, state, views
+from ui.explain import computed, open_in_explorer
+from ui.params import ExplainParams
+from ui.text import guarded, md
+
+MAX_UI_CELLS = 2048  # real patches per grid on the page (one forward each); the estimate has no limit
+VERIFY = 20
+METHODS = ("real patches", "attribution patching (estimate)")
+
+
+def _marked(tokens: Tokens, differing: set[int]) -> str:
+    """The prompt's tokens, those that differ from the other prompt's on a red background."""
+    shown = []
+    for i, tok in enumerate(tokens.display):
+        text = md(tok) or "␣"
+        shown.append(f":red-background[**{text}**]" if i in differing else text)
+    return " · ".join(shown)
+
+
+def _prompts(lm: LoadedModel, p: ExplainParams, chat: bool) -> tuple[int, int] | None:
+    """Both prompts side by side with the differing tokens marked; (clean, corrupted) lengths."""
+    clean = Tokens.build(lm.tokenizer, tokenize(lm, p.text, chat=chat)[0])
+    corrupt = Tokens.build(lm.tokenizer, tokenize(lm, p.corrupt, chat=chat)[0])
+    paired = pair(corrupt, clean)
+    c1, c2 = st.columns(2)
+    c1.markdown("**Clean** (the sidebar's text)")
+    c1.markdown(_marked(clean, {paired.source_of(t) for t in paired.differing}))
+    c2.markdown("**Corrupted**")
+    c2.markdown(_marked(corrupt, set(paired.differing)))
+    if paired.unpatched:
+        c2.caption(
+            f"Positions {', '.join(map(str, paired.unpatched))} have no partner in the clean prompt "
+            "(the token alignment): they are never patched."
+        )
+    return len(clean), len(corrupt)
+
+
+def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> None:
+    """The Patching view (drawn by pages/6_Explain.py)."""
+    st.text_area(
+        "Corrupted prompt",
+        key="corrupt",
+        height=80,
+        help="The same prompt with the information the answer depends on changed (names swapped, a "
+        "fact replaced). The sidebar's text is the clean prompt.",
+    )
+    corrupt = str(state.get("corrupt") or "")
+    if not corrupt.strip():
+        st.info(
+            "Type a corrupted prompt: the sidebar's text with a few tokens changed. Patching then copies "
+            "one activation at a time from one run into the other and measures how much of the "
+            "answer's logit difference comes back (0 = corrupted, 1 = clean)."
+        )
+        return
+    p = p.replace(corrupt=corrupt)
+    lengths = None
+    with guarded("reading the two prompts", None, (p.text, corrupt)):
+        lengths = _prompts(lm, p, chat)
+    if lengths is None:
+        return
+    c1, c2 = st.columns([3.0, 1.3])
+    over = c1.segmented_control("Patch", list(X.OVERS), key="over", required=True)
+    direction = c2.segmented_control("Direction", list(X.DIRECTIONS), key="pdir", required=True)
+    a1, a2, a3 = st.columns([1.6, 1.6, 1.5])
+    answer = a1.text_input("Answer token (empty: the clean prediction)", key="answer", max_chars=64)
+    wrong = a2.text_input("Wrong token (empty: the corrupted prediction)", key="wrong", max_chars=64)
+    estimate = a3.toggle(
+        "Attribution patching (estimate)",
+        key="pest",
+        help="Every cell from two forwards and one backward (first order); its top cells are then "
+        f"patched for real ({VERIFY}) and shown beside it.",
+    )
+    n_cells = _cells(lm, str(over), max(lengths))
+    if not estimate and n_cells > MAX_UI_CELLS:
+        st.warning(
+            f"{n_cells:,} cells would be {n_cells:,} forwards; the page runs at most {MAX_UI_CELLS:,}. "
+            "Turn on attribution patching (an estimate of every cell from two forwards), or patch "
+            "over 'heads' or 'blocks'."
+        )
+        return
+    over_ = cast(X.patching.Over, str(over))
+    dir_ = cast(X.patching.Direction, str(direction))
+    key = (lm.spec, models.token_key(token), p.text, corrupt, chat, str(over), str(direction), answer, wrong)
+    res = None
+    with guarded("patching", token, (p.text, corrupt, answer, wrong)):
+        if estimate:
+            res = computed(
+                "explain_atp",
+                key,
+                f"Attribution patching, then {VERIFY} real patches",
+                lambda report: X.attribution_patch(
+                    lm,
+                    p.text,
+                    corrupt,
+                    answer=answer or None,
+                    wrong=wrong or None,
+                    over=over_,
+                    direction=dir_,
+                    verify=VERIFY,
+                    chat=chat,
+                    progress=report,
+                ),
+            )
+        else:
+            res = computed(
+                "explain_patch",
+                key,
+                f"Patching {n_cells} cells (one forward each)",
+                lambda report: X.patch(
+                    lm,
+                    p.text,
+                    corrupt,
+                    answer=answer or None,
+                    wrong=wrong or None,
+                    over=over_,
+                    direction=dir_,
+                    chat=chat,
+                    progress=report,
+                ),
+            )
+    if res is None:
+        return
+    _show(lm, p, res)
+    with st.expander("Head search on the clean text"):
+        _search(lm, p, token, chat)
+
+
+def _cells(lm: LoadedModel, over: str, n: int) -> int:
+    lay = lm.layout
+    per = {"heads": lay.n_heads, "heads_by_position": lay.n_heads * n, "residual": n, "blocks": 2 * n}
+    return lay.n_layers * per[over]
+
+
+def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
+    st.caption(
+        f"logit(“{md(res.answer_token)}”) − logit(“{md(res.wrong_token)}”): clean {res.clean_diff:.3f}, "
+        f"corrupted {res.corrupted_diff:.3f}. "
+        + (
+            "**ESTIMATE**: attribution patching, a first-order approximation that can miss cells "
+            "(attention saturation, cancellation); the real patches of its top cells are beside it."
+            if res.estimate
+            else "Each cell: one forward of the model with that one activation patched in (exact, the "
+            "model's own computation)."
+        )
+        + (f" {res.notes[0]}." if res.notes else "")
+    )
+    fig = FX.patching_comparison_view(res) if res.estimate and res.verified else FX.patching_view(res)
+    name = figure_name(lm.spec, "patching-estimate" if res.estimate else "patching")
+    event = export.chart(fig, name, key="patch_chart", on_select=True)
+    clicked = views.clicked(event, "patch_chart")
+    if clicked and len(clicked) >= 2 and int(clicked[1]) >= 0:
+        st.session_state["explain_patch_head"] = (int(clicked[0]), int(clicked[1]))
+    chosen = st.session_state.get("explain_patch_head")
+    if chosen and 0 <= chosen[0] < lm.layout.n_layers and 0 <= chosen[1] < lm.layout.n_heads:
+        layer, head = chosen
+        last = len(res.clean) - 1
+        open_in_explorer(
+            p, layer, head, last, f"Open layer {layer}, head {head} in the explorer", "patch_open"
+        )
+    with st.expander("Cells as a table"):
+        df = res.to_frame()
+        st.dataframe(df, hide_index=True, height=300)
+        st.download_button("⬇ CSV", df.to_csv(index=False), file_name=f"{name}.csv")
+
+
+def _search(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> None:
+    res, _ = models.extract(lm, p.text, token=token, chat=chat)
+    if res is None:
+        return
+    n = res.n_tokens
+    labels = res.tokens.display
+    if not -1 <= int(state.get("sq")) < n:
+        state.put("sq", -1)
+    if not 0 <= int(state.get("sk")) < n:
+        state.put("sk", 0)
+    c1, c2 = st.columns(2)
+    q = c1.selectbox("Query token", [-1, *range(n)], key="sq", format_func=lambda i: f"({i % n}) {labels[i]}")
+    k = c2.selectbox("Key token", list(range(n)), key="sk", format_func=lambda i: f"({i}) {labels[i]}")
+    found = None
+    with guarded("searching the heads", None, ()):
+        found = X.search_heads(res, int(q), int(k))
+    if found is not None:
+        event = export.chart(
+            FX.head_search_view(found),
+            figure_name(lm.spec, "head-search"),
+            key="search_chart",
+            on_select=True,
+        )
+        clicked = views.clicked(event, "search_chart")
+        if clicked and len(clicked) >= 2:
+            st.session_state["explain_search_head"] = (int(clicked[0]), int(clicked[1]))
+        top = found.ranking(1)[0]
+        layer, head = st.session_state.get("explain_search_head", top[:2])
+        open_in_explorer(
+            p, layer, head, found.query, f"Open layer {layer}, head {head} in the explorer", "search_open"
+        )
+    if not X.search.previous_occurrences(list(res.tokens.ids)):
+        st.caption("No token of this text occurs twice: no previous-occurrence heads to look for.")
+        return
+    prev = X.previous_occurrence_heads(res)
+    st.caption(f"Heads that attend to the previous occurrence of the current token ({md(prev.what)}):")
+    st.dataframe(prev.to_frame().head(10), hide_index=True)
