@@ -123,8 +123,13 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
         # each text takes its own turn of the demo's queue (the model's gated lock), so a long
         # atlas never holds the model while other visitors wait
         atlas = AT.run_atlas(
-            lm, texts, progress=progress, engine=engine, ray_address=address, max_tokens=MAX_TOKENS
-        )  # type: ignore[arg-type]
+            lm,
+            texts,
+            progress=progress,
+            engine=engine,  # type: ignore[arg-type]
+            ray_address=address,
+            max_tokens=MAX_TOKENS,
+        )
         if DEMO:
             AT.cache.evict(DEMO_CACHE_BYTES)
         bar.empty()
