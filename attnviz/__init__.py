@@ -35,13 +35,11 @@ from .figures.explain import (
     ablation_view,
     attribution_view,
     flow_view,
-    head_search_view,
     lens_view,
-    patching_comparison_view,
-    patching_view,
     rotary_view,
 )
 from .figures.notebook import head_view, model_view
+from .figures.patching import head_search_view, patching_comparison_view, patching_view
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
 from .result import AttentionResult

@@ -13,8 +13,8 @@ import streamlit as st
 from attnviz import LoadedModel, Tokens, tokenize
 from attnviz import explain as X
 from attnviz.explain.patching import pair
-from attnviz.figures import explain as FX
 from attnviz.figures import figure_name
+from attnviz.figures import patching as FP
 from ui import export, models, state, views
 from ui.explain import computed, open_in_explorer
 from ui.params import ExplainParams
@@ -161,7 +161,7 @@ def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
         )
         + (f" {res.notes[0]}." if res.notes else "")
     )
-    fig = FX.patching_comparison_view(res) if res.estimate and res.verified else FX.patching_view(res)
+    fig = FP.patching_comparison_view(res) if res.estimate and res.verified else FP.patching_view(res)
     name = figure_name(lm.spec, "patching-estimate" if res.estimate else "patching")
     event = export.chart(fig, name, key="patch_chart", on_select=True)
     clicked = views.clicked(event, "patch_chart")
@@ -198,7 +198,7 @@ def _search(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) ->
         found = X.search_heads(res, int(q), int(k))
     if found is not None:
         event = export.chart(
-            FX.head_search_view(found),
+            FP.head_search_view(found),
             figure_name(lm.spec, "head-search"),
             key="search_chart",
             on_select=True,

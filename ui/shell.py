@@ -160,23 +160,31 @@ def positions_past_limit(lm: LoadedModel, text: str, *, chat: bool, generate: in
     if n + generate > cfg.max_tokens:
         gen = f" (+{generate} to generate)" if generate else ""
         why = "the public demo's limit" if cfg.demo else "this server's limit, ATTNVIZ_MAX_TOKENS"
-        msg = (
-            f"The text has {n:,} tokens{gen}; this server reads at most {cfg.max_tokens:,} ({why}). "
-            f"Shorten the text or use its first {cfg.max_tokens - generate:,} tokens."
+        room = cfg.max_tokens - generate  # the prompt's tokens that fit beside those generated
+        advice = (
+            f"Shorten the text or use its first {room:,} tokens."
+            if room >= 1
+            else f"Ask for fewer than {cfg.max_tokens:,} tokens to generate."
         )
-        return _offer(lm, text, msg, cfg.max_tokens - generate, chat)
+        msg = (
+            f"The text has {n:,} tokens{gen}; this server reads at most {cfg.max_tokens:,} ({why}). {advice}"
+        )
+        return _offer(lm, text, msg, room, chat)
     return False
 
 
 def _offer(lm: LoadedModel, text: str, message: str, n: int, chat: bool) -> bool:
-    """The refusal and a "Use the first n tokens" button (it cuts the text in the box)."""
+    """The refusal and a "Use the first n tokens" button (it cuts the text in the box; none when
+    no prompt token fits beside the tokens to generate)."""
     st.error(message, icon=":material/error:")
+    if n < 1:
+        return True
     try:
-        cut = first_tokens(lm, text, max(n, 1), chat=chat)
+        cut = first_tokens(lm, text, n, chat=chat)
     except AttnvizError:
         return True
     st.button(
-        f"Use the first {max(n, 1):,} tokens", key="first_tokens", on_click=state.put, args=("text", cut),
+        f"Use the first {n:,} tokens", key="first_tokens", on_click=state.put, args=("text", cut),
         icon=":material/content_cut:", help="Cut the text in the box there (the rest is dropped).",
     )  # fmt: skip
     return True

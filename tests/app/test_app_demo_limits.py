@@ -69,8 +69,20 @@ def test_every_page_refuses_a_text_over_the_demo_cap(demo, page, extra):
     """Caught: the Explain trace run without the server's cap (its own 4,096-token default)."""
     at = new_app(page, **{"model": TINY, "text": LONG, **extra}).run()
     assert not at.exception, [e.value for e in at.exception]
-    assert any(f"the limit is {CAP}" in e.value for e in at.error), [e.value for e in at.error]
+    said = [e.value for e in at.error]
+    assert any(f"the limit is {CAP}" in m or f"reads at most {CAP} " in m for m in said), said
     assert widest_axis(at) <= CAP
+
+
+def test_generating_the_whole_cap_offers_no_empty_prompt(demo):
+    """Caught: "use its first 0 tokens" and a button that kept one token, when the tokens to
+    generate alone fill the demo's cap."""
+    at = new_app("pages/4_Generation.py", model=TINY, text=LONG, k=CAP).run()
+    assert not at.exception, [e.value for e in at.exception]
+    said = [e.value for e in at.error]
+    assert any(f"fewer than {CAP} tokens to generate" in m for m in said), said
+    assert not any("first 0" in m for m in said), said
+    assert not [b for b in at.button if b.key == "first_tokens"]
 
 
 def test_from_scratch_shows_only_the_first_cap_tokens(demo):
