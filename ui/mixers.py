@@ -43,6 +43,14 @@ def applies(layout: AttentionLayout) -> bool:
     return any(tuple(kinds) != ("attention",) for kinds in layout.mixers)
 
 
+def attention_note(layout: AttentionLayout, stack: str, layer: int) -> None:
+    """Under an attention layer's maps: what else its block does to mix tokens that they do not
+    show (zaya / inkling: a short conv on k/v; `AttentionLayout.mixer_note`)."""
+    note = layout.mixer_note(layout.model_layer(layer)) if stack == "self" else ""
+    if note:
+        st.caption(f"Block {layout.model_layer(layer)}: {note}.")
+
+
 def block_label(layout: AttentionLayout, block: int) -> str:
     """ "block 3 · Gated DeltaNet", "block 0 · softmax attention + Mamba-2 (SSD)"."""
     return f"block {block} · " + " + ".join(M.kind_name(k) for k in layout.mixers[block])

@@ -166,3 +166,15 @@ def test_contribution_bars_are_the_value_weighted_norms(env):
         "contribution" in bars["layout"]["title"]["text"]
         and "not probabilities" in bars["layout"]["title"]["text"]
     )
+
+
+def test_attention_with_a_short_conv_says_what_its_maps_do_not_show(env):
+    at = new_app(model="hybrid:zaya", text=TEXT, layer=1).run()
+    ok(at)
+    conv = [c.value for c in at.caption if "short convolution" in c.value]
+    assert conv == [
+        "Block 1: its attention also mixes neighbouring tokens through a short convolution on q/k (and "
+        "half of v comes from the previous token), which this map does not show."
+    ]
+    plain = new_app(model=QWEN, text=TEXT, layer=1).run()  # plain softmax attention: no such line
+    assert not [c.value for c in plain.caption if "short convolution" in c.value]
