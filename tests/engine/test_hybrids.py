@@ -90,3 +90,12 @@ def test_the_model_line_of_a_pure_recurrent_model_names_its_mixers_not_zero_head
     line = models.describe_layout(lm.layout)
     assert f"2 blocks, no softmax attention ({named} in blocks 0, 1)" in line
     assert "0 layers" not in line and "head_dim 0" not in line
+
+
+def test_explain_refuses_a_pure_recurrent_model_naming_its_mixers():
+    from attnviz.explain import residual
+    from attnviz.explain.blocks import Unsupported
+
+    lm, _ = _loaded("mamba")
+    with pytest.raises(Unsupported, match=r"no softmax attention: its token mixers are mamba in blocks 0, 1"):
+        residual.trace(lm, IDS)
