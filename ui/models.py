@@ -217,11 +217,17 @@ def checked(report: Callable[[int, int], None], check: Callable[[], None]) -> Ca
     return both
 
 
+def mixer_line(lay: AttentionLayout) -> str:
+    """Which mixer runs in which block, by the names the pages use ("Gated DeltaNet in blocks 0,
+    2; softmax attention in blocks 1, 3"; "" when every block is softmax attention)."""
+    return lay.mixer_summary(kind_name)
+
+
 def describe_layout(lay: AttentionLayout) -> str:
     """One Markdown line: type, kind, layers x heads, KV heads, each block's token mixer where
     they are not all softmax attention, sizes (the type from the model's config is escaped)."""
     kind = md(lay.model_type)
-    mixers = lay.mixer_summary(kind_name)
+    mixers = mixer_line(lay)
     if not lay.n_layers:  # a pure recurrent / state-space model (Mamba, RWKV, ...): no heads
         blocks = f"{len(lay.mixers)} blocks, no softmax attention ({mixers})"
         return f"{kind} · {lay.kind} · {blocks} · d_model {lay.d_model}"

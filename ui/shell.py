@@ -21,7 +21,6 @@ from streamlit.delta_generator import DeltaGenerator
 
 from attnviz import AttentionResult, LoadedModel
 from attnviz.extract import Sampling
-from attnviz.figures.mixers import kind_name
 from ui import logs, models, sidebar, state
 from ui.params import (
     MAX_TEXT_CHARS,
@@ -111,7 +110,7 @@ def need_attention(lm: LoadedModel, what: str) -> None:
     if lay.n_layers:
         return
     st.info(
-        f"{md(lm.spec)} has no softmax attention: its token mixers are {lay.mixer_summary(kind_name)}. "
+        f"{md(lm.spec)} has no softmax attention: its token mixers are {models.mixer_line(lay)}. "
         f"{what} needs softmax attention heads. The Explorer and the Model overview show each block's "
         "exact effective attention (or its token contributions) instead.",
         icon=":material/info:",
