@@ -166,9 +166,10 @@ def _decoder_layers(lm: LoadedModel) -> tuple[list[Any], list[Any], list[str]]:
         )
     if not lay.n_layers:  # a pure recurrent / state-space model (Mamba, RWKV, ...)
         raise Unsupported(
-            f"{lm.spec!r} has no softmax attention: its token mixers are {lay.mixer_summary()}. Routes "
-            "and attributions here decompose attention heads; the decomposition through these mixer "
-            "blocks is not built, so nothing is shown rather than a partial one"
+            f"{lm.spec!r} has no softmax attention: its token mixers are {lay.mixer_summary()}. The "
+            "explanations (routes, logit lens, attribution, ablation) read each attention layer's "
+            "captured heads; through these mixer blocks they are not built, so nothing is shown "
+            "rather than a partial decomposition"
         )
     if lay.attention_layers:
         raise Unsupported(
