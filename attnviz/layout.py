@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -53,9 +53,10 @@ class AttentionLayout:
             )
         return self.attention_layers.index(block)
 
-    def mixer_summary(self) -> str:
+    def mixer_summary(self, name: Callable[[str], str] = str) -> str:
         """Where each token mixer is, e.g. "gated_delta in blocks 0, 1, 2; attention in block 3"
-        ("" when every block is softmax attention)."""
+        ("" when every block is softmax attention); ``name`` turns a kind into what a page calls it
+        (e.g. `attnviz.figures.mixers.kind_name`: "Gated DeltaNet")."""
         where: dict[str, list[int]] = {}
         for b, kinds in enumerate(self.mixers):
             for k in kinds:
@@ -63,12 +64,14 @@ class AttentionLayout:
         if set(where) <= {"attention"}:
             return ""
         parts = [
-            f"{k} in block{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}" for k, bs in where.items()
+            f"{name(k)} in block{'s' if len(bs) > 1 else ''} {', '.join(map(str, bs))}"
+            for k, bs in where.items()
         ]
         both = [b for b, kinds in enumerate(self.mixers) if len(kinds) > 1]
         if both:
             parts.append(
-                f"blocks {', '.join(map(str, both))} run {' + '.join(self.mixers[both[0]])} side by side"
+                f"blocks {', '.join(map(str, both))} run "
+                f"{' + '.join(map(name, self.mixers[both[0]]))} side by side"
             )
         return "; ".join(parts)
 

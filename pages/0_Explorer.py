@@ -69,6 +69,7 @@ def layer_view(ref: models.ResultRef) -> None:
     if d is None:
         state.share_box()
         return
+    mixers.attention_note(res.layout, d.stack, d.layer)  # zaya / inkling: a conv the maps miss
     if d.n_shown > d.side and longview.applies(d.res, d.view, d.ax):
         with pool_column:
             st.segmented_control(

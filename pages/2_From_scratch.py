@@ -141,6 +141,10 @@ def real_layer() -> None:
     if mixer is not None:
         scratch_mixers.draw(lm, p.text, chat, *mixer)
         return
+    shell.need_attention(
+        lm,
+        "From scratch (Mamba-2 and Gated DeltaNet blocks have their own walkthrough, other mixers not yet)",
+    )
     if lay.kind == "encoder-decoder":
         st.error(
             f"{md(p.model)} is an encoder-decoder model; the walkthrough covers decoder and encoder "

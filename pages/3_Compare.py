@@ -45,6 +45,8 @@ def main() -> None:
         res_b, ref_b = models.extract(lm_b, text_b, spec=spec_b, token=frame.token, chat=chat_b)
     if res_b is None or ref_b is None:
         shell.stop()
+    for lm in (lm_a, lm_b):
+        shell.need_attention(lm, "Compare (head by head)")
     la, lb = lm_a.layout, lm_b.layout
     shape_a = (la.n_layers, la.n_decoder_layers, la.n_heads, la.stacks)
     if shape_a != (lb.n_layers, lb.n_decoder_layers, lb.n_heads, lb.stacks):

@@ -54,6 +54,7 @@ def main() -> None:
                 "text. Pick a decoder such as smollm2-135m, or an encoder-decoder model."
             )
             shell.stop()
+        shell.need_attention(lm, "Generation (each new token's attention)")
     lm, res, _ = shell.load_and_extract(frame, generate=int(k), sampling=sampling)
 
     stack = attention.stack_picker([s for s in res.stacks if s in ("self", "decoder", "cross")])

@@ -220,6 +220,7 @@ def main() -> None:
     p = frame.params
     lm = shell.load(p.model, frame.token)
     st.caption(f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)}")
+    shell.need_attention(lm, "The head atlas (softmax heads' roles over a corpus)")
     texts = texts_to_run()
     if not texts:
         shell.stop()

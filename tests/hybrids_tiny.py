@@ -1,6 +1,8 @@
 """Tiny random hybrid models (no network) for the mixer views' tests, served to the app as
 ``hybrid:<model_type>``: Qwen3.5-shaped (Gated DeltaNet + attention), Falcon-H1 (attention and
-Mamba-2 in parallel in every block), Bamba (Mamba-2 + attention) and Mamba-1."""
+Mamba-2 in parallel in every block), Bamba (Mamba-2 + attention), and the pure
+recurrent / state-space models Mamba-1, Mamba-2, FalconMamba and RWKV-4 (no attention at all), and
+ZAYA (softmax attention that also mixes tokens through a short conv on q/k)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ SHAPES: dict[str, dict] = {
     "falcon_h1": {"mamba_d_state": 8, "mamba_chunk_size": 16},
     "bamba": {"mamba_d_state": 8, "mamba_chunk_size": 16},
     "mamba": {},
+    "mamba2": {"n_groups": 2, "state_size": 8, "chunk_size": 16, "num_heads": 4, "head_dim": 16},
+    "falcon_mamba": {},
+    "rwkv": {},  # RWKV-4 WKV, per channel
+    "zaya": {},  # softmax attention with a short conv on q/k (the Explorer says so)
 }
 
 

@@ -22,7 +22,7 @@ from attnviz.figures.labels import bin_labels
 from attnviz.layout import AttentionLayout
 from ui import export, models, state
 
-BLOCK_KEY = "_attnviz_mixer_block"
+BLOCK_KEY = "block"  # a parameter of the link (ui.params.ExplorerParams.block)
 HEAD_KEY = "_attnviz_mixer_head"
 QUERY_KEY = "_attnviz_mixer_query"
 BARS_KEY = "_attnviz_mixer_bars"
@@ -43,6 +43,14 @@ def applies(layout: AttentionLayout) -> bool:
     return any(tuple(kinds) != ("attention",) for kinds in layout.mixers)
 
 
+def attention_note(layout: AttentionLayout, stack: str, layer: int) -> None:
+    """Under an attention layer's maps: what else its block does to mix tokens that they do not
+    show (zaya / inkling: a short conv on k/v; `AttentionLayout.mixer_note`)."""
+    note = layout.mixer_note(layout.model_layer(layer)) if stack == "self" else ""
+    if note:
+        st.caption(f"Block {layout.model_layer(layer)}: {note}.")
+
+
 def block_label(layout: AttentionLayout, block: int) -> str:
     """ "block 3 · Gated DeltaNet", "block 0 · softmax attention + Mamba-2 (SSD)"."""
     return f"block {block} · " + " + ".join(M.kind_name(k) for k in layout.mixers[block])
@@ -53,14 +61,13 @@ def block_picker(res: AttentionResult) -> int | None:
     an attention-only block (its attention layer is then put in ``layer`` for the layer view)."""
     lay = res.layout
     blocks = list(range(len(lay.mixers)))
-    if BLOCK_KEY not in st.session_state:  # a link's layer: start on its block; else block 0
+    if int(state.get(BLOCK_KEY)) < 0:  # no block named: a link's attention layer's block, else 0
         try:
             linked = lay.n_layers and state.linked("layer")
-            st.session_state[BLOCK_KEY] = lay.model_layer(int(state.get("layer") or 0)) if linked else 0
+            state.put(BLOCK_KEY, lay.model_layer(int(state.get("layer") or 0)) if linked else 0)
         except (AttnvizError, IndexError, ValueError):
-            st.session_state[BLOCK_KEY] = 0
-    if st.session_state[BLOCK_KEY] not in blocks:
-        st.session_state[BLOCK_KEY] = 0
+            state.put(BLOCK_KEY, 0)
+    state.clamp(BLOCK_KEY, 0, len(blocks) - 1, "block")
     block = int(
         st.selectbox(
             "Block (layer) · token mixer",

@@ -34,6 +34,7 @@ import streamlit as st
 import attnviz
 from attnviz import AttentionResult, LoadedModel
 from attnviz.extract import Sampling, tokenize
+from attnviz.figures.mixers import kind_name
 from attnviz.layout import AttentionLayout
 from attnviz.server import env, specs
 from attnviz.server.gate import GateStatus, InferenceGate, QueueFull, Superseded
@@ -216,10 +217,20 @@ def checked(report: Callable[[int, int], None], check: Callable[[], None]) -> Ca
     return both
 
 
+def mixer_line(lay: AttentionLayout) -> str:
+    """Which mixer runs in which block, by the names the pages use ("Gated DeltaNet in blocks 0,
+    2; softmax attention in blocks 1, 3"; "" when every block is softmax attention)."""
+    return lay.mixer_summary(kind_name)
+
+
 def describe_layout(lay: AttentionLayout) -> str:
-    """One Markdown line: type, kind, layers x heads, KV heads, sizes (the type from the model's
-    config is escaped)."""
+    """One Markdown line: type, kind, layers x heads, KV heads, each block's token mixer where
+    they are not all softmax attention, sizes (the type from the model's config is escaped)."""
     kind = md(lay.model_type)
+    mixers = mixer_line(lay)
+    if not lay.n_layers:  # a pure recurrent / state-space model (Mamba, RWKV, ...): no heads
+        blocks = f"{len(lay.mixers)} blocks, no softmax attention ({mixers})"
+        return f"{kind} · {lay.kind} · {blocks} · d_model {lay.d_model}"
     text = f"{kind} · {lay.kind} · {lay.n_layers} layers × {lay.n_heads} heads"
     if lay.kind == "encoder-decoder":
         text = (
@@ -227,14 +238,14 @@ def describe_layout(lay: AttentionLayout) -> str:
         )
     if lay.group_size > 1:
         text += f" · {lay.n_kv_heads} KV heads (each shared by {lay.group_size} query heads)"
-    if lay.attention_layers:  # a hybrid: say where the attention is and that the rest has none
+    if mixers:  # a hybrid: which mixer runs in which block (the explorer's block picker shows each)
+        text += f" · {max(lay.n_blocks, len(lay.mixers))} blocks: {mixers}"
+    elif lay.attention_layers:  # mixers not listed: say where the attention is, the rest has none
         blocks = ", ".join(map(str, lay.attention_layers))
         text += (
             f" · attention in blocks {blocks} of {lay.n_blocks}; the other blocks are recurrent / "
             "state-space, with no attention map"
         )
-        if lay.mixer_summary():  # mixers shown: each block's own (the explorer's block picker)
-            text = text.removesuffix(", with no attention map") + f" ({lay.mixer_summary()})"
     return text + f" · d_model {lay.d_model}, head_dim {lay.head_dim}"
 
 

@@ -290,6 +290,7 @@ class ExplorerParams(Params):
     zq: int = p(0, _int())  # the region's first query position
     zk: int = p(0, _int())  # its first key position
     zn: int = p(256, _int(8, 632))  # its side (tokens)
+    block: int = p(-1, _int(-1))  # hybrids / recurrent models: the block picker's (-1: layer's block)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from ui.params import (
     Params,
     ScratchParams,
 )
+from ui.text import md
 
 P = TypeVar("P", bound=Params)
 
@@ -101,6 +102,21 @@ def stop() -> NoReturn:
     state.share_box()
     st.stop()
     raise AssertionError("unreachable")  # st.stop raises
+
+
+def need_attention(lm: LoadedModel, what: str) -> None:
+    """Stop a page whose view needs softmax attention heads on a model that has none (pure
+    recurrent / state-space models: Mamba, Mamba-2, RWKV, ...), saying why and where to look."""
+    lay = lm.layout
+    if lay.n_layers:
+        return
+    st.info(
+        f"{md(lm.spec)} has no softmax attention: its token mixers are {models.mixer_line(lay)}. "
+        f"{what} needs softmax attention heads. The Explorer and the Model overview show each block's "
+        "exact effective attention (or its token contributions) instead.",
+        icon=":material/info:",
+    )
+    stop()
 
 
 def load(spec: str, token: str | None) -> LoadedModel:

@@ -164,6 +164,13 @@ def _decoder_layers(lm: LoadedModel) -> tuple[list[Any], list[Any], list[str]]:
             "decoder's next-token prediction through its residual stream (encoders normalise the "
             "stream after each block and predict no next token)"
         )
+    if not lay.n_layers:  # a pure recurrent / state-space model (Mamba, RWKV, ...)
+        raise Unsupported(
+            f"{lm.spec!r} has no softmax attention: its token mixers are {lay.mixer_summary()}. The "
+            "explanations (routes, logit lens, attribution, ablation) read each attention layer's "
+            "captured heads; through these mixer blocks they are not built, so nothing is shown "
+            "rather than a partial decomposition"
+        )
     if lay.attention_layers:
         raise Unsupported(
             f"{lm.spec!r} is a hybrid: blocks {', '.join(map(str, lay.blocks_without_attention))} are "

@@ -166,3 +166,29 @@ def test_contribution_bars_are_the_value_weighted_norms(env):
         "contribution" in bars["layout"]["title"]["text"]
         and "not probabilities" in bars["layout"]["title"]["text"]
     )
+
+
+def test_attention_with_a_short_conv_says_what_its_maps_do_not_show(env):
+    at = new_app(model="hybrid:zaya", text=TEXT, layer=1).run()
+    ok(at)
+    conv = [c.value for c in at.caption if "short convolution" in c.value]
+    assert conv == [
+        "Block 1: its attention also mixes neighbouring tokens through a short convolution on q/k (and "
+        "half of v comes from the previous token), which this map does not show."
+    ]
+    plain = new_app(model=QWEN, text=TEXT, layer=1).run()  # plain softmax attention: no such line
+    assert not [c.value for c in plain.caption if "short convolution" in c.value]
+
+
+def test_the_share_link_keeps_the_chosen_block(env):
+    at = new_app(model=QWEN, text=TEXT).run()
+    at.selectbox(key=BLOCK_KEY).set_value(2).run()
+    ok(at)
+    assert at.query_params["block"] == "2"
+    again = new_app(model=QWEN, text=TEXT, block=2).run()  # the link opens that block again
+    ok(again)
+    assert again.selectbox(key=BLOCK_KEY).value == 2
+    assert titled(again, "block 2 · head 0")
+    far = new_app(model=QWEN, text=TEXT, block=9).run()  # past the last block: said, and the last
+    assert not far.exception and far.selectbox(key=BLOCK_KEY).value == 3
+    assert [w.value for w in far.warning] == ["Block 9 is out of range (0–3); showing block 3."]

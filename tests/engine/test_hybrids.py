@@ -76,4 +76,26 @@ def test_the_app_says_which_blocks_have_no_attention_map():
     lm, _ = _loaded("jamba")
     line = models.describe_layout(lm.layout)
     assert "2 layers × 4 heads" in line
-    assert "attention in blocks 1, 3 of 4; the other blocks are recurrent / state-space" in line
+    assert "4 blocks: Mamba-1 in blocks 0, 2; softmax attention in blocks 1, 3" in line
+    assert "recurrent / state-space" not in line  # each block's mixer named, not a catch-all
+
+
+@pytest.mark.parametrize(
+    ("model_type", "named"), [("mamba", "Mamba-1"), ("rwkv", "RWKV-4"), ("falcon_mamba", "Mamba-1")]
+)
+def test_the_model_line_of_a_pure_recurrent_model_names_its_mixers_not_zero_heads(model_type, named):
+    from ui import models
+
+    lm, _ = _loaded(model_type)
+    line = models.describe_layout(lm.layout)
+    assert f"2 blocks, no softmax attention ({named} in blocks 0, 1)" in line
+    assert "0 layers" not in line and "head_dim 0" not in line
+
+
+def test_explain_refuses_a_pure_recurrent_model_naming_its_mixers():
+    from attnviz.explain import residual
+    from attnviz.explain.blocks import Unsupported
+
+    lm, _ = _loaded("mamba")
+    with pytest.raises(Unsupported, match=r"no softmax attention: its token mixers are mamba in blocks 0, 1"):
+        residual.trace(lm, IDS)
