@@ -151,7 +151,14 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
         f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "
         f"{graph.expanded} block rows computed for {tr.n_tokens} tokens. Grey: the residual stream; blue: "
         "attention (width = importance); orange squares: the FFN's share. Click a blue dot to pick its head; "
-        "lower the threshold for weaker routes." + (f" {graph.notes[0]}" if graph.notes else "")
+        "lower the threshold for weaker routes."
+        + (
+            " Most kept edges are the residual stream: a token's own stream usually carries most of "
+            "what the block writes there, so one key token's share rarely passes the threshold."
+            if n_attn * 4 < len(graph.edges)
+            else ""
+        )
+        + (f" {graph.notes[0]}" if graph.notes else "")
     )
     if edge and len(edge) >= 4 and 0 <= int(edge[0]) < tr.n_layers:
         layer, head, src, dst = (int(x) for x in edge[:4])

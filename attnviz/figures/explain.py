@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from attnviz.explain.search import HeadScores
 
 KIND_COLOURS = {"attention": "#1f77b4", "ffn": "#ff7f0e", "residual": "#9a9a9a"}
-WIDTH_LEVELS = (1.0, 2.0, 3.5, 5.0, 7.0, 9.0)
+# route line widths in px; the thinnest stays visible: a near-flat edge (one that spans many token
+# columns over half a layer) of 1 px vanished into the white background, anti-aliased
+MIN_EDGE_WIDTH = 2.5
+WIDTH_LEVELS = (MIN_EDGE_WIDTH, 3.0, 4.0, 5.5, 7.0, 9.0)
 
 
 def _short(text: str, n: int = 10) -> str:

@@ -37,3 +37,13 @@ def test_every_view_is_a_figure_of_the_results_numbers():
     assert sum(terms.y) == np.float64(b.pair_terms.sum() + b.rest_term).round(12) or np.isclose(
         sum(terms.y), b.score
     )
+
+
+def test_every_route_line_is_at_least_the_minimum_visible_width():
+    """Weak edges (a near-flat one spanning many columns) were drawn 1 px wide and vanished."""
+    from attnviz.figures.explain import MIN_EDGE_WIDTH
+
+    lm = TE.loaded("llama-gqa")
+    graph = attnviz.information_flow(lm, trace(lm, TE.TEXT), threshold=0.0)
+    lines = [t for t in attnviz.flow_view(graph).data if t.mode == "lines" and t.x and t.x[0] is not None]
+    assert lines and min(t.line.width for t in lines) >= MIN_EDGE_WIDTH >= 2
