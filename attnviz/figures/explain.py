@@ -17,7 +17,7 @@ from plotly.subplots import make_subplots
 from attnviz.figures.labels import TITLE_MARGIN, _title, escape
 
 if TYPE_CHECKING:
-    from attnviz.explain import Ablation, Attribution, FlowGraph, LogitLens, RotaryBands
+    from attnviz.explain import Ablation, Attribution, FlowGraph, LogitLens, Node, RotaryBands
     from attnviz.explain.patching import Patching
     from attnviz.explain.search import HeadScores
 
@@ -40,6 +40,12 @@ def _width(weight: float) -> int:
 def _subplot_title(text: str) -> dict:
     """A figure title above subplot titles (anchored to the container, not the plot area)."""
     return dict(text=text, x=0.01, xref="container", y=0.985, yref="container", yanchor="top")
+
+
+def _writer(node: Node) -> tuple[int, str]:
+    """(layer, part) of the block whose output a node is: the stream after layer l's attention is
+    written by that attention, the stream entering layer l > 0 by layer l - 1's FFN."""
+    return (node.layer, "attention") if node.stage == "mid" else (node.layer - 1, "ffn")
 
 
 ALL_TOKENS_MAX = 48  # routes of texts up to this long show every token as a column
@@ -134,6 +140,26 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             marker=dict(size=9, color=KIND_COLOURS["attention"], line=dict(color="white", width=1)),
             customdata=handles["data"],
             hovertext=handles["text"],
+            hovertemplate="%{hovertext}<extra></extra>",
+        )
+    )
+    # each node is clickable (an invisible, larger mark over the small grey dot): what the block
+    # below it wrote there; customdata (layer, -1, token, token, part) as the page reads it
+    writers = [(n, *_writer(n)) for n in graph.nodes if n.layer > 0 or n.stage == "mid"]
+    fig.add_trace(
+        go.Scatter(
+            x=[col[n.token] for n, _, _ in writers],
+            y=[n.depth for n, _, _ in writers],
+            mode="markers",
+            name="node (click)",
+            showlegend=False,
+            marker=dict(size=11, color="rgba(0,0,0,0)"),
+            customdata=[[layer, -1, n.token, n.token, part] for n, layer, part in writers],
+            hovertext=[
+                f"layer {layer} {'FFN' if part == 'ffn' else 'attention'} output at {labels[col[n.token]]}"
+                "<br>click: what it writes (promoted / suppressed tokens)"
+                for n, layer, part in writers
+            ],
             hovertemplate="%{hovertext}<extra></extra>",
         )
     )
