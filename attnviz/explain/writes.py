@@ -25,7 +25,8 @@ from ..tokens import displays
 from .attribution import final_frozen, head_outputs, head_writes
 from .residual import Trace
 
-Part = Literal["attention", "ffn"]
+Part = Literal["attention", "ffn", "block"]  # "block": a parallel block's attention + FFN
+PART_NAMES = {"attention": "attention", "ffn": "FFN", "block": "block (attention + FFN)"}
 PROJECTION = (
     "direct effect on the logits at this token: W_U · N_f(v), the final norm frozen at this "
     "token's scale, before any soft-capping (float32)"
@@ -50,8 +51,7 @@ class NodeWrites:
 
     @property
     def name(self) -> str:
-        what = f"head {self.head}" if self.head >= 0 else ("attention" if self.part == "attention" else "FFN")
-        return f"layer {self.layer} {what}"
+        return f"layer {self.layer} " + (f"head {self.head}" if self.head >= 0 else PART_NAMES[self.part])
 
 
 @torch.inference_mode()
@@ -78,6 +78,8 @@ def node_writes(
         if tr.heads_problem:
             raise AttnvizError(f"no per-head output: {tr.heads_problem}")
         vec = head_writes(lm, tr, layer, row, head_outputs(tr, layer, row))[head]
+    elif part == "block":
+        vec = tr.attn_added[layer][row].float() + tr.mlp_added[layer][row].float()
     else:
         vec = (tr.attn_added if part == "attention" else tr.mlp_added)[layer][row]
     vec = vec.float()

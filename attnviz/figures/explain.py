@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attnviz.explain.writes import PART_NAMES
 from attnviz.figures.labels import TITLE_MARGIN, _title, escape
 
 if TYPE_CHECKING:
@@ -42,10 +43,13 @@ def _subplot_title(text: str) -> dict:
     return dict(text=text, x=0.01, xref="container", y=0.985, yref="container", yanchor="top")
 
 
-def _writer(node: Node) -> tuple[int, str]:
+def _writer(node: Node, parallel: bool) -> tuple[int, str]:
     """(layer, part) of the block whose output a node is: the stream after layer l's attention is
-    written by that attention, the stream entering layer l > 0 by layer l - 1's FFN."""
-    return (node.layer, "attention") if node.stage == "mid" else (node.layer - 1, "ffn")
+    written by that attention, the stream entering layer l > 0 by layer l - 1's FFN (a parallel
+    block's attention and FFN together: "block")."""
+    if node.stage == "mid":
+        return node.layer, "attention"
+    return node.layer - 1, "block" if parallel else "ffn"
 
 
 ALL_TOKENS_MAX = 48  # routes of texts up to this long show every token as a column
@@ -145,7 +149,8 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
     )
     # each node is clickable (an invisible, larger mark over the small grey dot): what the block
     # below it wrote there; customdata (layer, -1, token, token, part) as the page reads it
-    writers = [(n, *_writer(n)) for n in graph.nodes if n.layer > 0 or n.stage == "mid"]
+    parallel = graph.residual != "sequential"
+    writers = [(n, *_writer(n, parallel)) for n in graph.nodes if n.layer > 0 or n.stage == "mid"]
     fig.add_trace(
         go.Scatter(
             x=[col[n.token] for n, _, _ in writers],
@@ -156,7 +161,7 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             marker=dict(size=11, color="rgba(0,0,0,0)"),
             customdata=[[layer, -1, n.token, n.token, part] for n, layer, part in writers],
             hovertext=[
-                f"layer {layer} {'FFN' if part == 'ffn' else 'attention'} output at {labels[col[n.token]]}"
+                f"layer {layer} {PART_NAMES[part]} output at {labels[col[n.token]]}"
                 "<br>click: what it writes (promoted / suppressed tokens)"
                 for n, layer, part in writers
             ],

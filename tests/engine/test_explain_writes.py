@@ -26,3 +26,21 @@ def test_a_heads_projection_is_its_direct_logit_attribution_and_the_parts_add_up
     assert abs(node_writes(lm, tr, 0, pos, part="ffn").logits[top_id].item() - mlp) <= 1e-4 * max(
         1.0, abs(mlp)
     )
+
+
+def test_a_parallel_blocks_node_is_the_whole_blocks_write():
+    """GPT-NeoX parallel: the stream entering layer l > 0 is written by block l - 1's attention and
+    FFN together; its node clicks to that ("block"), whose Δlogits are the two parts' sum."""
+    import attnviz
+
+    lm = TE.loaded("gpt_neox-parallel")
+    tr = trace(lm, TE.TEXT)
+    graph = attnviz.information_flow(lm, tr, threshold=0.02)
+    nodes = next(t for t in attnviz.flow_view(graph).data if t.name == "node (click)")
+    assert {d[4] for d in nodes.customdata} == {"block"}
+    pos = tr.n_tokens - 1
+    block = node_writes(lm, tr, 0, pos, part="block")
+    parts = (
+        node_writes(lm, tr, 0, pos, part="attention").logits + node_writes(lm, tr, 0, pos, part="ffn").logits
+    )
+    assert torch.allclose(block.logits, parts, atol=1e-4) and block.name == "layer 0 block (attention + FFN)"
