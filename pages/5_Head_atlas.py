@@ -87,20 +87,24 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
     text is saved as it finishes, so Cancel (or closing the tab) loses nothing done."""
     engine, address = engine_choice()
     done, total = AT.cached_count(lm, texts, max_tokens=MAX_TOKENS)
-    if done < total and st.session_state.get("atlas_cancel"):  # this rerun is the Cancel click's
+    cancelled = done < total and bool(st.session_state.get("atlas_cancel"))  # the Cancel click's rerun
+    if cancelled:
         st.info(
-            f"Cancelled: the {done} texts done so far are saved; run again to resume.",
+            f"Cancelled: the {done} of {total} texts done so far are saved; run again to resume."
+            + (" Below: the atlas of those texts." if done else ""),
             icon=":material/cancel:",
         )
+    slot = st.empty()  # the run button, cleared while the run goes (a stale "Resume" is never lit)
     if done < total:
         label = (
             f"Run the atlas on {total} texts"
             if not done
             else f"Resume the atlas ({done} of {total} texts done)"
         )
-        if not st.button(label, type="primary", key="atlas_run"):
+        if not slot.button(label, type="primary", key="atlas_run"):
             st.caption("Each text is one forward pass, saved on disk as it finishes (a later run resumes).")
-            return None
+            return saved_so_far(lm, texts) if cancelled and done else None
+        slot.empty()
     bar = st.progress(0.0, text="Starting…" if engine == "local" else "Starting the Ray workers…")
     cancel = st.empty()
     if done < total:
@@ -145,6 +149,17 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
             )
             st.rerun()
         return atlas
+    bar.empty()
+    cancel.empty()
+    slot.button("Run again", key="atlas_retry", help="Texts done before the error stay saved.")
+    return None
+
+
+def saved_so_far(lm, texts: list[str]) -> AT.Atlas | None:
+    """The atlas of the texts already on disk (after a Cancel), computing nothing: the run stops
+    before its first missing text."""
+    with guarded("reading the saved atlas texts", frame.token, (lm.spec,)):
+        return AT.run_atlas(lm, texts, progress=lambda *_: False, max_tokens=MAX_TOKENS)
     return None
 
 

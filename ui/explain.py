@@ -150,10 +150,22 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
     st.caption(
         f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "
         f"{graph.expanded} block rows computed for {tr.n_tokens} tokens. Grey: the residual stream; blue: "
-        "attention (width = importance); orange squares: the FFN's share. Click a blue dot to pick its head; "
-        "lower the threshold for weaker routes." + (f" {graph.notes[0]}" if graph.notes else "")
+        "attention (width = importance); orange squares: the FFN's share. Click a blue dot to pick "
+        "its head (and see what it writes), a node for what the block below it writes; "
+        "lower the threshold for weaker routes."
+        + (
+            " Most kept edges are the residual stream: a token's own stream usually carries most of "
+            "what the block writes there, so one key token's share rarely passes the threshold."
+            if n_attn * 4 < len(graph.edges)
+            else ""
+        )
+        + (f" {graph.notes[0]}" if graph.notes else "")
     )
     if edge and len(edge) >= 4 and 0 <= int(edge[0]) < tr.n_layers:
+        layer, head, src, dst = (int(x) for x in edge[:4])
+        part = str(edge[4]) if len(edge) > 4 else "attention"
+        node_section(lm, tr, key, layer, head, dst, part)
+    if edge and len(edge) >= 4 and 0 <= int(edge[0]) < tr.n_layers and int(edge[1]) >= 0:
         layer, head, src, dst = (int(x) for x in edge[:4])
         open_in_explorer(
             p,
@@ -168,6 +180,29 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
         df = graph.to_frame()
         st.dataframe(df, hide_index=True, height=300)
         st.download_button("⬇ CSV", df.to_csv(index=False), file_name=f"{figure_name(lm.spec, 'routes')}.csv")
+
+
+def node_section(
+    lm: LoadedModel, tr: X.Trace, key: tuple, layer: int, head: int, pos: int, part: str
+) -> None:
+    """What the clicked node (a block's output) or edge (its strongest head) writes at its token:
+    the tokens it promotes and suppresses (`attnviz.explain.node_writes`)."""
+    result = computed(
+        "explain_writes",
+        (*key, layer, head, pos, part),
+        "Projecting on the vocabulary",
+        lambda _r: X.node_writes(lm, tr, layer, pos, part=part, head=head, k=10),  # type: ignore[arg-type]
+    )
+    if result is None:
+        return
+    st.markdown(f"**What {result.name} writes at {md(tr.tokens.labels[pos])}** (‖v‖ = {result.norm:.3g})")
+    c1, c2 = st.columns(2)
+    for col, title, rows in ((c1, "Promoted", result.promoted), (c2, "Suppressed", result.suppressed)):
+        col.dataframe(
+            {title: [t for t, _, _ in rows], "Δlogit": [round(v, 4) for _, _, v in rows]},
+            hide_index=True,
+        )
+    st.caption(f"Δlogit: its {result.meaning}.")
 
 
 def lens(lm: LoadedModel, tr: X.Trace, key: tuple) -> None:

@@ -19,6 +19,7 @@ from .residual import Trace, Unsupported, trace
 from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
 from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
 from .search import HeadScores, previous_occurrence_heads, search_heads
+from .writes import NodeWrites, node_writes
 
 __all__ = [
     "DEFAULT_THRESHOLD",
@@ -33,6 +34,7 @@ __all__ = [
     "HeadScores",
     "LogitLens",
     "Node",
+    "NodeWrites",
     "Patching",
     "RotaryBands",
     "RotarySpec",
@@ -44,6 +46,7 @@ __all__ = [
     "information_flow",
     "logit_attribution",
     "logit_lens",
+    "node_writes",
     "patch",
     "previous_occurrence_heads",
     "rotary_bands",

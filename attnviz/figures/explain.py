@@ -14,13 +14,17 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attnviz.explain.writes import PART_NAMES
 from attnviz.figures.labels import TITLE_MARGIN, _title, escape
 
 if TYPE_CHECKING:
-    from attnviz.explain import Ablation, Attribution, FlowGraph, LogitLens, RotaryBands
+    from attnviz.explain import Ablation, Attribution, FlowGraph, LogitLens, Node, RotaryBands
 
 KIND_COLOURS = {"attention": "#1f77b4", "ffn": "#ff7f0e", "residual": "#9a9a9a"}
-WIDTH_LEVELS = (1.0, 2.0, 3.5, 5.0, 7.0, 9.0)
+# route line widths in px; the thinnest stays visible: a near-flat edge (one that spans many token
+# columns over half a layer) of 1 px vanished into the white background, anti-aliased
+MIN_EDGE_WIDTH = 2.5
+WIDTH_LEVELS = (MIN_EDGE_WIDTH, 3.0, 4.0, 5.5, 7.0, 9.0)
 
 
 def _short(text: str, n: int = 10) -> str:
@@ -35,6 +39,15 @@ def _width(weight: float) -> int:
 def _subplot_title(text: str) -> dict:
     """A figure title above subplot titles (anchored to the container, not the plot area)."""
     return dict(text=text, x=0.01, xref="container", y=0.985, yref="container", yanchor="top")
+
+
+def _writer(node: Node, parallel: bool) -> tuple[int, str]:
+    """(layer, part) of the block whose output a node is: the stream after layer l's attention is
+    written by that attention, the stream entering layer l > 0 by layer l - 1's FFN (a parallel
+    block's attention and FFN together: "block")."""
+    if node.stage == "mid":
+        return node.layer, "attention"
+    return node.layer - 1, "block" if parallel else "ffn"
 
 
 ALL_TOKENS_MAX = 48  # routes of texts up to this long show every token as a column
@@ -129,6 +142,27 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             marker=dict(size=9, color=KIND_COLOURS["attention"], line=dict(color="white", width=1)),
             customdata=handles["data"],
             hovertext=handles["text"],
+            hovertemplate="%{hovertext}<extra></extra>",
+        )
+    )
+    # each node is clickable (an invisible, larger mark over the small grey dot): what the block
+    # below it wrote there; customdata (layer, -1, token, token, part) as the page reads it
+    parallel = graph.residual != "sequential"
+    writers = [(n, *_writer(n, parallel)) for n in graph.nodes if n.layer > 0 or n.stage == "mid"]
+    fig.add_trace(
+        go.Scatter(
+            x=[col[n.token] for n, _, _ in writers],
+            y=[n.depth for n, _, _ in writers],
+            mode="markers",
+            name="node (click)",
+            showlegend=False,
+            marker=dict(size=11, color="rgba(0,0,0,0)"),
+            customdata=[[layer, -1, n.token, n.token, part] for n, layer, part in writers],
+            hovertext=[
+                f"layer {layer} {PART_NAMES[part]} output at {labels[col[n.token]]}"
+                "<br>click: what it writes (promoted / suppressed tokens)"
+                for n, layer, part in writers
+            ],
             hovertemplate="%{hovertext}<extra></extra>",
         )
     )

@@ -224,3 +224,26 @@ def test_one_trace_serves_every_view_even_when_it_is_large(env):
         at.segmented_control(key="view").set_value(view).run()
         ok(at)
     assert len(calls) == 1
+
+
+def test_a_clicked_node_shows_the_tokens_its_block_promotes_and_suppresses(env):
+    """LLM-TT's node inspection: a node of the routes graph is the output of the block below it;
+    a click lists what that block writes there, projected on the vocabulary, labelled exactly."""
+    at = new_app(PAGE, model=TINY, text=TEXT, thr="0.01").run()
+    ok(at)
+    routes = next(
+        s for s in specs(at) if (s["layout"].get("title") or {}).get("text", "").startswith("Routes")
+    )
+    nodes = next(t for t in routes["data"] if t.get("name") == "node (click)")
+    ffn = next(d for d in nodes["customdata"] if d[4] == "ffn")
+    assert "FFN output" in nodes["hovertext"][nodes["customdata"].index(ffn)]
+    at.session_state["routes_chart"] = {"selection": {"points": [{"customdata": ffn}], "point_indices": [0]}}
+    at.run()
+    ok(at)
+    frames = {d.value.columns[0]: d.value for d in at.dataframe}
+    promoted, suppressed = frames["Promoted"], frames["Suppressed"]
+    assert len(promoted) == len(suppressed) == 10
+    assert promoted["Δlogit"].iloc[0] > 0 > suppressed["Δlogit"].iloc[0]
+    assert any("direct effect on the logits at this token" in c.value for c in at.caption)
+    assert any(f"What layer {ffn[0]} FFN writes" in m.value for m in at.markdown)
+    assert "routes_open" not in [b.key for b in at.button]  # a block is no head to open

@@ -96,3 +96,37 @@ def test_the_app_never_imports_ray_unless_a_cluster_is_named(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_cancelled_run_shows_the_atlas_of_the_texts_done_so_far(env):
+    import tiny
+
+    AT.run_atlas(tiny.loaded("llama-gqa"), AT.builtin_corpus()[:3])  # as if Cancel came after 3
+    at = new_app(ATLAS, model=TINY, ntexts=5)
+    at.session_state["atlas_cancel"] = True  # the rerun the Cancel click starts
+    at.run()
+    ok(at)
+    assert "3 of 5 texts done so far are saved" in at.info[0].value
+    assert at.button(key="atlas_run").label == "Resume the atlas (3 of 5 texts done)"
+    assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 12  # the 3 texts' ranking
+    assert any(c.value.startswith("3 texts") for c in at.caption)
+
+
+def test_no_stale_resume_button_is_left_lit_once_the_run_starts(env, monkeypatch):
+    """What the page holds while the run goes, seen when it stops on an error: the progress is
+    cleared and the only button is a fresh "Run again", not the "Resume (3 of 5)" just clicked."""
+    import tiny
+
+    from attnviz import AttnvizError
+    from attnviz.atlas import local
+
+    AT.run_atlas(tiny.loaded("llama-gqa"), AT.builtin_corpus()[:3])
+    at = new_app(ATLAS, model=TINY, ntexts=5).run()
+
+    def fails(*a, **kw):
+        raise AttnvizError("the disk went away")
+
+    monkeypatch.setattr(local, "compute_entry", fails)
+    at.button(key="atlas_run").click().run()
+    assert "the disk went away" in at.error[0].value
+    assert [b.key for b in at.button] == ["atlas_retry"]

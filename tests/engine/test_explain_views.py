@@ -37,3 +37,30 @@ def test_every_view_is_a_figure_of_the_results_numbers():
     assert sum(terms.y) == np.float64(b.pair_terms.sum() + b.rest_term).round(12) or np.isclose(
         sum(terms.y), b.score
     )
+
+
+def test_every_route_line_is_at_least_the_minimum_visible_width():
+    """Weak edges (a near-flat one spanning many columns) were drawn 1 px wide and vanished."""
+    from attnviz.figures.explain import MIN_EDGE_WIDTH
+
+    lm = TE.loaded("llama-gqa")
+    graph = attnviz.information_flow(lm, trace(lm, TE.TEXT), threshold=0.0)
+    lines = [t for t in attnviz.flow_view(graph).data if t.mode == "lines" and t.x and t.x[0] is not None]
+    assert lines and min(t.line.width for t in lines) >= MIN_EDGE_WIDTH >= 2
+
+
+def test_a_routes_node_clicks_to_the_block_that_wrote_it():
+    """The stream after layer l's attention is that attention's output; entering layer l > 0, the
+    FFN of layer l - 1's; the embeddings (entering layer 0) are no block's."""
+    lm = TE.loaded("llama-gqa")
+    graph = attnviz.information_flow(lm, trace(lm, TE.TEXT), threshold=0.02)
+    fig = attnviz.flow_view(graph)
+    nodes = next(t for t in fig.data if t.name == "node (click)")
+    want = sorted(
+        [n.layer, -1, n.token, n.token, "attention"]
+        if n.stage == "mid"
+        else [n.layer - 1, -1, n.token, n.token, "ffn"]
+        for n in graph.nodes
+        if n.layer > 0 or n.stage == "mid"
+    )
+    assert sorted(list(d) for d in nodes.customdata) == want and any(d[4] == "ffn" for d in want)
