@@ -21,9 +21,7 @@ if TYPE_CHECKING:
     from attnviz.explain import Ablation, Attribution, FlowGraph, LogitLens, Node, RotaryBands
 
 KIND_COLOURS = {"attention": "#1f77b4", "ffn": "#ff7f0e", "residual": "#9a9a9a"}
-# route line widths in px; the thinnest stays visible: a near-flat edge (one that spans many token
-# columns over half a layer) of 1 px vanished into the white background, anti-aliased
-MIN_EDGE_WIDTH = 2.5
+MIN_EDGE_WIDTH = 2.5  # px: a near-flat 1 px route edge vanished into the white, anti-aliased
 WIDTH_LEVELS = (MIN_EDGE_WIDTH, 3.0, 4.0, 5.5, 7.0, 9.0)
 
 
@@ -42,9 +40,8 @@ def _subplot_title(text: str) -> dict:
 
 
 def _writer(node: Node, parallel: bool) -> tuple[int, str]:
-    """(layer, part) of the block whose output a node is: the stream after layer l's attention is
-    written by that attention, the stream entering layer l > 0 by layer l - 1's FFN (a parallel
-    block's attention and FFN together: "block")."""
+    """(layer, part) of the block whose output a node is: after layer l's attention, that attention;
+    entering layer l > 0, layer l - 1's FFN (a parallel block's two parts together: "block")."""
     if node.stage == "mid":
         return node.layer, "attention"
     return node.layer - 1, "block" if parallel else "ffn"
@@ -145,8 +142,7 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             hovertemplate="%{hovertext}<extra></extra>",
         )
     )
-    # each node is clickable (an invisible, larger mark over the small grey dot): what the block
-    # below it wrote there; customdata (layer, -1, token, token, part) as the page reads it
+    # clickable nodes (invisible marks over the grey dots): customdata (layer, -1, token, token, part)
     parallel = graph.residual != "sequential"
     writers = [(n, *_writer(n, parallel)) for n in graph.nodes if n.layer > 0 or n.stage == "mid"]
     fig.add_trace(
@@ -159,8 +155,7 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             marker=dict(size=11, color="rgba(0,0,0,0)"),
             customdata=[[layer, -1, n.token, n.token, part] for n, layer, part in writers],
             hovertext=[
-                f"layer {layer} {PART_NAMES[part]} output at {labels[col[n.token]]}"
-                "<br>click: what it writes (promoted / suppressed tokens)"
+                f"layer {layer} {PART_NAMES[part]} output at {labels[col[n.token]]}<br>click: what it writes"
                 for n, layer, part in writers
             ],
             hovertemplate="%{hovertext}<extra></extra>",
