@@ -51,7 +51,7 @@ _SCRIPT = """
 _STYLE = """
 <style>
 body { font-family: "Source Sans Pro", sans-serif; font-size: 15px; margin: 4px; line-height: 1.9; }
-span.tok { padding: 2px 1px; border-radius: 3px; cursor: default; white-space: pre; }
+span.tok { padding: 2px 1px; border-radius: 3px; cursor: default; white-space: pre-wrap; }
 span.tok.on { outline: 2px solid #e4002b; }
 #info { font-size: 13px; color: #555; margin-bottom: 6px; min-height: 1.2em; }
 </style>
@@ -69,7 +69,9 @@ def hover_text_html(
     n = len(tokens)
     if w.shape != (n, n):
         raise ValueError(f"weights {w.shape} do not match {n} tokens")
-    spans = "".join(
+    # <wbr> between tokens: a line may break there (adjacent spans alone give the browser no place
+    # to break, and a long text ran off the frame on one line)
+    spans = "<wbr>".join(
         f'<span class="tok" data-label="{html.escape(f"({i}) {t}")}">{html.escape(t)}</span>'
         for i, t in enumerate(tokens)
     )

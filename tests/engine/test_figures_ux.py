@@ -59,6 +59,15 @@ def test_the_hover_view_carries_the_exact_weights_and_escapes_tokens():
     assert "&lt;b&gt;" in page and "<b>" not in page.split("<body")[1].split("<script")[0]
 
 
+def test_the_hover_text_wraps_between_tokens():
+    """Caught: the tokens as adjacent no-wrap spans, so a long text ran off the frame on one line."""
+    tokens = ["The", " old", " lighthouse", " keeper"]
+    page = F.hover_text_html(np.eye(4, dtype=np.float32), tokens)
+    body = page.split("<body")[1].split("<script")[0]
+    assert body.count("</span><wbr><span") == len(tokens) - 1
+    assert "white-space: pre;" not in page  # spaces inside a token may break too
+
+
 def test_grid_tiles_are_square_for_square_matrices():
     """Tall narrow tiles with empty space beside them: a square matrix gets a square tile."""
     layer = np.random.default_rng(2).random((4, 6, 6)).astype(np.float32)
