@@ -7,11 +7,11 @@ from __future__ import annotations
 import streamlit as st
 
 from attnviz import AttentionResult
+from attnviz.checks import Check
 from attnviz.exact.eager import CannotCheck
 from attnviz.exact.verify import self_check
 from attnviz.extract import auto_check_skipped
 from attnviz.layout import Stack
-from attnviz.result import Check
 from ui import models
 from ui.text import guarded
 

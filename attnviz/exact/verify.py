@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from ..checks import Check
 from ..errors import AttnvizError
 from ..layout import Stack
-from ..result import AttentionResult, Check
+from ..result import AttentionResult
 from .eager import comparable, eager_probabilities
 
 log = logging.getLogger(__name__)

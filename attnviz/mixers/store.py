@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..capture.records import CapturedMixer
+from ..checks import Check
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
 from . import conv, delta, linear, rglru, selective, ssd, wkv
 from .kinds import CHANNELS_FIRST, MEANING, NOT_YET, PER_HEAD, SHOWN, check_rows
@@ -200,7 +201,7 @@ class MixerStore:
         return out.float()
 
     def check(self, block: int, kind: str):
-        """The block's self-check (a `attnviz.result.Check`), run once; raises `MixerCheckFailed`."""
+        """The block's self-check (a `attnviz.checks.Check`), run once; raises `MixerCheckFailed`."""
         key = (block, kind)
         if key not in self._checks:
             self._checks[key] = self._check(block, kind)
@@ -210,8 +211,6 @@ class MixerStore:
         return got
 
     def _check(self, block: int, kind: str):
-        from ..result import Check
-
         rec = self.record(block, kind)
         parts = self.parts(block, kind)
         n = self.n_tokens
