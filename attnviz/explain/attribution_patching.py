@@ -26,24 +26,8 @@ import torch
 from ..limits import forward_bytes, require
 from ..loading import LoadedModel
 from .blocks import Unsupported
-from .patching import (
-    DIMS,
-    PARTS,
-    Activations,
-    Direction,
-    Over,
-    Patching,
-    Progress,
-    Setup,
-    Site,
-    Sites,
-    hooked,
-    patch_at,
-    result,
-    run_cells,
-    run_ids,
-    setup,
-)
+from .patch_sites import PARTS, Activations, Direction, Over, Progress, Site, Sites, hooked, run_ids
+from .patching import DIMS, Patching, Setup, patch_at, result, run_cells, setup
 
 ESTIMATE_LABEL = "estimate (attribution patching, first order)"
 DEFAULT_VERIFY = 20

@@ -1,0 +1,262 @@
+"""Where activation patching reads and writes a model: its sites (each block, its attention module
+and its MLP), the hooks that record one run's activations there, and the patched forward that
+writes them back (`attnviz.explain.patching` builds the grid of cells on top; the module docstring
+there says what each site is).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import torch
+
+from ..capture.hook import editing
+from ..errors import AttnvizError
+from ..loading import LoadedModel
+from .blocks import MLP_NAMES, Unsupported
+from .residual import _decoder_layers, forward_kwargs
+
+Over = Literal["heads", "heads_by_position", "residual", "blocks"]
+OVERS: tuple[str, ...] = get_args(Over)
+Direction = Literal["denoise", "noise"]
+DIRECTIONS: tuple[str, ...] = get_args(Direction)
+Site = Literal["head", "residual", "attention", "mlp"]
+PARTS: tuple[Site, ...] = ("attention", "mlp")  # the "blocks" sites, in this order
+Progress = Callable[[int, int], None]  # (cells done, cells in all); raising cancels
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Which positions of the patched (target) run take the activation of which source position."""
+
+    target: tuple[int, ...]
+    source: tuple[int, ...]
+    unpatched: tuple[int, ...]  # target positions with no partner in the source run
+    differing: tuple[int, ...]  # target positions whose token differs from its partner's
+    # positions 0 .. shared-1 hold the same tokens in both prompts and pair with themselves: a causal
+    # model computes the very same activations there in both runs, so copying them changes nothing
+    shared: int = 0
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return list(zip(self.target, self.source, strict=True))
+
+    def source_of(self, position: int) -> int:
+        return self.source[self.target.index(position)]
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patched component: ``site`` of ``layer`` (``head`` for a head), at ``position`` of the
+    patched run (None: every aligned position)."""
+
+    site: Site
+    layer: int
+    head: int = -1
+    position: int | None = None
+
+
+# -- the model's sites ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sites:
+    """The modules patching hooks: each block, its attention module (and name) and its MLP."""
+
+    blocks: list[Any]
+    attn: list[Any]
+    names: list[str]
+    mlps: list[Any]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+
+def sites(lm: LoadedModel, over: str) -> Sites:
+    """The patching sites of ``lm``, or `Unsupported` with the reason."""
+    if lm.layout.attention_layers:
+        # Hybrid mixers (issue 30, attnviz.mixers) are patched here once their outputs have a
+        # hook: add a "mixer" site next to "attention" / "mlp" reading the mixer module's output.
+        raise Unsupported(
+            f"{lm.spec!r} is a hybrid (blocks {', '.join(map(str, lm.layout.blocks_without_attention))} "
+            "are recurrent / state-space mixers); patching their outputs is not supported yet, only "
+            "models whose every block is attention + MLP"
+        )
+    blocks, attn, names = _decoder_layers(lm)
+    if over.startswith("heads") and not lm.supports_capture:
+        raise Unsupported(
+            f"{lm.spec!r} computes its attention outside attnviz's attention function, so its heads' "
+            "outputs cannot be patched; use over='residual' or 'blocks'"
+        )
+    mlps = []
+    for i, block in enumerate(blocks):
+        mlp = next((c for n, c in block.named_children() if n in MLP_NAMES), None)
+        if mlp is None and over == "blocks":
+            raise Unsupported(f"block {i} of {lm.spec!r} has no MLP child named {'/'.join(MLP_NAMES)}")
+        mlps.append(mlp)
+    return Sites(blocks, attn, names, mlps)
+
+
+def _first(x: Any) -> torch.Tensor:
+    return x if isinstance(x, torch.Tensor) else x[0]
+
+
+def _with_first(x: Any, new: torch.Tensor) -> Any:
+    return new if isinstance(x, torch.Tensor) else (new, *x[1:])
+
+
+# -- one run's activations -----------------------------------------------------------------------
+
+
+@dataclass
+class Activations:
+    """What one forward kept per layer (batch row 0): the stream entering each block (N, d_model),
+    the attention module's and the MLP's outputs (N, d_model), each head's output (N, heads,
+    d_head); only the sites asked for."""
+
+    residual: list[torch.Tensor] = field(default_factory=list)
+    attention: list[torch.Tensor] = field(default_factory=list)
+    mlp: list[torch.Tensor] = field(default_factory=list)
+    head: list[torch.Tensor] = field(default_factory=list)
+
+    def of(self, site: Site) -> list[torch.Tensor]:
+        return getattr(self, site)
+
+
+def site_names(over: str) -> tuple[Site, ...]:
+    if over in ("heads", "heads_by_position"):
+        return ("head",)
+    return ("residual",) if over == "residual" else ("attention", "mlp")
+
+
+@contextlib.contextmanager
+def hooked(
+    lm: LoadedModel,
+    st: Sites,
+    change: Callable[[Site, int, torch.Tensor], torch.Tensor],
+    wanted: Sequence[Site],
+) -> Iterator[None]:
+    """Every site in ``wanted`` passes through ``change(site, layer, tensor)`` (batch-first
+    tensors; what it returns replaces the activation). Hooks are registered under the model's lock
+    by the caller and removed on exit."""
+    handles = []
+    layer_of = {name: i for i, name in enumerate(st.names)}
+
+    def pre(i: int):
+        def hook(_module, args, kwargs):
+            if args:
+                return (change("residual", i, args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": change("residual", i, kwargs["hidden_states"])}
+
+        return hook
+
+    def post(site: Site, i: int):
+        def hook(_module, _args, output):
+            return _with_first(output, change(site, i, _first(output)))
+
+        return hook
+
+    def edit(module: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
+        i = layer_of.get(lm.module_names.get(id(module), ""))
+        return out if i is None else change("head", i, out)
+
+    try:
+        for i in range(st.n_layers):
+            if "residual" in wanted:
+                handles.append(st.blocks[i].register_forward_pre_hook(pre(i), with_kwargs=True))
+            if "attention" in wanted:
+                handles.append(st.attn[i].register_forward_hook(post("attention", i)))
+            if "mlp" in wanted:
+                handles.append(st.mlps[i].register_forward_hook(post("mlp", i)))
+        with editing(edit) if "head" in wanted else contextlib.nullcontext():
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_ids(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
+    """The model's logits at the last position of each row of ``ids`` (B, N): float32 (B, vocab)."""
+    kwargs = forward_kwargs(lm, -1)
+    return lm.model(input_ids=ids, **kwargs).logits[:, -1].float()
+
+
+def capture(
+    lm: LoadedModel, st: Sites, ids: list[int], wanted: Sequence[Site]
+) -> tuple[Activations, torch.Tensor]:
+    """One forward of ``ids`` keeping the ``wanted`` sites: (activations, last logits (vocab,))."""
+    acts = Activations()
+
+    def keep(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
+        acts.of(site).append(x[0].detach().clone())
+        return x
+
+    with lm.lock, torch.inference_mode(), hooked(lm, st, keep, wanted):
+        logits = run_ids(lm, torch.tensor([ids], device=lm.device))[0]
+    return acts, logits
+
+
+Capture = Callable[[Sites, list[int], Sequence[Site]], tuple[Activations, torch.Tensor]]
+
+
+def patched_run(
+    lm: LoadedModel,
+    st: Sites,
+    ids: list[int],
+    source: Activations,
+    pairing: Pairing,
+    batch: Sequence[Sequence[Patch]],
+    *,
+    prefix: int = 0,
+) -> torch.Tensor:
+    """Row b runs ``ids`` with every patch of ``batch[b]`` applied at once (the source's activation
+    at the paired positions): the last position's logits, float32 (len(batch), vocab).
+
+    ``prefix`` > 0 (every patch at or after it): the first ``prefix`` positions, which no patch
+    can change in a causal model, run once, unpatched, into a KV cache that every row continues
+    from (the model's own cached forward, as in generation)."""
+    plan: dict[tuple[Site, int], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+    for b, patches in enumerate(batch):
+        for p in patches:
+            if p.position is None:  # every paired position after the shared prefix (the same there)
+                kept = [(t, u) for t, u in pairing.pairs() if t >= pairing.shared] or pairing.pairs()[-1:]
+                tgt, src = [t for t, _ in kept], [u for _, u in kept]
+            else:
+                tgt, src = [p.position], [pairing.source_of(p.position)]
+            if min(tgt) < prefix:
+                raise AttnvizError(f"a patch at position {min(tgt)} lies inside the cached prefix ({prefix})")
+            dev = source.of(p.site)[p.layer].device
+            tgt = [t - prefix for t in tgt]  # positions of the rows that run
+            plan.setdefault((p.site, p.layer), []).append(
+                (b, p.head, torch.tensor(tgt, device=dev), torch.tensor(src, device=dev))
+            )
+
+    def change(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
+        todo = plan.get((site, layer))
+        if not todo:
+            return x
+        x = x.clone()
+        src = source.of(site)[layer].to(x.dtype)
+        for b, head, tgt, spos in todo:
+            if site == "head":
+                x[b, tgt, head] = src[spos, head]  # (positions, d_head)
+            else:
+                x[b, tgt] = src[spos]  # (positions, d_model)
+        return x
+
+    ids_t = torch.tensor([ids], device=lm.device).expand(len(batch), -1)
+    wanted = sorted({site for site, _ in plan})
+    with lm.lock, torch.inference_mode():
+        cache = None
+        if prefix > 0:
+            cache = lm.model(input_ids=ids_t[:1, :prefix], use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(batch))
+        with hooked(lm, st, change, wanted):  # type: ignore[arg-type]
+            if cache is None:
+                return run_ids(lm, ids_t)
+            kwargs = forward_kwargs(lm, -1)
+            kwargs.update(use_cache=True, past_key_values=cache)
+            return lm.model(input_ids=ids_t[:, prefix:], **kwargs).logits[:, -1].float()
