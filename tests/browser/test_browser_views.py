@@ -237,6 +237,10 @@ def test_compare_and_atlas_screens(server, page):
     if run.count():
         with reran(page, timeout_ms=480_000):
             run.click()
+    # a finished run calls st.rerun() to draw the atlas without its buttons: the page may look idle
+    # for a moment between the two runs, so wait for the table itself
+    page.wait_for_selector('[data-testid="stDataFrame"]', timeout=240_000)
+    wait_idle(page, timeout_ms=240_000)
     no_errors(page)
     assert page.locator('[data-testid="stDataFrame"]').count() > 0
     screenshot(page, "views_atlas")
