@@ -2,7 +2,7 @@
 
 The page reads top to bottom: the result (cached per model and text), its summary, then a
 fragment with the layer's controls (`ui.layer_controls`) and grid (`ui.layer_grid`), and inside
-it a fragment with the big head (`ui.head_view`) and the token views (`ui.token_views`). A layer
+it a fragment with the big head (`ui.big_head`) and the token views (`ui.token_views`). A layer
 change reruns the first; a head change only the second (the grid is not sent again); the model
 never reruns. The fragments get a `models.ResultRef` and fetch the result when they run:
 Streamlit keeps fragments (and this page's globals) for the session's lifetime, so a result in
@@ -14,8 +14,8 @@ import streamlit as st
 from attnviz import AttentionResult
 from attnviz import figures as F
 from ui import (
+    big_head,
     exactness,
-    head_view,
     layer_controls,
     layer_grid,
     longview,
@@ -64,7 +64,7 @@ def layer_view(ref: models.ResultRef) -> None:
     if res is None:
         return
     pool_column = layer_controls.draw(res)
-    head_view.current(res.n_heads)  # a click on a grid tile becomes the head before anything is drawn
+    big_head.current(res.n_heads)  # a click on a grid tile becomes the head before anything is drawn
     d = layer_controls.drawing(ref, res)
     if d is None:
         state.share_box()
@@ -87,7 +87,7 @@ def layer_view(ref: models.ResultRef) -> None:
         if not drawn:
             state.share_box()
             return
-    with right:
+    with right, layer_controls.shared(ref, d):  # the head fragment reuses this run's drawing
         head_panel(ref, zmax)
     if not shared:
         with left:
@@ -104,8 +104,8 @@ def head_panel(ref: models.ResultRef, zmax: float | None) -> None:
     d = layer_controls.drawing(ref, res) if res is not None else None
     if res is None or d is None:
         return
-    head = head_view.current(res.n_heads)
-    head_view.draw(ref, d, head, zmax)
+    head = big_head.current(res.n_heads)
+    big_head.draw(ref, d, head, zmax)
     st.subheader("Tokens")
     names = [F.head_title(h, d.kv[h] if d.kv else None) for h in range(res.n_heads)]
     token_views.draw(ref, d.res, d.key, d.stack, d.layer, head, names, d.scale, d.cmap)

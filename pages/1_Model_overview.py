@@ -9,7 +9,20 @@ from attnviz import AttentionResult, LoadedModel
 from attnviz import figures as F
 from attnviz.layout import Stack
 from attnviz.metrics import HeadMetrics
-from ui import attention, export, flow, longview, mixers, models, progress, shell, state, views
+from ui import (
+    clicks,
+    export,
+    flow,
+    head_stats,
+    longview,
+    mixers,
+    models,
+    pickers,
+    progress,
+    shell,
+    shown,
+    state,
+)
 from ui.params import SCALE_CHOICES, ExplorerParams, OverviewParams
 from ui.text import guarded, md
 
@@ -37,10 +50,10 @@ def main() -> None:
 
     c1, c2, _ = st.columns([2, 2, 3])
     with c1:
-        stack = attention.stack_picker(res.stacks)
+        stack = pickers.stack_picker(res.stacks)
         cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
     with c2:
-        choice = views.scale_picker(SCALE_CHOICES)  # one mosaic, one colour range: no "per head"
+        choice = pickers.scale_picker(SCALE_CHOICES)  # one mosaic, one colour range: no "per head"
         induction = st.toggle(
             "Induction probe",
             value=True,
@@ -54,7 +67,7 @@ def main() -> None:
     top = st.container()
     hm = statistics(lm, res, ref.key, stack, cmap, induction=induction, token=frame.token)
     if hm is not None:
-        head_finder(hm, stack, explorer, attention.kv_heads(res, stack))
+        head_finder(hm, stack, explorer, pickers.kv_heads(res, stack))
     with top:
         every_head(lm.spec, res, ref.key, stack, cmap, choice, explorer)
     if hm is None:
@@ -78,12 +91,12 @@ def every_head(
     choice: str,
     explorer: ExplorerParams,
 ) -> None:
-    """The mosaic of every layer x head on the colour scale ``choice`` (`views.scale_picker`);
+    """The mosaic of every layer x head on the colour scale ``choice`` (`pickers.scale_picker`);
     a click on a tile opens that head in the explorer."""
     n_layers, n_heads = res.n_layers(stack), res.n_heads
-    kv = attention.kv_heads(res, stack)
-    view = attention.View(stack=stack)
-    ax = attention.axes(res, view)
+    kv = pickers.kv_heads(res, stack)
+    view = shown.View(stack=stack)
+    ax = shown.axes(res, view)
     st.subheader(f"Every head: {n_layers} layers × {n_heads} heads")
     side = F.mosaic_side(n_layers, n_heads)
     how = "max"
@@ -113,7 +126,7 @@ def every_head(
         "Columns: layers, rows: heads (the same for every model). Each tile is one head's attention "
         f"pattern (queries down, keys across){pooled_note}."
     )
-    scale, note = views.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)))
+    scale, note = pickers.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)))
     mosaic = F.model_mosaic(
         images, colorscale=cmap, scale=scale, kv_heads=kv, q_labels=q_bins, k_labels=k_bins, pickable=True,
         layers_across=True,
@@ -123,7 +136,7 @@ def every_head(
     event = export.chart(mosaic, name, key="mosaic_chart", on_select=True)
     st.caption("Click a tile to open that head in the explorer. " + note)
     export.html_buttons(lambda: [mosaic], name, key="mosaic", what="every head")
-    picked = views.clicked(event, "mosaic_chart")
+    picked = clicks.clicked(event, "mosaic_chart")
     if picked:
         state.commit()
         target = explorer.replace(layer=int(picked[0]), head=int(picked[1])).to_query().params
@@ -145,12 +158,12 @@ def statistics(
     hm = None
     with guarded("computing the head statistics", token):
         with st.spinner("Computing the head statistics…", show_time=True):
-            hm, note = attention.head_metrics(lm, res, key, stack, induction=induction, token=token)
+            hm, note = head_stats.head_metrics(lm, res, key, stack, induction=induction, token=token)
         if note:
             st.caption(md(note))
     if hm is None:
         return None
-    kv = attention.kv_heads(res, stack)
+    kv = pickers.kv_heads(res, stack)
     present = list(hm.metrics)
     kv_coh = hm.kv_coherence()
     cols = st.columns(2)
@@ -162,7 +175,7 @@ def statistics(
         bounded = m != "distance"
         fig = F.metric_heatmap(
             values,
-            attention.METRIC_NAMES.get(m, m),
+            head_stats.METRIC_NAMES.get(m, m),
             kv_heads=kv,
             head_names=names,
             colorscale=cmap,
@@ -181,7 +194,7 @@ def head_finder(hm: HeadMetrics, stack: Stack, explorer: ExplorerParams, kv: lis
     st.subheader("Head finder")
     metric = state.choose("metric", present, "metric")
     metric = st.selectbox(
-        "Sort by", present, key="metric", format_func=lambda m: attention.METRIC_NAMES.get(m, m)
+        "Sort by", present, key="metric", format_func=lambda m: head_stats.METRIC_NAMES.get(m, m)
     )
     rows = sorted(hm.to_rows(), key=lambda r: -float(r[metric]))
 
@@ -209,7 +222,7 @@ def head_finder(hm: HeadMetrics, stack: Stack, explorer: ExplorerParams, kv: lis
             "open": st.column_config.LinkColumn("open", display_text="explorer ↗"),
             **{
                 m: st.column_config.NumberColumn(
-                    SHORT.get(m, m), help=attention.METRIC_NAMES.get(m, m), format="%.3f"
+                    SHORT.get(m, m), help=head_stats.METRIC_NAMES.get(m, m), format="%.3f"
                 )
                 for m in present
             },

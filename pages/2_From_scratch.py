@@ -11,7 +11,8 @@ from attnviz.analysis import token_views as TV
 from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
 from attnviz.reference.walkthrough import Walkthrough
-from ui import attention, export, models, rotary, scratch_mixers, shell, sidebar, state, steps, views
+from attnviz.server.settings import settings
+from ui import export, models, pickers, rotary, scratch_mixers, shell, sidebar, state, steps
 from ui.params import CHANGES, SCALE_CHOICES, SCRATCH_MODES, ScratchParams
 from ui.text import guarded, md
 
@@ -60,8 +61,8 @@ def step_browser(
         st.caption(desc + (f" · showing {pic.note}" if pic.note else ""))
         title = f"{name} · {pic.note}" if pic.note else name
         if name == "probs":  # weights: the page's colour scale (a linear map looks empty at 512 tokens)
-            choice = views.scale_picker(SCALE_CHOICES)
-            scale, note = views.scale_for(choice, max(pic.array.shape))
+            choice = pickers.scale_picker(SCALE_CHOICES)
+            scale, note = pickers.scale_for(choice, max(pic.array.shape))
             fig = F.head_heatmap(pic.array, pic.rows, pic.cols, title=title, scale=scale, height=500)
             if note:
                 st.caption(note)
@@ -158,9 +159,9 @@ def real_layer() -> None:
         layer = st.slider("Layer", 0, lay.n_layers - 1, key="layer") if lay.n_layers > 1 else 0
     with c2:
         kv = [lay.kv_head_of(h) for h in range(lay.n_heads)] if lay.group_size > 1 else None
-        head = attention.head_picker(lay.n_heads, kv)
+        head = pickers.head_picker(lay.n_heads, kv)
 
-    max_tokens = min(W.DEFAULT_MAX_TOKENS, models.config().max_tokens)
+    max_tokens = min(W.DEFAULT_MAX_TOKENS, settings().max_tokens)
     text = p.text
     n_ids = len(attnviz.tokenize(lm, text, chat=chat)[0]) if text.strip() else 0
     if n_ids > max_tokens:

@@ -7,7 +7,7 @@ import streamlit as st
 from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, compare, export, models, shell, sidebar, state, views
+from ui import compare, export, head_stats, models, pickers, shell, sidebar, state
 from ui.params import COMPARE_MODES, COMPARE_SCALES, MAX_TEXT_CHARS, CompareParams
 from ui.text import md
 
@@ -53,7 +53,7 @@ def main() -> None:
         compare.matched(lm_a, res_a, ref_a, lm_b, res_b, ref_b, frame.token)
         shell.stop()
 
-    stack = attention.stack_picker(res_a.stacks)
+    stack = pickers.stack_picker(res_a.stacks)
     p = compare.pair(res_a, res_b, stack)
     st.info(p.note, icon=":material/info:")
     if p.caution:
@@ -62,9 +62,9 @@ def main() -> None:
 
     with st.spinner("Comparing every head…", show_time=True):
         scores = compare.change_scores(res_a, res_b, stack, p, pair_key)
-        ent_a, _ = attention.head_metrics(lm_a, res_a, ref_a.key, stack, induction=False, token=frame.token)
-        ent_b, _ = attention.head_metrics(lm_b, res_b, ref_b.key, stack, induction=False, token=frame.token)
-    kv = attention.kv_heads(res_a, stack)
+        ent_a, _ = head_stats.head_metrics(lm_a, res_a, ref_a.key, stack, induction=False, token=frame.token)
+        ent_b, _ = head_stats.head_metrics(lm_b, res_b, ref_b.key, stack, induction=False, token=frame.token)
+    kv = pickers.kv_heads(res_a, stack)
     heads_changed(scores, ent_b.entropy - ent_a.entropy, kv, lm_a.spec, pair_key)
     layer, head, colour = side_by_side(res_a, res_b, stack, p, scores, kv, pair_key, lm_a.spec, lm_b.spec)
     one_head(ref_a, ref_b, stack, p, layer, head, colour, float(scores[layer, head]))
@@ -136,12 +136,12 @@ def side_by_side(
     with c1:
         layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
     with c2:
-        head = attention.head_picker(n_heads, kv)
+        head = pickers.head_picker(n_heads, kv)
     with c3:
         cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
     with c4:  # no "rank" (a percentile per figure) and no "per head": A and B share one range
-        choice = views.scale_picker(COMPARE_SCALES)
-    scale, note = views.scale_for(choice, max(len(p.labels), len(p.k_labels)))
+        choice = pickers.scale_picker(COMPARE_SCALES)
+    scale, note = pickers.scale_for(choice, max(len(p.labels), len(p.k_labels)))
 
     side = F.grid_side(n_heads, F.GRID_MAX_CELLS // 2)
     ga, gb, gd, bins = compare.grids(res_a, res_b, layer, stack, p, side, pair_key)

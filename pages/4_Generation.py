@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.extract import Sampling
-from ui import attention, export, shell, state, views
+from ui import export, pickers, shell, state
 from ui.params import GEN_ROWS, SCALE_CHOICES, GenerationParams
 from ui.text import continuation, md
 
@@ -57,7 +57,7 @@ def main() -> None:
         shell.need_attention(lm, "Generation (each new token's attention)")
     lm, res, _ = shell.load_and_extract(frame, generate=int(k), sampling=sampling)
 
-    stack = attention.stack_picker([s for s in res.stacks if s in ("self", "decoder", "cross")])
+    stack = pickers.stack_picker([s for s in res.stacks if s in ("self", "decoder", "cross")])
     q_tokens, k_tokens = res.axes(stack)
     generated = [i for i, g in enumerate(q_tokens.generated) if g]
     if not generated:
@@ -107,13 +107,13 @@ def main() -> None:
     with c3:
         cmap = st.selectbox("Colour map", F.COLORSCALES, key="cmap")
     with c4:
-        choice = views.scale_picker(SCALE_CHOICES)  # rows on one colour range: no "per head"
+        choice = pickers.scale_picker(SCALE_CHOICES)  # rows on one colour range: no "per head"
 
     q = pos if row == "new token" else pos - 1
     causal = stack != "cross"
     n_keys = q + 1 if causal else len(k_tokens)
-    kv = attention.kv_heads(res, stack)
-    scale, scale_note = views.scale_for(choice, len(k_tokens))
+    kv = pickers.kv_heads(res, stack)
+    scale, scale_note = pickers.scale_for(choice, len(k_tokens))
     rows = res.layer(layer, rows=slice(q, q + 1), stack=stack)[:, 0, :n_keys]  # (heads, keys)
     head_names = [F.head_title(h, kv[h] if kv else None) for h in range(n_heads)]
     what = "predicting" if row != "new token" else "new token"

@@ -11,8 +11,8 @@ import streamlit as st
 from attnviz import AttnvizError
 from attnviz import atlas as AT
 from attnviz import figures as F
-from attnviz.server.settings import DEMO_ATLAS_TEXTS
-from ui import attention, export, models, shell, state
+from attnviz.server.settings import DEMO_ATLAS_TEXTS, settings
+from ui import export, head_stats, models, shell, state
 from ui.params import AtlasParams, ExplorerParams
 from ui.text import code, guarded, md
 
@@ -24,10 +24,10 @@ st.caption(
 )
 
 
-DEMO = models.config().demo  # public demo: the built-in corpus's first texts only, no uploads
+DEMO = settings().demo  # public demo: the built-in corpus's first texts only, no uploads
 DEMO_CACHE_BYTES = 64 * 2**20  # the atlas's disk cache on a demo server (least recently used go)
 # longer texts are skipped; a server's token cap (ATTNVIZ_MAX_TOKENS) lowers it, never raises it
-MAX_TOKENS = min(AT.ATLAS_MAX_TOKENS, models.config().max_tokens)
+MAX_TOKENS = min(AT.ATLAS_MAX_TOKENS, settings().max_tokens)
 
 
 def texts_to_run() -> list[str] | None:
@@ -166,7 +166,7 @@ def saved_so_far(lm, texts: list[str]) -> AT.Atlas | None:
 def show(atlas: AT.Atlas, explorer: ExplorerParams) -> None:
     stat = state.choose("stat", list(AT.STATISTICS), "statistic")
     stat = st.selectbox(
-        "Statistic", list(AT.STATISTICS), key="stat", format_func=lambda m: attention.METRIC_NAMES.get(m, m)
+        "Statistic", list(AT.STATISTICS), key="stat", format_func=lambda m: head_stats.METRIC_NAMES.get(m, m)
     )
     just = st.session_state.get(_JUST_RAN)
     if atlas.from_cache and just and just[0] == (atlas.model_name, tuple(atlas.texts)):
@@ -183,7 +183,7 @@ def show(atlas: AT.Atlas, explorer: ExplorerParams) -> None:
             f"text {i + 1}: {r}" for i, r in atlas.skipped[:3]
         )
     st.caption(note)
-    fig = F.metric_heatmap(atlas.mean(stat), f"{attention.METRIC_NAMES.get(stat, stat)} · mean over texts")
+    fig = F.metric_heatmap(atlas.mean(stat), f"{head_stats.METRIC_NAMES.get(stat, stat)} · mean over texts")
     export.chart(fig, F.figure_name(atlas.model_name, "atlas", stat), key="atlas_heat")
     ranked = atlas.ranking(stat)
     examples = [atlas.example(stat, layer, head) for layer, head, _ in ranked]

@@ -152,7 +152,7 @@ def matched(lm_a, res_a: AttentionResult, ref_a, lm_b, res_b: AttentionResult, r
     import streamlit as st
 
     from attnviz.analysis import align
-    from ui import attention, export
+    from ui import export, head_stats
 
     stack_a, stack_b = res_a.stacks[0], res_b.stacks[0]
     st.info(
@@ -162,17 +162,17 @@ def matched(lm_a, res_a: AttentionResult, ref_a, lm_b, res_b: AttentionResult, r
         "1 = last) and each head's most similar head in the other model.",
         icon=":material/info:",
     )
-    hm_a, _ = attention.head_metrics(lm_a, res_a, ref_a.key, stack_a, induction=False, token=token)
-    hm_b, _ = attention.head_metrics(lm_b, res_b, ref_b.key, stack_b, induction=False, token=token)
+    hm_a, _ = head_stats.head_metrics(lm_a, res_a, ref_a.key, stack_a, induction=False, token=token)
+    hm_b, _ = head_stats.head_metrics(lm_b, res_b, ref_b.key, stack_b, induction=False, token=token)
     stat = st.selectbox(
         "Statistic", ["entropy", "sink", "previous_token", "diagonal", "distance"], key="cmp_stat",
-        format_func=lambda m: attention.METRIC_NAMES.get(m, m),
+        format_func=lambda m: head_stats.METRIC_NAMES.get(m, m),
     )  # fmt: skip
     depth, pa, pb = align.layer_profiles(hm_a.values(stat), hm_b.values(stat))
     fig = F.profile_chart(
         depth.tolist(),
         {lm_a.spec: pa.tolist(), lm_b.spec: pb.tolist()},
-        title=f"Mean {attention.METRIC_NAMES.get(stat, stat)} per layer",
+        title=f"Mean {head_stats.METRIC_NAMES.get(stat, stat)} per layer",
         x_title="relative depth (0 = first layer, 1 = last)",
         y_title=stat,
     )

@@ -17,7 +17,8 @@ from attnviz import AttnvizError, LoadedModel
 from attnviz import explain as X
 from attnviz.figures import explain as FX
 from attnviz.figures import figure_name
-from ui import export, models, progress, shell, state, views
+from attnviz.server.settings import settings
+from ui import clicks, export, models, progress, shell, state
 from ui.params import ExplainParams, ExplorerParams
 from ui.text import guarded, md
 
@@ -65,7 +66,7 @@ def load_trace(
     key = (lm.spec, models.token_key(token), p.text, chat)
     tr = None
     with guarded(f"tracing {md(lm.spec)} on the text", token, (lm.spec, p.text)):
-        max_tokens = models.config().max_tokens
+        max_tokens = settings().max_tokens
         tr = computed(
             "explain_trace",
             key,
@@ -140,7 +141,7 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
         return
     fig = FX.flow_view(graph)
     event = export.chart(fig, figure_name(lm.spec, "routes", pos), key="routes_chart", on_select=True)
-    picked = views.clicked(event, "routes_chart")
+    picked = clicks.clicked(event, "routes_chart")
     graph_key = (*key, pos, float(thr))
     if picked:
         st.session_state["explain_edge"] = (graph_key, picked)
@@ -263,13 +264,13 @@ def attribution(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos:
     picked = st.dataframe(
         table, key="dla_table", on_select="rerun", selection_mode="single-row", hide_index=True, height=300
     )
-    clicked = views.clicked(event, "dla_chart")
+    clicked = clicks.clicked(event, "dla_chart")
     if clicked and len(clicked) >= 2 and int(clicked[1]) >= 0:
         st.session_state["explain_dla_head"] = (int(clicked[0]), int(clicked[1]))
     rows = list(picked.selection.rows) if picked is not None and picked.selection else []
     row = ranked[rows[0]] if rows else None
     points = [{"customdata": [row[1], row[2]]}] if row is not None and row[0] == "head" else []
-    if views.clicked({"selection": {"points": points}}, "dla_table"):  # a new pick in the table
+    if clicks.clicked({"selection": {"points": points}}, "dla_table"):  # a new pick in the table
         st.session_state["explain_dla_head"] = (row[1], row[2])  # type: ignore[index]
     chosen = st.session_state.get("explain_dla_head")
     if chosen and 0 <= chosen[0] < tr.n_layers and 0 <= chosen[1] < tr.n_heads:

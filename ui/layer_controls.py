@@ -4,6 +4,9 @@ which reruns without the controls, draws the same view."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import cast
 
 import streamlit as st
@@ -12,8 +15,8 @@ from streamlit.delta_generator import DeltaGenerator
 from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import attention, longview, mixers, models, state, views
-from ui.attention import Drawing
+from ui import longview, mixers, models, pickers, shown, state
+from ui.shown import Drawing
 
 STACK_NAMES = {
     "self": "self",
@@ -34,7 +37,7 @@ VW_HELP = (
 def draw(res: AttentionResult) -> DeltaGenerator:
     """The layer and view controls (their values are read back by `drawing`); returns the
     column where the pooling choice goes when a long text needs it."""
-    stack = attention.stack_picker(res.stacks, lambda s: STACK_NAMES.get(s, s))
+    stack = pickers.stack_picker(res.stacks, lambda s: STACK_NAMES.get(s, s))
     n_layers = res.n_layers(stack)
     state.clamp("layer", 0, n_layers - 1, "layer")
     c1, c2, c3 = st.columns([4, 3, 3])
@@ -47,7 +50,7 @@ def draw(res: AttentionResult) -> DeltaGenerator:
             st.number_input("Layer", 0, 0, key="layer")
     with c2:
         st.selectbox("Colour map", F.COLORSCALES, key="cmap")
-        views.scale_picker()
+        pickers.scale_picker()
     with c3:
         st.toggle("Hide special tokens", key="hide", help=HIDE_HELP)
         st.toggle("Renormalise without the sink", key="nosink", help=NOSINK_HELP)
@@ -55,21 +58,40 @@ def draw(res: AttentionResult) -> DeltaGenerator:
     return c2
 
 
+# The layer fragment's Drawing while the head fragment runs inside it (one script run, one
+# thread): computed once per run. Never kept past the run: it holds the result's arrays.
+_this_run = threading.local()
+
+
+@contextlib.contextmanager
+def shared(ref: models.ResultRef, d: Drawing) -> Iterator[None]:
+    """Within the block, `drawing` of ``ref`` returns ``d``: the big head's fragment, called
+    inside the layer's run, draws what the layer computed. A head-only rerun computes its own."""
+    _this_run.held = (ref.key, d)
+    try:
+        yield
+    finally:
+        _this_run.held = None
+
+
 def drawing(ref: models.ResultRef, res: AttentionResult) -> Drawing | None:
     """What the controls ask for (read from the session: the big head's fragment reruns without
-    them); None when every token is hidden (said)."""
+    them); None when every token is hidden (said). Once per run (see `shared`)."""
+    held = getattr(_this_run, "held", None)
+    if held is not None and held[0] == ref.key:
+        return held[1]
     stack = cast(Stack, state.get("stack") or res.stacks[0])
-    shown, key = views.value_weighted(ref, res, bool(state.get("vw")))
-    view = attention.View(stack=stack, hide=bool(state.get("hide")), nosink=bool(state.get("nosink")))
-    ax = attention.axes(shown, view)
+    drawn, key = shown.value_weighted(ref, res, bool(state.get("vw")))
+    view = shown.View(stack=stack, hide=bool(state.get("hide")), nosink=bool(state.get("nosink")))
+    ax = shown.axes(drawn, view)
     if min(len(ax.q_idx), len(ax.k_idx)) == 0:
         st.info("Every token is hidden by the options above; turn 'Hide special tokens' off.")
         return None
     n = max(len(ax.q_idx), len(ax.k_idx))
     choice = str(state.get("scale"))
-    scale, note = views.scale_for(choice, n)
+    scale, note = pickers.scale_for(choice, n)
     side = F.grid_side(res.n_heads, n_tokens=n)
-    how = str(state.get("pool") or "max") if n > side and longview.applies(shown, view, ax) else "max"
-    kv = attention.kv_heads(res, stack)
+    how = str(state.get("pool") or "max") if n > side and longview.applies(drawn, view, ax) else "max"
+    kv = pickers.kv_heads(res, stack)
     layer, cmap = int(state.get("layer")), str(state.get("cmap"))
-    return Drawing(shown, key, view, layer, ax, kv, cmap, choice, scale, note, side, how)
+    return Drawing(drawn, key, view, layer, ax, kv, cmap, choice, scale, note, side, how)

@@ -1,5 +1,5 @@
 """The explorer's layer grid: every head of one layer; a click on a head's tile selects it (read
-by `ui.head_view.current`, the one place the head is written).
+by `ui.big_head.current`, the one place the head is written).
 
 The grid does not frame the selected head: a head change reruns only the big head's fragment,
 so the grid is not sent or drawn again (a frame would have to move with it); the big head's
@@ -12,9 +12,9 @@ import contextlib
 import streamlit as st
 
 from attnviz import figures as F
-from ui import export, head_view, longview, views
-from ui.attention import Drawing
+from ui import big_head, clicks, export, longview
 from ui.models import ResultRef
+from ui.shown import Drawing
 from ui.text import guarded
 
 
@@ -42,7 +42,7 @@ def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
         pickable=True, value=d.value_name,
     )  # fmt: skip
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}")
-    export.chart(fig, name, key=views.chart_key(head_view.GRID_CHART), on_select=True)
+    export.chart(fig, name, key=clicks.chart_key(big_head.GRID_CHART), on_select=True)
     st.caption("Click a head's tile to show it big. " + d.scale_note)
     export.html_buttons(lambda: [fig], name, key="grid", what="this layer's grid")
     return True, zmax

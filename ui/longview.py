@@ -5,7 +5,7 @@ never a dense N×N on the host), and a zoomed region at full resolution from `po
 Pooling applies to the plain result when every token is shown and no key is dropped (the
 hide-special-tokens / without-sink options renormalise rows, which block maxima cannot carry):
 otherwise, and for the value-weighted view, the pages keep the exact row path
-(`ui.attention.rows_pooled_grid`, the head view's row window) and say so.
+(`ui.shown.rows_pooled_grid`, the head view's row window) and say so.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import streamlit as st
 from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.analysis import pooling
-from ui import attention, models, state
+from ui import models, shown, state
 
 HEAD_SIDE = math.isqrt(F.SINGLE_MAX_CELLS)  # bins per axis of one pooled head (632: ~2.7 MB)
 FALLBACK_NOTE = (
@@ -40,7 +40,7 @@ class Image:
     caveat: str = ""  # why the exact row path ran instead of device pooling
 
 
-def applies(res: Any, view: attention.View, ax: attention.Axes) -> bool:
+def applies(res: Any, view: shown.View, ax: shown.Axes) -> bool:
     """Block pooling on the device can draw this view: the plain result (not a value-weighted
     wrapper), every query shown and no key dropped."""
     if type(res) is not AttentionResult:
@@ -67,11 +67,11 @@ def device_pooled(
 
 
 def layer_image(
-    res: Any, key: tuple, layer: int, view: attention.View, ax: attention.Axes, side: int, how: str
+    res: Any, key: tuple, layer: int, view: shown.View, ax: shown.Axes, side: int, how: str
 ) -> Image:
     """All heads of a layer at most ``side`` × ``side`` each: exact when the text fits, pooled on
     the device when it does not (``how``: "max" or "mean"), else pooled on the host from exact
-    rows (`ui.attention.rows_pooled_grid`, max)."""
+    rows (`ui.shown.rows_pooled_grid`, max)."""
     n_q, n_k = len(ax.q_idx), len(ax.k_idx)
     fits = len(F.bin_edges(n_q, side)) == n_q and len(F.bin_edges(n_k, side)) == n_k
     if not fits and applies(res, view, ax):
@@ -83,7 +83,7 @@ def layer_image(
             F.bin_labels(ax.k_labels, pv.col_edges),
             f"{how}-pooled to {z.shape[1]}×{z.shape[2]} on the {_where(pv)}",
         )
-    z, q_lab, k_lab = attention.rows_pooled_grid(res, key, layer, view, ax, side)
+    z, q_lab, k_lab = shown.rows_pooled_grid(res, key, layer, view, ax, side)
     if z.shape[1:] == (n_q, n_k):
         return Image(z, q_lab, k_lab, "")
     why = "" if type(res) is AttentionResult else "value-weighted: pooled on the server from exact rows"
@@ -107,8 +107,8 @@ def head_image(
     key: tuple,
     layer: int,
     head_: int,
-    view: attention.View,
-    ax: attention.Axes,
+    view: shown.View,
+    ax: shown.Axes,
     how: str,
 ) -> Image:
     """One head of a text too long to draw whole, pooled on the device to at most
@@ -141,10 +141,10 @@ def zoom_controls(n_q: int, n_k: int) -> tuple[slice, slice]:
 
 
 def zoomed(
-    res: Any, layer: int, head_: int, view: attention.View, ax: attention.Axes, rows: slice, cols: slice
+    res: Any, layer: int, head_: int, view: shown.View, ax: shown.Axes, rows: slice, cols: slice
 ) -> np.ndarray:
     """The region (rows, cols of shown positions) at full resolution: `pooling.region` on the
     device where pooling applies, else exact rows with the view's options applied."""
     if applies(res, view, ax):
         return pooling.region(res, layer, [head_], rows=rows, cols=cols, stack=view.stack)[0]
-    return attention.rows(res, layer, view, ax, rows, heads=[head_])[0][:, cols]
+    return shown.rows(res, layer, view, ax, rows, heads=[head_])[0][:, cols]

@@ -38,7 +38,7 @@ from attnviz.figures.mixers import kind_name
 from attnviz.layout import AttentionLayout
 from attnviz.server import env, specs
 from attnviz.server.gate import GateStatus, InferenceGate, QueueFull, Superseded
-from attnviz.server.settings import Settings, settings
+from attnviz.server.settings import settings
 from ui import progress
 from ui.text import guarded, literal, md
 
@@ -65,10 +65,6 @@ _SECRET = secrets.token_bytes(32)  # per process; never leaves memory
 T = TypeVar("T")
 
 
-def config() -> Settings:
-    return settings()
-
-
 def _model_key(token: str | None) -> str:
     """A keyed digest that separates token loads in the model cache; "" without a token."""
     if not token:
@@ -81,7 +77,7 @@ def token_key(token: str | None) -> str:
     one) and, on a public demo, this visitor's own id, so a visitor never gets another's cached
     result (an instant answer would tell that someone ran this text recently)."""
     key = _model_key(token)
-    return f"{key}|{visitor()}" if config().demo else key
+    return f"{key}|{visitor()}" if settings().demo else key
 
 
 def visitor() -> str:
@@ -94,15 +90,16 @@ def visitor() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _load_uncached(spec: str, token: str | None) -> LoadedModel:
-    cfg = config()
-    return specs.load(specs.resolve(spec, cfg), token, cfg)
+def _load_uncached(ms: specs.ModelSpec, token: str | None) -> LoadedModel:
+    return specs.load(ms, token, settings())
 
 
 @st.cache_resource(max_entries=MAX_MODELS, show_spinner=False)
-def _cached_model(spec: str, token_digest: str, _token: str | None) -> LoadedModel:
-    lm = _load_uncached(spec, _token)
-    if config().demo:  # engine code that takes lm.lock queues at the demo's one gate too
+def _cached_model(spec: str, token_digest: str, _token: str | None, _ms: specs.ModelSpec) -> LoadedModel:
+    """The model of ``_ms`` (``spec`` resolved once by the caller, `specs.resolve`), one per spec
+    and token digest; the underscore arguments are not part of the cache key."""
+    lm = _load_uncached(_ms, _token)
+    if settings().demo:  # engine code that takes lm.lock queues at the demo's one gate too
         lm.lock = _gate().lock(lm.lock)  # type: ignore[assignment]
     return lm
 
@@ -115,7 +112,7 @@ def _ready() -> set[tuple[str, str]]:
 
 @st.cache_resource(show_spinner=False)
 def _gate() -> InferenceGate:
-    cfg = config()
+    cfg = settings()
     gate = InferenceGate(max_queue=cfg.queue_max, run_limit=cfg.run_limit)
     gate.start_watchdog()  # stuck holders and left-over tickets become logged errors, not a jam
     return gate
@@ -148,7 +145,7 @@ def turn() -> Iterator[Callable[[], None]]:
     ``check()``, which raises `RunTooLong` once the run is past the demo's limit (call it from
     progress callbacks). A full queue says so with a Retry button and stops the page. Reentrant:
     a turn inside a turn (Compare's two texts, a load inside a run) does not queue again."""
-    if not config().demo:
+    if not settings().demo:
         yield _no_check
         return
     gate = _gate()
@@ -185,7 +182,7 @@ def one_turn() -> Iterator[None]:
     """Model work in the block shares one turn: the first run that needs the gate takes it and
     keeps it to the end of the block (Compare's second text never goes back to the end of the
     queue); a block whose results are all cached never queues."""
-    if not config().demo or getattr(_kept, "turns", None) is not None:
+    if not settings().demo or getattr(_kept, "turns", None) is not None:
         yield
         return
     _kept.turns = []
@@ -256,10 +253,10 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
     key = (spec, _model_key(token))
     shown = literal(spec)  # as typed, never Markdown or a link (labels and spinners are Markdown too)
     with guarded("loading the model", token, (spec,)):
-        ms = specs.resolve(spec, config())
+        ms = specs.resolve(spec, settings())
         if key in _ready():
             with st.spinner(f"Loading {shown}…", show_time=True):
-                return _cached_model(spec, key[1], token)
+                return _cached_model(spec, key[1], token, ms)
         t0 = time.perf_counter()
         box = st.empty()
         with box.status(f"Loading {shown}…", expanded=True) as status:
@@ -272,7 +269,7 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
                     )
                 status.write("Reading the config, the weights and the tokenizer…")
                 with turn():
-                    lm = _cached_model(spec, key[1], token)
+                    lm = _cached_model(spec, key[1], token, ms)
                 status.write(
                     f"{describe_layout(lm.layout)} on {lm.device}, {str(lm.dtype).removeprefix('torch.')}."
                 )
@@ -341,7 +338,7 @@ def result_key(
     sampling: Sampling | None = None,
 ) -> tuple:
     """What identifies a result: model, token digest, text and options (never the token)."""
-    return (lm.spec, token_key(token), text, bool(chat), int(generate), config().max_tokens, sampling)
+    return (lm.spec, token_key(token), text, bool(chat), int(generate), settings().max_tokens, sampling)
 
 
 @dataclass(frozen=True)
@@ -389,14 +386,14 @@ def extract(
         return None, None
     with guarded(what, token, (lm.spec, text)):
         ids, _ = tokenize(lm, text, chat=chat)
-        specs.check_tokens(lm, len(ids) + int(generate), config())  # too big for memory: a message
+        specs.check_tokens(lm, len(ids) + int(generate), settings())  # too big for memory: a message
         with turn() as check, progress.staged(f"{what[0].upper()}{what[1:]}", len(ids), key) as report:
             res = attnviz.extract(
                 lm,
                 text,
                 chat=chat,
                 generate=generate,
-                max_tokens=config().max_tokens,
+                max_tokens=settings().max_tokens,
                 verify="auto",
                 sampling=sampling,
                 progress=checked(report, check),
@@ -436,15 +433,15 @@ def result_now(ref: ResultRef) -> AttentionResult:
     if hit is not None:
         return hit
     log.info("result evicted; running %s again for a download", ref.spec)
-    specs.resolve(ref.spec, config())
-    lm = _cached_model(ref.spec, _model_key(ref.token), ref.token)
-    with _gate().turn() if config().demo else contextlib.nullcontext():
+    ms = specs.resolve(ref.spec, settings())
+    lm = _cached_model(ref.spec, _model_key(ref.token), ref.token, ms)
+    with _gate().turn() if settings().demo else contextlib.nullcontext():
         res = attnviz.extract(
             lm,
             ref.text,
             chat=ref.chat,
             generate=ref.generate,
-            max_tokens=config().max_tokens,
+            max_tokens=settings().max_tokens,
             sampling=ref.sampling,
         )
     cache.put(ref.key, res, res.nbytes)

@@ -15,7 +15,7 @@ from attnviz import explain as X
 from attnviz.explain.patching import pair
 from attnviz.figures import figure_name
 from attnviz.figures import patching as FP
-from ui import export, models, state, views
+from ui import clicks, export, models, state
 from ui.explain import computed, open_in_explorer
 from ui.params import ExplainParams
 from ui.text import guarded, md
@@ -164,7 +164,7 @@ def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
     fig = FP.patching_comparison_view(res) if res.estimate and res.verified else FP.patching_view(res)
     name = figure_name(lm.spec, "patching-estimate" if res.estimate else "patching")
     event = export.chart(fig, name, key="patch_chart", on_select=True)
-    clicked = views.clicked(event, "patch_chart")
+    clicked = clicks.clicked(event, "patch_chart")
     if clicked and len(clicked) >= 2 and int(clicked[1]) >= 0:
         st.session_state["explain_patch_head"] = (int(clicked[0]), int(clicked[1]))
     chosen = st.session_state.get("explain_patch_head")
@@ -203,7 +203,7 @@ def _search(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) ->
             key="search_chart",
             on_select=True,
         )
-        clicked = views.clicked(event, "search_chart")
+        clicked = clicks.clicked(event, "search_chart")
         if clicked and len(clicked) >= 2:
             st.session_state["explain_search_head"] = (int(clicked[0]), int(clicked[1]))
         top = found.ranking(1)[0]

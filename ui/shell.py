@@ -22,6 +22,7 @@ from streamlit.delta_generator import DeltaGenerator
 from attnviz import AttentionResult, LoadedModel
 from attnviz.errors import AttnvizError, TooManyPositions
 from attnviz.extract import Sampling, check_positions, first_tokens, position_limit, tokenize
+from attnviz.server.settings import settings
 from ui import logs, models, sidebar, state
 from ui.params import (
     MAX_TEXT_CHARS,
@@ -161,7 +162,7 @@ def positions_past_limit(lm: LoadedModel, text: str, *, chat: bool, generate: in
     (`attnviz.extract.position_limit`, e.g. minilm-l6's 512) or than this server's cap (the demo's
     512, `ATTNVIZ_MAX_TOKENS`) gets the reason and a button that keeps the text's first tokens.
     True when the page must stop."""
-    cfg = models.config()
+    cfg = settings()
     short = len(text) + generate + 16 < cfg.max_tokens  # a token has >= 1 character; 16: special tokens
     if position_limit(lm.model) is None and short and not chat:
         return False

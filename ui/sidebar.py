@@ -16,7 +16,8 @@ import attnviz
 from attnviz import LoadedModel
 from attnviz.extract import position_limit
 from attnviz.server import specs
-from ui import models, state
+from attnviz.server.settings import settings
+from ui import state
 from ui.params import MAX_TEXT_CHARS
 from ui.text import literal
 
@@ -55,7 +56,7 @@ def model_picker(
 ) -> str:
     """The model selectbox (built-ins first) and, for "Other", the free field. Returns the spec
     and stores it as ``param``."""
-    cfg = models.config()
+    cfg = settings()
     choices = list(cfg.model_choices) or list(attnviz.BUILTIN_MODELS)
     if not cfg.demo:
         choices.append(OTHER)
@@ -86,7 +87,7 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
     """Model, token and text in the sidebar (the chat switch comes with the model: see
     `chat_toggle`). Call after `state.start`. Returns this session's token, if any, and the
     place of the chat switch and of the token cap caption (see `token_cap`)."""
-    cfg = models.config()
+    cfg = settings()
     with st.sidebar:
         st.caption("Real attention weights of a transformer, per layer and head.")
         model_picker()
@@ -116,7 +117,7 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
 def token_cap(lm: LoadedModel, slot: DeltaGenerator) -> None:
     """Rewrite the cap caption (``slot``) once the model is known: the engine's cap for this
     model on its device (`attnviz.server.specs.token_cap`: the configured cap or the free memory)."""
-    cfg = models.config()
+    cfg = settings()
     cap = specs.token_cap(lm, cfg)
     why = f" (the free memory on {lm.device})" if cap < cfg.max_tokens else ""
     limit = position_limit(lm.model)

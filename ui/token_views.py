@@ -16,7 +16,7 @@ import streamlit.components.v1 as components
 from attnviz import figures as F
 from attnviz.analysis import token_views as TV
 from attnviz.layout import Stack
-from ui import export, models, state, views
+from ui import clicks, export, models, state
 from ui.params import TOKEN_VIEWS
 from ui.text import literal
 
@@ -29,7 +29,7 @@ def selected_token(n: int) -> int:
     """The selected token, before its input is drawn: a new click on a token of either view, else
     ``tok`` (-1, the default, means the last token)."""
     for chart in (LINES_CHART, TEXT_CHART):
-        picked = views.click(chart)
+        picked = clicks.click(chart)
         if picked:
             state.put("tok", int(picked[0]))
     if state.get("tok") == -1:
@@ -93,7 +93,7 @@ def draw(
             colorscale=cmap,
         )
         name = F.figure_name(ref.name, f"L{layer}", f"H{head}", "text", f"T{tok}")
-        export.chart(fig, name, key=views.chart_key(TEXT_CHART), on_select=True)
+        export.chart(fig, name, key=clicks.chart_key(TEXT_CHART), on_select=True)
         hover_text(res, layer, head, stack, display, tok, direction)
         return
     win = TV.window(n, tok)
@@ -107,7 +107,7 @@ def draw(
         rows, display, win, selected=tok, top_k=top_k, direction=direction, head_names=head_names, hover=hover
     )
     name = F.figure_name(ref.name, f"L{layer}", "lines", f"T{tok}")
-    export.chart(fig, name, key=views.chart_key(LINES_CHART), on_select=True)
+    export.chart(fig, name, key=clicks.chart_key(LINES_CHART), on_select=True)
     if n > len(win):
         st.caption(
             f"Positions {win[0]}–{win[-1]} of {n} around the selected token; partners outside "

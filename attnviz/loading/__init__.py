@@ -19,14 +19,14 @@ from .load import (
     builtin_folder,
     builtin_source,
     cache_dir,
-    classify_spec,
     hub_reachable,
     load_model,
+    load_source,
     needs_conversion,
     trust_remote_code,
 )
 from .model import LoadedModel, wrap_model
-from .names import BUILTIN_MODELS, DEFAULT_MODEL, check_id
+from .names import BUILTIN_MODELS, DEFAULT_MODEL, check_id, classify_spec
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -42,6 +42,7 @@ __all__ = [
     "hub_reachable",
     "is_out_of_memory",
     "load_model",
+    "load_source",
     "model_kind",
     "needs_conversion",
     "resolve_device",

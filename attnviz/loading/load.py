@@ -29,7 +29,7 @@ from .config import attention_layout, auto_class, loads_eager
 from .convert import SMOLLM, Converted, damage, smollm
 from .device import is_out_of_memory, resolve_device, resolve_dtype
 from .model import LoadedModel, prepare
-from .names import BUILTIN_MODELS, is_hub_id
+from .names import BUILTIN_MODELS, Source, classify_spec
 
 log = logging.getLogger(__name__)
 
@@ -78,25 +78,6 @@ def builtin_folder(spec: str) -> Path:
     if found.folder is None:
         raise CannotWrite(found.notices[-1])
     return found.folder
-
-
-def classify_spec(spec: str) -> str:
-    """ "builtin", "local" or "hub" (raises ModelNotFound for a malformed name)."""
-    s = spec.strip()
-    if s in BUILTIN_MODELS:
-        return "builtin"
-    if (
-        s.startswith(("/", "./", "../", "~", "file:"))
-        or os.sep in s.replace("/", "")
-        or Path(s).expanduser().exists()
-    ):
-        return "local"
-    if is_hub_id(s):
-        return "hub"
-    raise ModelNotFound(
-        f"{spec!r} is not a built-in model, a Hub id (like 'gpt2' or 'meta-llama/Llama-3.2-3B-Instruct') "
-        "or an existing local folder"
-    )
 
 
 def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
@@ -204,6 +185,23 @@ def load_model(
     source = classify_spec(spec)
     if source == "local" and not allow_local:
         raise NotAllowed("local paths are not allowed on this server; pick a model from the list")
+    return load_source(
+        spec, source, device=device, dtype=dtype, token=token, revision=revision, allow_pickle=allow_pickle
+    )
+
+
+def load_source(
+    spec: str,
+    source: Source,
+    *,
+    device: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    token: str | None = None,
+    revision: str | None = None,
+    allow_pickle: bool | None = None,
+) -> LoadedModel:
+    """`load_model` of a spec already classified by `classify_spec` (a server resolves each spec
+    once, `attnviz.server.specs.resolve`, and loads it from here without classifying it again)."""
     notices: tuple[str, ...] = ()
     if source == "builtin":
         found = builtin_source(spec)

@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Literal
 
 from ..errors import ModelNotFound, NotAllowed
+
+Source = Literal["builtin", "local", "hub"]
 
 BUILTIN_MODELS: dict[str, str] = {
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama architecture, 30 layers x 9 heads, 3 KV heads)",
@@ -61,3 +65,20 @@ def check_hub_chars(spec: str) -> None:
             f"{spec!r} is not a built-in model, a Hub id or a local folder: a Hub id has only "
             f"letters, digits, '-', '_', '.' and one '/', and this name also has {shown}"
         )
+
+
+def classify_spec(spec: str) -> Source:
+    """ "builtin", "local" or "hub" (raises ModelNotFound for a malformed name). A name that is
+    not a path by its form (`looks_like_path`) is local when such a folder exists; this is the one
+    call here that looks at the filesystem."""
+    s = spec.strip()
+    if s in BUILTIN_MODELS:
+        return "builtin"
+    if looks_like_path(s) or Path(s).expanduser().exists():
+        return "local"
+    if is_hub_id(s):
+        return "hub"
+    raise ModelNotFound(
+        f"{spec!r} is not a built-in model, a Hub id (like 'gpt2' or 'meta-llama/Llama-3.2-3B-Instruct') "
+        "or an existing local folder"
+    )

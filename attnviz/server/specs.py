@@ -19,7 +19,7 @@ from typing import Literal
 
 from .. import limits
 from ..errors import ModelNotFound, NotAllowed
-from ..loading import BUILTIN_MODELS, LoadedModel, classify_spec, load_model, needs_conversion
+from ..loading import BUILTIN_MODELS, LoadedModel, classify_spec, load_source, needs_conversion
 from ..loading.names import check_hub_chars, check_id
 from .settings import Settings, settings
 
@@ -100,14 +100,17 @@ def resolve(spec: str, cfg: Settings | None = None) -> ModelSpec:
 
 
 def load(ms: ModelSpec, token: str | None = None, cfg: Settings | None = None) -> LoadedModel:
-    """Load a resolved spec (a plugin's model or `attnviz.load_model`)."""
+    """Load a resolved spec (a plugin's model, or `attnviz.loading.load_source`: it is not classified
+    again)."""
     cfg = cfg or settings()
     if ms.source == "plugin":
         found = _plugin(ms.spec)
         if found is None:
             raise ModelNotFound(f"{ms.spec!r}: no such model source on this server; pick a built-in model")
         return found[0].load(found[1])
-    return load_model(ms.spec, token=token or None, allow_local=cfg.allow_local_paths)
+    if ms.source == "local" and not cfg.allow_local_paths:  # a ModelSpec made by hand, not by resolve
+        raise NotAllowed("local paths are not allowed on this server; pick a model from the list")
+    return load_source(ms.spec, ms.source, token=token or None)
 
 
 def token_cap(lm: LoadedModel, cfg: Settings | None = None) -> int:

@@ -110,6 +110,57 @@ def test_layer_head_and_colour_changes_never_rerun_the_model(env):
     titled(at, "layer 2 · head 1 ")
 
 
+def test_each_run_works_out_the_drawing_once(env):
+    """The layer's controls resolve to one `Drawing` per run: the big head's fragment, called
+    inside the layer's run, reuses it; a head-only rerun (the fragment alone) works out its own.
+    Counted at its one call into `ui.shown.value_weighted`."""
+    from ui import shown
+
+    calls = []
+    real = shown.value_weighted
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    env.setattr(shown, "value_weighted", counting)
+    at = new_app(model=TINY, text="a quick brown fox").run()
+    ok(at)
+    assert len(calls) == 1  # the whole page: the layer fragment and the head fragment inside it
+    for change in (
+        lambda: at.selectbox(key="head").set_value(1),
+        lambda: at.slider(key="layer").set_value(2),
+        lambda: at.toggle(key="hide").set_value(True),
+    ):
+        calls.clear()
+        change().run()
+        ok(at)
+        assert len(calls) == 1
+    titled(at, "layer 2 · head 1 ")
+
+
+def test_a_first_load_resolves_the_model_name_once(env):
+    """A page run that loads a model resolves its name once (`specs.resolve`: the allow-list, the
+    name's form, where it comes from) and loads what that said: the loader behind the model cache
+    does not resolve it again."""
+    from attnviz.server import specs
+    from ui import models
+
+    seen = []
+    real = specs.resolve
+
+    def counting(spec, cfg=None):
+        seen.append(spec)
+        return real(spec, cfg)
+
+    env.setattr(specs, "resolve", counting)
+    models._cached_model.clear()
+    models._ready().clear()
+    at = new_app(model="tiny:gpt2", text="a quick brown fox").run()
+    ok(at)
+    assert seen == ["tiny:gpt2"]
+
+
 def test_bad_link_values_warn_and_fall_back(env):
     at = new_app(model=TINY, text=TEXT, layer=99, head="x", cmap="<b>", log="maybe").run()
     assert not at.exception

@@ -109,10 +109,10 @@ def test_a_long_texts_overview_rolls_out_when_asked(env, monkeypatch):
 def test_the_overview_draws_its_statistics_before_it_pools_every_head(env, monkeypatch):
     """The statistics and the head finder are sent before the mosaic is pooled (the browser
     draws them while the server pools every head), and the mosaic still sits above them."""
-    from ui import attention
+    from ui import head_stats
 
     calls = []
-    real_pooled, real_metrics = pooling.pooled, attention.head_metrics
+    real_pooled, real_metrics = pooling.pooled, head_stats.head_metrics
 
     def spy_pooled(*a, **k):
         calls.append("pool")
@@ -123,7 +123,7 @@ def test_the_overview_draws_its_statistics_before_it_pools_every_head(env, monke
         return real_metrics(*a, **k)
 
     monkeypatch.setattr(pooling, "pooled", spy_pooled)
-    monkeypatch.setattr(attention, "head_metrics", spy_metrics)
+    monkeypatch.setattr(head_stats, "head_metrics", spy_metrics)
     at = new_app(OVERVIEW, model=TINY, text=LONG, induction=0).run()
     ok(at)
     assert calls[0] == "stats" and "pool" in calls

@@ -190,13 +190,13 @@ def test_one_load_for_many_simultaneous_sessions(monkeypatch):
     gate = threading.Barrier(SESSIONS, timeout=60)
     real_load, real_cached = models._load_uncached, models._cached_model
 
-    def load_when_all_asked(spec, token):
-        calls.append(spec)
+    def load_when_all_asked(ms, token):
+        calls.append(ms.spec)
         with everyone:
             assert everyone.wait_for(lambda: len(asked) >= SESSIONS, timeout=120), (
                 f"only {len(asked)} of {SESSIONS} sessions asked for the model"
             )
-        return real_load(spec, token)
+        return real_load(ms, token)
 
     def counted(*args):
         with everyone:
@@ -240,8 +240,9 @@ def test_switching_models_frees_the_old_one(monkeypatch):
 
     loaded: list[weakref.ref] = []
 
-    def fresh(spec, token):
+    def fresh(ms, token):
         """A new tiny model per load (not tests/tiny.py's cached one), so only the app holds it."""
+        spec = ms.spec
         arch = spec.removeprefix("tiny:")
         model = transformers.AutoModelForCausalLM.from_config(tiny.configs()[arch]).eval()
         loaded.append(weakref.ref(model))

@@ -91,3 +91,31 @@ def test_tiny_models_come_only_from_the_test_suite():
     ]:
         text = path.read_text()
         assert "import tiny" not in text and "tests/tiny" not in text, path
+
+
+def test_a_load_classifies_its_spec_once(tmp_path, monkeypatch):
+    """`resolve` classifies a spec (one filesystem look at most) and `load` loads what it said,
+    without classifying it again: the one rule for a name runs once per load. Counted at both
+    places that could classify: the resolver's and the loader's."""
+    from atlas_helpers import save_tiny
+
+    from attnviz.loading import load as loader
+
+    folder = str(save_tiny(tmp_path / "tiny-gpt2"))
+    seen: list[str] = []
+    real = names.classify_spec
+
+    def counting(spec: str):
+        seen.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(specs, "classify_spec", counting)
+    monkeypatch.setattr(loader, "classify_spec", counting)
+    ms = specs.resolve(folder, OPEN)
+    assert ms.source == "local"
+    lm = specs.load(ms, None, OPEN)
+    assert lm.spec == folder and lm.layout.n_layers > 0
+    assert seen == [folder]
+    seen.clear()
+    attnviz.load_model(folder)  # the library's own front door classifies once too
+    assert seen == [folder]

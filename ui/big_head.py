@@ -19,8 +19,8 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import attention, export, longview, models, state, views
-from ui.attention import Drawing
+from ui import clicks, export, longview, models, pickers, shown, state
+from ui.shown import Drawing
 from ui.text import guarded
 
 KEY = "head"
@@ -31,7 +31,7 @@ def current(n_heads: int) -> int:
     """The selected head, before anything is drawn: a new click on a grid tile selects its head
     (the one place the head is written besides its picker), then it is kept in 0..n_heads-1 (a
     link's or another model's head gets a warning)."""
-    picked = views.click(GRID_CHART)
+    picked = clicks.click(GRID_CHART)
     if picked:
         state.put(KEY, int(picked[0]))
     return state.clamp(KEY, 0, n_heads - 1, "head")
@@ -51,7 +51,7 @@ class Region:
 def _region(d: Drawing, c2: st.delta_generator.DeltaGenerator) -> Region:
     """The region controls (zoom, the row window) when the head is too long to draw whole."""
     n_q, n_k = len(d.ax.q_idx), len(d.ax.k_idx)
-    w = attention.window_rows(n_q, n_k)
+    w = shown.window_rows(n_q, n_k)
     if w >= n_q:
         return Region("rows")
     with c2:
@@ -80,14 +80,14 @@ def _matrix(
     if reg.mode == "zoom":
         z = longview.zoomed(r, d.layer, head, d.view, ax, reg.rows, reg.cols)
         return z, ax.q_labels[reg.rows], ax.k_labels[reg.cols], ""
-    return attention.head_rows(r, d.layer, head, d.view, ax, reg.rows), ax.q_labels[reg.rows], ax.k_labels, ""
+    return shown.head_rows(r, d.layer, head, d.view, ax, reg.rows), ax.q_labels[reg.rows], ax.k_labels, ""
 
 
 def draw(ref: models.ResultRef, d: Drawing, head: int, zmax: float | None) -> None:
     """The head picker and head ``head`` of ``d``'s layer up close, with its downloads."""
     c1, c2 = st.columns([1, 1])
     with c1:
-        attention.head_picker(d.res.n_heads, d.kv)
+        pickers.head_picker(d.res.n_heads, d.kv)
     reg = _region(d, c2)
     waits = reg.mode == "pooled" and len(d.ax.q_idx) * len(d.ax.k_idx) > 1 << 20
     spin = st.spinner("Pooling the head…", show_time=True) if waits else contextlib.nullcontext()
@@ -149,7 +149,7 @@ def _downloads(
     export.downloads(
         name,
         npz=lambda: export.npz_bytes(
-            attention=attention.head_rows(result_now(), layer, head, view, ax),
+            attention=shown.head_rows(result_now(), layer, head, view, ax),
             query_positions=ax.q_idx,
             key_positions=ax.k_idx,
             query_tokens=np.array(ax.q_labels),

@@ -1,22 +1,22 @@
-"""What the pages show of a result: the view options (hidden tokens, no sink) applied to rows of
-attention, pooled grids for long inputs, and the labels that go with them."""
+"""What a page shows of a result: the view options (hidden tokens, no sink) applied to rows of
+attention, pooled grids for long inputs, their labels, the value-weighted view, and the
+`Drawing` one explorer run draws."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import streamlit as st
 import torch
 
-from attnviz import AttentionResult
+from attnviz import AttentionResult, AttnvizError
 from attnviz import figures as F
 from attnviz.analysis.rollout import drop_and_renormalize
 from attnviz.analysis.value_weighted import ValueWeighted
 from attnviz.layout import Stack
-from ui import models, state
+from ui import models
 
 
 @dataclass(frozen=True)
@@ -91,89 +91,11 @@ def rows_pooled_grid(
     return models.cached("grid", (key, layer, view, side), build)
 
 
-def stack_picker(stacks: Sequence[Stack], format_func: Callable[[str], str] = str) -> Stack:
-    """Which attention to show (key "stack"): a segmented control when the model has more than
-    one (encoder, decoder, cross), else the only one."""
-    options = list(stacks)
-    stack: str | None = state.choose("stack", options, "attention")
-    if len(options) > 1:
-        stack = st.segmented_control(
-            "Attention", options, key="stack", format_func=format_func, required=True
-        )
-    return cast(Stack, stack)
-
-
-def kv_heads(res: AttentionResult, stack: Stack) -> list[int] | None:
-    """The KV head of each query head, or None without GQA (and for cross-attention)."""
-    lay = res.layout
-    if lay.group_size <= 1 or stack == "cross":
-        return None
-    return [lay.kv_head_of(h) for h in range(lay.n_heads)]
-
-
-def head_picker(n_heads: int, kv: list[int] | None) -> int:
-    """The head selectbox (key "head"). Options are "head h" whatever the model: a label that
-    names the KV head ("head 7 · kv 2") stayed on screen after a switch to a model without GQA;
-    the KV head is in the help and in the view's title."""
-    state.clamp("head", 0, n_heads - 1, "head")
-    return int(
-        st.selectbox(
-            "Head",
-            list(range(n_heads)),
-            key="head",
-            format_func=lambda h: f"head {h}",
-            help="With grouped K/V (GQA) the view's title names the KV head the query head reads."
-            if kv
-            else None,
-        )
-    )
-
-
 def window_rows(n_q: int, n_k: int) -> int:
     """Query rows of the single-head view: all of them when they fit the payload budget."""
     if n_q * n_k <= F.SINGLE_MAX_CELLS:
         return n_q
     return max(16, F.SINGLE_MAX_CELLS // min(n_k, F.SINGLE_MAX_KEYS))
-
-
-METRIC_NAMES = {
-    "entropy": "entropy (0 = one key, 1 = uniform)",
-    "sink": "sink (weight on the first token)",
-    "previous_token": "previous token",
-    "diagonal": "self (diagonal)",
-    "distance": "mean distance (tokens)",
-    "induction": "induction (repeated random tokens)",
-    "gqa_coherence": "GQA coherence (KV group agreement)",
-}
-
-
-def head_metrics(
-    lm, res: AttentionResult, key: tuple, stack: Stack, *, induction: bool, token: str | None = None
-):
-    """`attnviz.metrics.head_metrics` of a result, cached; ``induction`` adds the probe (one more
-    model run on 2 x 50 random tokens, cached per model). Returns (metrics, note)."""
-    from attnviz import metrics
-
-    probe, note = None, ""
-    if induction and stack != "cross":
-        try:
-            probe = models.cached(
-                "probe",
-                (lm.spec, models.token_key(token)),
-                lambda: metrics.induction_probe(lm),
-                nbytes=lambda p: p.result.nbytes,
-            )
-        except Exception as err:  # noqa: BLE001 - the other metrics still show
-            note = f"Induction scores are not available for this model ({err})."
-    elif induction:
-        note = "Induction is defined on self-attention; pick the encoder or decoder stack."
-    hm = models.cached(
-        "metrics",
-        (key, stack, probe is not None),
-        lambda: metrics.head_metrics(res, stack=stack, induction=probe),
-        nbytes=lambda m: 8 * 8 * m.entropy.size,
-    )
-    return hm, note
 
 
 VALUE_WEIGHTED_NAME = "‖α·W_O v‖ (rel.)"  # Kobayashi et al. 2020: each weight times its value's output norm
@@ -215,3 +137,19 @@ class Drawing:
     @property
     def n_shown(self) -> int:
         return max(len(self.ax.q_idx), len(self.ax.k_idx))
+
+
+def value_weighted(ref: models.ResultRef, res: AttentionResult, on: bool) -> tuple[Any, tuple]:
+    """(result or its value-weighted view, cache key). A model the view cannot map shows why."""
+    if not on:
+        return res, ref.key
+    lm = models.load(ref.spec, ref.token)
+    if lm is None:
+        return res, ref.key
+    wrapped = models.cached("vw", ref.key, lambda: ValueWeighted(lm, res), nbytes=lambda _: 1 << 20)
+    try:
+        wrapped.norms(0, res.stacks[0])
+    except AttnvizError as err:
+        st.warning(f"Value-weighted attention is not available here: {err}.", icon=":material/info:")
+        return res, ref.key
+    return wrapped, (*ref.key, "vw")
