@@ -2,7 +2,7 @@
 
 Both engines report to a `Sink` (the run in `attnviz.atlas.run`): ``before()`` ahead of each
 text (progress, and False to stop), ``finished(entry)`` as each text finishes (the entry goes to
-the disk cache at once; False to stop).
+the disk cache at once; a run stops only at ``before()``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .worker import compute_entry
 class Sink(Protocol):
     def before(self) -> bool: ...
 
-    def finished(self, entry: Entry) -> bool: ...
+    def finished(self, entry: Entry) -> None: ...
 
 
 def run_local(
@@ -38,6 +38,5 @@ def run_local(
             return False
         assert item.text is not None
         entry = compute_entry(lm, item.key, item.text, stack=stack, max_tokens=max_tokens, weights=weights)
-        if not sink.finished(entry):
-            return False
+        sink.finished(entry)
     return True

@@ -140,9 +140,9 @@ class _Run:
             return False
         return True
 
-    def finished(self, entry: Entry) -> bool:
+    def finished(self, entry: Entry) -> None:
         if entry.key in self.entries:  # a retried task delivered twice: keep the first
-            return True
+            return
         if entry.fingerprint and self.weights and entry.fingerprint != self.weights:
             raise AttnvizError(
                 f"two workers loaded different weights for {self.model!r}; give every node the same model"
@@ -164,7 +164,6 @@ class _Run:
                 self.cache = None  # the rest of the run stays in memory
         self.entries[entry.key] = replace(entry, encoded=b"")  # counted once saved, held without its bytes
         self.computed += 1
-        return True
 
     def saved(self) -> int:
         """Texts finished and on disk when a run is interrupted: ``done``, plus the entry whose

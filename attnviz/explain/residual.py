@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from ..analysis.value_weighted import output_bias, output_weight
 from ..capture.hook import editing, recording
+from ..capture.projections import output_bias, output_weight
 from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
 from ..exact.probabilities import attention_scores, probs_from_capture, softmax_fp32

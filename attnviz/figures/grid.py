@@ -30,7 +30,6 @@ def head_grid(
     max_cells: int = GRID_MAX_CELLS,
     facet_px: int = 160,
     scale: str | None = None,
-    selected: int | None = None,
     pickable: bool = False,
     max_side: int = GRID_MAX_SIDE,
     value: str = "weight",
@@ -43,7 +42,6 @@ def head_grid(
     one KV group per row. ``diverging`` draws signed differences around 0. ``scale``
     ("linear" | "log" | "rank") overrides ``log``; pass the view's ``zmax`` so the grid and the
     big head share one colour scale. ``value`` names what is drawn (colour bar, hover).
-    ``selected`` (index into ``heads``) outlines that facet;
     ``pickable`` adds a small clickable marker in each facet's top-right corner (customdata: the
     head) for selection events, leaving the cells' hover to the heatmaps.
     """
@@ -117,13 +115,7 @@ def head_grid(
         fig.update_xaxes(constrain="domain")
     if pickable:
         _add_pickers(fig, heads, titles, cols, x, y)
-    if selected is not None and 0 <= selected < n_h:
-        _outline(fig, selected)
     return fig
-
-
-def _axis_name(i: int) -> str:
-    return "" if i == 0 else str(i + 1)
 
 
 PICK_LATTICE = 8  # click targets per tile side: any click on a tile lands within ~15 px of one
@@ -155,24 +147,6 @@ def _add_pickers(
             ),
             **where,
         )
-
-
-def _outline(fig: go.Figure, index: int) -> None:
-    """A frame around facet ``index`` (the selected head)."""
-    n = _axis_name(index)
-    fig.add_shape(
-        type="rect",
-        xref=f"x{n} domain",
-        yref=f"y{n} domain",
-        x0=-0.015,
-        x1=1.015,
-        y0=-0.015,
-        y1=1.015,
-        line=dict(color="#e4002b", width=3),
-        fillcolor="rgba(0,0,0,0)",
-        layer="above",
-        name="selected head",
-    )
 
 
 def _grid_cols(n_heads: int, kv_heads: Sequence[int] | None) -> int:

@@ -151,15 +151,13 @@ def test_rank_and_default_scales():
         F.head_heatmap(probs, ["a", "b"], scale="sqrt")
 
 
-def test_grid_shares_the_view_scale_outlines_and_picks_the_selected_head():
+def test_grid_shares_the_view_scale_and_every_tile_picks_its_head():
     rng = np.random.default_rng(0)
     layer = rng.random((4, 6, 6)).astype(np.float32) * 0.3
     labels = F.token_labels(list("abcdef"))
-    fig = F.head_grid(layer, labels, zmax=0.9, selected=2, pickable=True)
+    fig = F.head_grid(layer, labels, zmax=0.9, pickable=True)
     s = spec(fig)
     assert s["layout"]["coloraxis"]["cmax"] == 0.9  # the view's zmax, not the grid's own max
-    frame = [sh for sh in s["layout"]["shapes"] if sh.get("name") == "selected head"]
-    assert len(frame) == 1 and frame[0]["xref"] == "x3 domain"
     picks = [t for t in s["data"] if t.get("name", "").startswith("tile")]
     assert [t["customdata"][0][0] for t in picks] == [0, 1, 2, 3]
     assert [t["xaxis"] for t in picks] == ["x", "x2", "x3", "x4"]

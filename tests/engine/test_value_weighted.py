@@ -8,6 +8,7 @@ import torch
 
 import attnviz
 from attnviz.analysis import value_weighted as VW
+from attnviz.capture import projections
 from attnviz.errors import AttnvizError
 from attnviz.reference import layer_walkthrough
 from attnviz.reference.walkthrough import layer_weights
@@ -77,7 +78,7 @@ def test_unknown_output_projection_is_refused():
             self.attn.weird = torch.nn.Linear(4, 4)
 
     with pytest.raises(AttnvizError, match="cannot find the output projection"):
-        VW.output_weight(Odd(), "attn", 2, 2)
+        projections.output_weight(Odd(), "attn", 2, 2)
 
 
 def test_value_weighted_result_wrapper():

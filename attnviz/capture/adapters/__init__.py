@@ -50,7 +50,7 @@ def record(
     position_bias: torch.Tensor | None = None,
 ) -> None:
     """Record one call: query (1, heads, q_pos, d_head), key/value (1, kv_heads, key_pos, d_head),
-    mask bool (True = attention_output) or additive, ALiBi as an additive (1, heads, 1, key_pos) bias.
+    mask bool (True = attend) or additive, ALiBi as an additive (1, heads, 1, key_pos) bias.
     The mask holds all the masking (no implicit causal mask: eager applies none either). With a
     bias, half-precision query and key are kept in float32 (exact: an upcast): the scores are then
     recomputed in float32, not rounded at the bias's magnitude."""

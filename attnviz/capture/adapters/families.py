@@ -210,7 +210,7 @@ _MPT_MASKS: PerTensor[torch.Tensor] = PerTensor()
 
 
 def _mpt_allowed(mask: torch.Tensor) -> torch.Tensor:
-    """MPT's mask is True where masked: the inverse (True = attention_output), once per mask tensor."""
+    """MPT's mask is True where masked: the inverse (True = attend), once per mask tensor."""
     hit = _MPT_MASKS.get(mask)
     return hit if hit is not None else _MPT_MASKS.put(mask, ~mask)
 
