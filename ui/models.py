@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 import attnviz
 from attnviz import AttentionResult, LoadedModel
@@ -37,7 +38,7 @@ from attnviz.extract import Sampling, tokenize
 from attnviz.figures.mixers import kind_name
 from attnviz.layout import AttentionLayout
 from attnviz.server import env, specs
-from attnviz.server.gate import GateStatus, InferenceGate, QueueFull, Superseded
+from attnviz.server.gate import GateStatus, InferenceGate, QueueFull, Superseded, UnnamedWait
 from attnviz.server.settings import settings
 from ui import progress
 from ui.text import guarded, literal, md
@@ -115,6 +116,7 @@ def _gate() -> InferenceGate:
     cfg = settings()
     gate = InferenceGate(max_queue=cfg.queue_max, run_limit=cfg.run_limit)
     gate.start_watchdog()  # stuck holders and left-over tickets become logged errors, not a jam
+    gate.unnamed_waits = _page_wait
     return gate
 
 
@@ -135,6 +137,28 @@ def wait_text(position: int, estimate: float | None) -> str:
     ahead = "1 request is" if position == 1 else f"{position} requests are"
     about = "" if estimate is None else f" Estimated wait: about {max(round(estimate), 1)} s."
     return f"⏳ Busy: {ahead} ahead of yours.{about} It starts by itself."
+
+
+def _page_wait() -> UnnamedWait | None:
+    """How a wait that engine code starts (its ``lm.lock`` is the gate's) shows on the page that
+    runs it: the position line where the page is, drawn at the first poll and cleared when the
+    turn starts, and counted as this visitor's one request. None outside a page's run (a
+    download's worker thread)."""
+    if get_script_run_ctx() is None:
+        return None
+    gate = _gate()
+    slot: list[Any] = []
+
+    def on_wait(position: int) -> None:
+        if not slot:
+            slot.append(st.empty())
+        slot[0].info(wait_text(position, gate.estimate(position)))
+
+    def done() -> None:
+        if slot:
+            slot[0].empty()
+
+    return on_wait, done, visitor()
 
 
 @contextlib.contextmanager

@@ -68,13 +68,14 @@ def check_hub_chars(spec: str) -> None:
 
 
 def classify_spec(spec: str) -> Source:
-    """ "builtin", "local" or "hub" (raises ModelNotFound for a malformed name). A name that is
-    not a path by its form (`looks_like_path`) is local when such a folder exists; this is the one
-    call here that looks at the filesystem."""
+    """ "builtin", "local" or "hub" (raises ModelNotFound for a malformed name). A path by its
+    start (``/``, ``./``, ``~``, ...) or an existing folder is local; a name with several '/'
+    that is neither (a URL) is refused as no name at all, not as a missing folder. The one call
+    here that looks at the filesystem."""
     s = spec.strip()
     if s in BUILTIN_MODELS:
         return "builtin"
-    if looks_like_path(s) or Path(s).expanduser().exists():
+    if s.startswith(PATH_PREFIXES) or "\\" in s or Path(s).expanduser().exists():
         return "local"
     if is_hub_id(s):
         return "hub"

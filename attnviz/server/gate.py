@@ -20,6 +20,8 @@ Rules that keep it from jamming (issue 34):
   thread has ended and releases a holder that is far past ``run_limit`` (``stuck_after``), with
   an error in the log: a stuck gate becomes a logged error and a moving queue, never a silent hang.
   The shared model's own lock still keeps two forwards apart.
+- A wait that names no ``on_wait`` (engine code taking a `GatedLock`) asks ``unnamed_waits``, which
+  the app sets: on a page, it is shown and counted per visitor like the app's own turns.
 - `status` is what an operator sees: queue length, the oldest ticket's age, how long the current
   run has held the gate and the recent run times (also `status().line()` in the log).
 """
@@ -42,6 +44,10 @@ from ..errors import AttnvizError
 log = logging.getLogger(__name__)
 
 RECENT_RUNS = 20  # run times kept for the wait estimate
+
+
+# (on_wait, done, visitor) of a wait that engine code starts: ``done()`` once the turn starts
+UnnamedWait = tuple[Callable[[int], None], Callable[[], None], Hashable | None]
 
 
 class QueueFull(AttnvizError):
@@ -141,6 +147,9 @@ class InferenceGate:
         self._released_stuck = 0
         self._removed_dead = 0
         self._watchdog: threading.Thread | None = None
+        # how a wait that names no ``on_wait`` (a `GatedLock` taken by engine code) is shown: set
+        # by the app; returns (on_wait, done, visitor) for the calling thread, or None
+        self.unnamed_waits: Callable[[], UnnamedWait | None] | None = None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -211,6 +220,12 @@ class InferenceGate:
             if head is not None and head.thread is me and head.started is not None:
                 head.depth += 1  # this thread already holds the gate (a nested turn)
                 return Turn(self, head)
+        done: Callable[[], None] | None = None
+        if on_wait is None and visitor is None and self.unnamed_waits is not None:
+            shown = self.unnamed_waits()  # engine code's wait, on a page: shown there like a turn's
+            if shown is not None:
+                on_wait, done, visitor = shown
+        with self._cond:
             ticket = self._enqueue(me, visitor)
         try:
             while True:
@@ -221,15 +236,18 @@ class InferenceGate:
                     position = self._queue.index(ticket)
                     if position == 0:
                         ticket.started = self.clock()
-                        return Turn(self, ticket)
+                        break
                 if on_wait is not None:
                     on_wait(position)  # outside the lock: it may draw, block or raise
                 with self._cond:
                     if self._queue and self._queue[0] is not ticket and not ticket.superseded:
                         self._cond.wait(poll_seconds)
+            if done is not None:
+                done()  # inside the try: if it raises, the ticket still goes
         except BaseException:
             self._remove(ticket)
             raise
+        return Turn(self, ticket)
 
     def release(self, turn: Turn) -> None:
         ticket = turn.ticket

@@ -141,3 +141,38 @@ def test_head_atlas_in_the_demo_has_a_capped_corpus_no_uploads_and_no_ray(demo):
     keys = [w.key for w in at.get("button_group")]
     assert "atlas_source" not in keys and "atlas_engine" not in keys
     assert at.slider(key="ntexts").max == DEMO_ATLAS_TEXTS
+
+
+def test_an_engine_wait_shows_the_position_on_the_page(demo):
+    """The Head atlas's texts each take the model's lock (the gate's, in the demo) inside the
+    engine, with no turn of the page's own: the page still shows the position while it waits,
+    clears it when the turn starts, and the atlas is drawn."""
+    from ui import models
+
+    seen: list[str] = []
+    real = models.wait_text
+
+    def spy(pos: int, est: float | None) -> str:
+        seen.append(real(pos, est))
+        return seen[-1]
+
+    demo.setattr(models, "wait_text", spy)
+    at = new_app("pages/5_Head_atlas.py", model=TINY, ntexts=1).run()  # the model loads
+    ok(at)
+    gate = the_gate()
+    _holder, release = hold(gate)
+    done = threading.Event()
+
+    def visitor() -> None:
+        at.button(key="atlas_run").click().run()
+        done.set()
+
+    threading.Thread(target=visitor, daemon=True).start()
+    until(lambda: len(seen) >= 2)
+    assert gate.waiting == 1 and seen[0].startswith("⏳ Busy: 1 request is ahead of yours.")
+    release.set()
+    assert done.wait(120)
+    ok(at)
+    assert at.get("arrow_data_frame") or at.dataframe, "the atlas table"
+    assert not any("ahead of yours" in str(i.value) for i in at.info)  # cleared once it ran
+    until(lambda: gate.waiting == 0 and gate.status().running_for is None)

@@ -260,7 +260,7 @@ def test_a_token_typed_in_one_session_is_never_used_by_another(monkeypatch, tmp_
 
     calls: list[tuple[str, str | None]] = []
 
-    def fake_load(spec, *, token=None, **kwargs):
+    def fake_load(spec, source, *, token=None, **kwargs):
         calls.append((spec, token))
         if token != SECRET:
             raise attnviz.GatedModel(
@@ -268,7 +268,7 @@ def test_a_token_typed_in_one_session_is_never_used_by_another(monkeypatch, tmp_
             )
         return tiny.loaded("llama-gqa")
 
-    monkeypatch.setattr(specs, "load_model", fake_load)  # where the app loads through
+    monkeypatch.setattr(specs, "load_source", fake_load)  # where the app loads through
     gated = "attnviz-test/gated-model"
     a = new_app(monkeypatch, {"model": gated}).run()
     assert any("is gated" in t for t in texts(a, "error"))

@@ -407,6 +407,55 @@ def test_gated_lock_queues_engine_code_at_the_gate_and_is_reentrant():
     assert entered.is_set() and drained(gate)
 
 
+def test_engine_waits_show_their_position_and_count_per_visitor():
+    """A wait that engine code starts (a `GatedLock`, no ``on_wait`` of its own) asks the gate's
+    ``unnamed_waits`` (set by the app): its position is shown at every poll, cleared once when
+    the turn starts, and it is the visitor's one pending request (a newer one takes its place).
+    A thread for which ``unnamed_waits`` says None (no page) waits unseen."""
+    gate = InferenceGate()
+    lock = gate.lock(threading.RLock())
+    seen: dict[str, list] = {"a": [], "b": []}
+    who = threading.local()
+
+    def unnamed():
+        name = getattr(who, "name", None)
+        if name is None:
+            return None
+        return (lambda pos: seen[name].append(pos)), (lambda: seen[name].append("done")), "visitor-1"
+
+    gate.unnamed_waits = unnamed
+    holder, release = hold(gate)
+    outcome: dict[str, str] = {}
+
+    def engine(name):
+        who.name = name
+        try:
+            with lock:
+                outcome[name] = "ran"
+        except Superseded:
+            outcome[name] = "superseded"
+
+    first = threading.Thread(daemon=True, target=engine, args=("a",))
+    first.start()
+    until(lambda: 1 in seen["a"])  # the position, shown while it waits
+    second = threading.Thread(daemon=True, target=engine, args=("b",))
+    second.start()  # the same visitor again: takes the first one's place
+    first.join(5)
+    assert outcome["a"] == "superseded"
+    until(lambda: 1 in seen["b"])
+    unseen = threading.Thread(daemon=True, target=engine, args=(None,))
+    unseen.start()
+    until(lambda: gate.waiting == 2)
+    release.set()
+    holder.join(5)
+    second.join(5)
+    unseen.join(5)
+    assert outcome["b"] == "ran" and outcome[None] == "ran"
+    assert seen["b"][-1] == "done" and seen["b"].count("done") == 1
+    assert set(seen["b"][:-1]) == {1}
+    assert drained(gate)
+
+
 def test_queue_settings_from_env(monkeypatch):
     from attnviz.server import env
     from attnviz.server.settings import DEMO_QUEUE_MAX, DEMO_RUN_LIMIT_S
