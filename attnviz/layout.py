@@ -148,7 +148,8 @@ def block_mixers(
 
 # The one rule for grouped-query attention (GQA), in transformers' `repeat_kv` order: KV head g
 # serves query heads g * group .. (g + 1) * group - 1, so query head h reads KV head h // group.
-# Every grouping of heads in the engine goes through these four functions.
+# The engine groups heads through these four (a fused path that expands K inside its own copy
+# still takes the group from `query_group`).
 def query_group(n_heads: int, n_kv_heads: int) -> int:
     """Query heads per KV head of one call (transformers' ``num_key_value_groups``), e.g. from a
     capture's shapes: ``query_group(cap.query.shape[1], cap.key.shape[1])``."""

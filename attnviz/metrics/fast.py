@@ -107,7 +107,7 @@ def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -
     out: Sums = {}
     # H_i = L_i - scale * q_i . E_p[k]: each head's own cross term
     group = lp.cross.shape[1]
-    own = torch.arange(q.shape[0], device=q.device) % group
+    own = torch.arange(q.shape[0], device=q.device) % group  # h's place j in its group (`by_kv_group`)
     raw_entropy = lse - lp.cross[torch.arange(q.shape[0], device=q.device), own]  # (h, q)
     log_len = torch.log(counts.clamp(min=2).float())
     out["entropy"] = _reduce((raw_entropy / log_len).clamp(0.0, 1.0), informative)
