@@ -107,7 +107,7 @@ class AttentionLayout:
     @property
     def group_size(self) -> int:
         """Query heads per KV head (1 without GQA)."""
-        return self.n_heads // max(self.n_kv_heads, 1)
+        return query_group(self.n_heads, self.n_kv_heads)
 
     def kv_head_of(self, head: int) -> int:
         """The KV head a query head reads (transformers' repeat_kv order)."""
@@ -148,9 +148,17 @@ def block_mixers(
 
 # The one rule for grouped-query attention (GQA), in transformers' `repeat_kv` order: KV head g
 # serves query heads g * group .. (g + 1) * group - 1, so query head h reads KV head h // group.
+# The engine groups heads through these four (a fused path that expands K inside its own copy
+# still takes the group from `query_group`).
+def query_group(n_heads: int, n_kv_heads: int) -> int:
+    """Query heads per KV head of one call (transformers' ``num_key_value_groups``), e.g. from a
+    capture's shapes: ``query_group(cap.query.shape[1], cap.key.shape[1])``."""
+    return n_heads // max(n_kv_heads, 1)
+
+
 def kv_heads_of(heads: Sequence[int], n_heads: int, n_kv_heads: int) -> list[int]:
     """The KV head each of ``heads`` (query heads) reads."""
-    group = n_heads // max(n_kv_heads, 1)
+    group = query_group(n_heads, n_kv_heads)
     return [int(h) // group for h in heads]
 
 
@@ -159,7 +167,9 @@ def repeat_kv(t: torch.Tensor, group: int, dim: int = 1) -> torch.Tensor:
     return t.repeat_interleave(group, dim=dim) if group > 1 else t
 
 
-def query_group(n_heads: int, n_kv_heads: int) -> int:
-    """Query heads per KV head of one call (transformers' ``num_key_value_groups``), e.g. from a
-    capture's shapes: ``query_group(cap.query.shape[1], cap.key.shape[1])``."""
-    return n_heads // max(n_kv_heads, 1)
+def by_kv_group(t: torch.Tensor, group: int, dim: int = 1) -> torch.Tensor:
+    """Query heads split by the KV head they read along ``dim``: (.., heads, ..) ->
+    (.., kv_heads, group, ..), [g, j] = query head g * group + j; always a view.
+    ``.flatten(dim, dim + 1)`` undoes it; ``by_kv_group(repeat_kv(t, group, dim), group, dim)``
+    holds each KV head ``group`` times."""
+    return t.unflatten(dim, (-1, group))

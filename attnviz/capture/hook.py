@@ -21,7 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..exact.probabilities import attention_scores
-from ..layout import repeat_kv
+from ..layout import query_group, repeat_kv
 from .records import CapturedAttention, CapturedMixer
 from .statistics import forward_with_stats, fusable
 
@@ -139,9 +139,10 @@ def _eager_output(module, query, key, value, mask, scaling, softcap, position_bi
     ``sinks`` (heads,) are learned logits that join each row's softmax and are then dropped
     (GPT-OSS): the visible keys' weights sum to less than 1, as in the model's eager attention.
     """
-    groups = query.shape[1] // key.shape[1]
+    groups = query_group(query.shape[1], key.shape[1])
     # The queries are the last q_pos of the key_pos positions (one new token against a cache).
     shift = key.shape[2] - query.shape[2]
+    # eager's repeat_kv (expand + reshape) makes the same contiguous copy: the products are bit-equal
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     out = []
     chunk = 1024

@@ -33,7 +33,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from ..exact import kernels
-from ..layout import query_group, repeat_kv
+from ..layout import by_kv_group, query_group, repeat_kv
 from ..limits import USABLE, free_bytes
 
 
@@ -53,10 +53,9 @@ class ForwardStats:
 def cross_terms(query: torch.Tensor, e_key: torch.Tensor, scale: float, group: int) -> torch.Tensor:
     """(heads, group, q_pos): [a, b] = scale · q_b·E_{p_a}[k], b running over a's KV group, from
     query (heads, q_pos, d) and e_key (heads, q_pos, d). One batched product per layer."""
-    h, n, d = query.shape
-    n_kv = h // group
-    q = query.reshape(n_kv, group, n, d).permute(0, 2, 3, 1)  # (kv_head, q_pos, d, b)
-    e = e_key.reshape(n_kv, group, n, d).permute(0, 2, 1, 3)  # (kv_head, q_pos, a, d)
+    h, n, _ = query.shape
+    q = by_kv_group(query, group, 0).permute(0, 2, 3, 1)  # (kv_head, q_pos, d, b)
+    e = by_kv_group(e_key, group, 0).permute(0, 2, 1, 3)  # (kv_head, q_pos, a, d)
     c = kernels.matmul_ieee(e, q)  # (kv_head, q_pos, a, b), never TF32
     return c.permute(0, 2, 3, 1).reshape(h, group, n).mul_(scale)
 

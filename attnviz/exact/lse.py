@@ -32,7 +32,7 @@ import torch
 
 from ..capture.records import CapturedAttention
 from ..capture.statistics import cross_terms
-from ..layout import AttentionLayout, Stack, query_group, repeat_kv
+from ..layout import AttentionLayout, Stack, by_kv_group, query_group, repeat_kv
 from . import kernels
 from .fused import Attended, attend, scores_tile
 from .masks import MaskSpec, PerTensor, key_bias, mask_bias, mask_matches, mask_of, recorded_bias
@@ -172,7 +172,7 @@ def _features(cap: CapturedAttention) -> Features:
     kv = torch.zeros(n_kv, group, n_k, w, dtype=torch.float32, device=key.device)
     kv[..., :d] = key[:, None]
     if bias is not None:
-        kv[..., d : d + g] = bias.reshape(n_kv, 1, group, n_k).transpose(-1, -2)
+        kv[..., d : d + g] = by_kv_group(bias, group, 0)[:, None].transpose(-1, -2)
     kv[..., d + g] = torch.arange(n_k, device=key.device, dtype=torch.float32)
     return Features(q1, kv.view(h, n_k, w), bias, d, d + g)
 

@@ -34,6 +34,7 @@ from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
 from ..exact.probabilities import attention_scores, probs_from_capture, softmax_fp32
 from ..extract import tokenize
+from ..layout import by_kv_group, query_group, repeat_kv
 from ..limits import bytes_per_element, capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
 from ..tokens import Tokens
@@ -133,14 +134,17 @@ class Trace:
         n_k = cap.key.shape[2] if n_keys is None else n_keys
         if cap.sinks is not None or cap.position_bias is not None or cap.query.shape[2] != cap.key.shape[2]:
             return torch.stack([probs_from_capture(cap, None, slice(r, r + 1))[:, 0, :n_k] for r in rows])
-        heads, kv, d = cap.query.shape[1], cap.key.shape[1], cap.query.shape[3]
-        g, n = heads // kv, len(rows)
+        heads, n = cap.query.shape[1], len(rows)
+        g = query_group(heads, cap.key.shape[1])
         idx = torch.tensor(rows, device=cap.query.device)
-        q = cap.query[0].index_select(1, idx).reshape(kv, g * n, d)  # (kv, group · rows, d_head)
+        q = by_kv_group(cap.query[0].index_select(1, idx), g, 0).flatten(1, 2)  # (kv, group · rows, d_head)
         mask = None
         if cap.mask is not None:
             m = cap.mask[0].index_select(1, idx)[..., :n_k]  # (1|heads, rows, keys)
-            mask = m.repeat(g, 1, 1).reshape(1, g * n, n_k) if m.shape[0] == 1 else m.reshape(kv, g * n, n_k)
+            if m.shape[0] == 1:  # one mask for every head: the same rows for each head of a group
+                mask = m.repeat(g, 1, 1).reshape(1, g * n, n_k)
+            else:
+                mask = by_kv_group(m, g, 0).flatten(1, 2)  # (kv, group · rows, keys)
         elif cap.is_causal:
             causal = torch.arange(n_k, device=idx.device)[None, :] <= idx[:, None]  # (rows, keys)
             mask = causal.repeat(g, 1)  # (group · rows, keys)
@@ -152,7 +156,8 @@ class Trace:
         cap = self.captured[layer]
         assert cap.value is not None
         v = cap.value[0].float()
-        return v.repeat_interleave(cap.query.shape[1] // v.shape[0], dim=0)
+        # contiguous: the copy repeat_interleave always made, so the callers' products see one layout
+        return repeat_kv(v, query_group(cap.query.shape[1], v.shape[0]), dim=0).contiguous()
 
 
 def _decoder_layers(lm: LoadedModel) -> tuple[list[Any], list[Any], list[str]]:

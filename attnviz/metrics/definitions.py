@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import AttnvizError
+from ..layout import by_kv_group
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +111,8 @@ def _coherence_sums(
     Identical heads give 1, heads on disjoint keys 0. Defined through cross-entropies, which
     the fast path gets exactly from the log-sum-exp (KL(a||b) = CE(a, b) - H(a)).
     """
-    *lead, n_heads, n_rows, n_keys = probs.shape
-    n_kv = n_heads // group_size
-    grouped = probs.reshape(*lead, n_kv, group_size, n_rows, n_keys)
+    grouped = by_kv_group(probs, group_size, dim=-3)  # (..., kv_head, group, query_pos, key_pos)
+    *lead, n_kv = grouped.shape[:-3]
     neg_ent = torch.special.xlogy(grouped, grouped).sum(-1)  # (..., kv_head, group, query_pos)
     valid = informative.to(probs.dtype)  # (query_pos,) or (..., 1, query_pos): fits (..., kv_head, query_pos)
     total = probs.new_zeros((*lead, n_kv))

@@ -23,6 +23,7 @@ import torch
 
 from ..capture.records import CapturedAttention
 from ..exact.lse import LayerPass, MaskSpec, key_bias, layer_lse, layer_pass
+from ..layout import by_kv_group, query_group
 from .definitions import key_counts
 
 Sums = dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -41,7 +42,7 @@ def _allowed_at(q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec, n_k: i
 def _grouped(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """q (heads, rows, d) as (kv_head, group, rows, d), a view: k (kv_heads, key_pos, d) stays
     unexpanded (GQA without a copy)."""
-    return q.unflatten(0, (k.shape[0], q.shape[0] // k.shape[0]))
+    return by_kv_group(q, query_group(q.shape[0], k.shape[0]), 0)
 
 
 def _prob_shifted(
@@ -106,7 +107,7 @@ def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -
     out: Sums = {}
     # H_i = L_i - scale * q_i . E_p[k]: each head's own cross term
     group = lp.cross.shape[1]
-    own = torch.arange(q.shape[0], device=q.device) % group
+    own = torch.arange(q.shape[0], device=q.device) % group  # h's place j in its group (`by_kv_group`)
     raw_entropy = lse - lp.cross[torch.arange(q.shape[0], device=q.device), own]  # (h, q)
     log_len = torch.log(counts.clamp(min=2).float())
     out["entropy"] = _reduce((raw_entropy / log_len).clamp(0.0, 1.0), informative)
@@ -134,9 +135,8 @@ def layer_sums(cap: CapturedAttention, spec: MaskSpec, group_size: int | None) -
 def _coherence(lse, cross, raw_entropy, informative, group) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over rows and pairs of exp(-(KL(a||b) + KL(b||a)) / 2) per KV head, from the
     cross-entropies CE(a, b)_i = L^b_i - cross[a, b]_i (all pairs of a group at once)."""
-    n = lse.shape[-1]
-    lg = lse.reshape(-1, group, n)  # (kv_head, b, q)
-    kl = lg[:, None] - cross.reshape(-1, group, group, n) - raw_entropy.reshape(-1, group, 1, n)  # [a, b]
+    lg = by_kv_group(lse, group, 0)  # (kv_head, b, q)
+    kl = lg[:, None] - by_kv_group(cross, group, 0) - by_kv_group(raw_entropy, group, 0)[:, :, None]  # [a, b]
     sym = kl + kl.transpose(1, 2)
     pairs = torch.ones(group, group, dtype=torch.bool, device=lse.device).triu(1)  # a < b
     valid = informative.float()

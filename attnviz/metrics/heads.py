@@ -21,7 +21,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..exact.lse import captured, layer_spec, mask_of
-from ..layout import Stack
+from ..layout import Stack, kv_heads_of, repeat_kv
 from ..result import AttentionResult
 from .definitions import METRICS, ROW_METRICS, Metric, _row_sums, key_counts
 from .fast import layer_sums
@@ -64,6 +64,10 @@ class HeadMetrics:
         return int(self.entropy.shape[1])
 
     @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads // max(self.group_size, 1)
+
+    @property
     def metrics(self) -> tuple[str, ...]:
         """Names of the metrics present, in `METRICS` order."""
         return tuple(m for m in METRICS if getattr(self, m) is not None)
@@ -78,7 +82,7 @@ class HeadMetrics:
         """GQA coherence per (layer, kv_head), or None without GQA."""
         if self.gqa_coherence is None:
             return None
-        return self.gqa_coherence[:, :: self.group_size]
+        return self.gqa_coherence[:, :: self.group_size]  # each KV group's first head (`repeat_kv`)
 
     def top(self, metric: Metric, k: int = 5) -> list[tuple[int, int, float]]:
         """The k highest-scoring heads as (layer, head, value)."""
@@ -89,11 +93,12 @@ class HeadMetrics:
     def to_rows(self) -> list[dict[str, int | float]]:
         """One dict per head (layer, head, kv_head, then each metric) for a sortable table."""
         names = self.metrics
+        kv = kv_heads_of(range(self.n_heads), self.n_heads, self.n_kv_heads)
         return [
             {
                 "layer": layer,
                 "head": head,
-                "kv_head": head // self.group_size,
+                "kv_head": kv[head],
                 **{m: float(self.values(m)[layer, head]) for m in names},  # type: ignore[arg-type]
             }
             for layer in range(self.n_layers)
@@ -191,7 +196,7 @@ def head_metrics(
         rows = [(sums[i][k][0] / sums[i][k][1].clamp(min=1)).cpu().double().numpy() for i in range(n_layers)]
         means = np.stack(rows)  # (layer, head) or (layer, kv_head)
         if k == "gqa_coherence":
-            means = np.repeat(means, layout.group_size, axis=-1)  # (layer, kv_head) -> (layer, head)
+            means = repeat_kv(torch.from_numpy(means), layout.group_size, dim=-1).numpy()  # (layer, head)
         arrays[k] = means
     ind = None
     if induction is not None:

@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..layout import query_group, repeat_kv
+
 CHUNK = 64
 Emit = Callable[[torch.Tensor, int, int, torch.Tensor], None]  # (row indices, lo, hi, block)
 
@@ -34,8 +36,8 @@ def delta_parts(inputs: dict) -> dict[str, torch.Tensor]:
     q, k, v = (inputs[n][0] for n in ("query", "key", "value"))
     n_v = v.shape[1]
     if q.shape[1] != n_v:  # grouped value heads: each key head serves n_v // n_k value heads
-        q = q.repeat_interleave(n_v // q.shape[1], dim=1)
-        k = k.repeat_interleave(n_v // k.shape[1], dim=1)
+        q = repeat_kv(q, query_group(n_v, q.shape[1]), dim=1)  # value head h reads key head h // group
+        k = repeat_kv(k, query_group(n_v, k.shape[1]), dim=1)
     q, k = q.float(), k.float()  # the kernel normalises in float32
     if inputs.get("use_qk_l2norm_in_kernel"):
         q, k = _l2norm(q), _l2norm(k)

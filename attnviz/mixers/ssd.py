@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..layout import query_group, repeat_kv
+
 
 def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
     """x (N, H, P), dt Δ (N, H), cum Σ AΔ (N, H), B, C (N, H, n) per head, D (H,): float64."""
@@ -27,9 +29,10 @@ def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
         dt = F.softplus(dt)
     lo, hi = inputs.get("dt_limit", (0.0, float("inf")))
     dt = dt.clamp(min=lo, max=hi)
-    groups = inputs["B"].shape[2]
-    B = inputs["B"][0].double().repeat_interleave(n_heads // groups, dim=1)  # (N, H, n)
-    C = inputs["C"][0].double().repeat_interleave(n_heads // groups, dim=1)
+    group = query_group(n_heads, inputs["B"].shape[2])  # head h reads B, C group h // group
+    # contiguous: the copy repeat_interleave always made (the walkthrough's products see one layout)
+    B = repeat_kv(inputs["B"][0].double(), group, dim=1).contiguous()  # (N, H, n)
+    C = repeat_kv(inputs["C"][0].double(), group, dim=1).contiguous()
     cum = torch.cumsum(inputs["A"].double() * dt, dim=0)  # (N, H) Σ_{r<=t} A_h Δ_r
     D = inputs.get("D")
     D = (

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ...exact.masks import additive, is_causal
-from ...layout import repeat_kv
+from ...layout import query_group, repeat_kv
 from .. import hook as capture
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def attention_output(
     # the bias's magnitude: the blocks run in float32 and only the output is cast back.
     dtype = value.dtype if position_bias is None else torch.promote_types(value.dtype, torch.float32)
     q, k, v = query.to(dtype), key.to(dtype), value.to(dtype)
-    groups = q.shape[1] // k.shape[1]
+    groups = query_group(q.shape[1], k.shape[1])
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (1, kv_heads, N, d) -> (1, heads, N, d)
     if position_bias is None:
         if mask is not None and is_causal(mask):

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ...exact.masks import PerTensor
-from ...layout import repeat_kv
+from ...layout import query_group, repeat_kv
 from . import attention_output, record, recorder
 from .encoders import _bert_forward, _mpnet_forward, _roformer_forward, _xlm_forward
 from .seq2seq import _fsmt_forward, _mvp_forward
@@ -161,7 +161,7 @@ def _falcon_forward(
     if alibi is None:
         cos, sin = position_embeddings
         query, key = _modeling(self).apply_rotary_pos_emb(query, key, cos, sin)
-    groups = heads // self.num_kv_heads
+    groups = query_group(heads, self.num_kv_heads)
     if self.new_decoder_architecture and groups > 1:  # query head h uses key head h // groups
         key, value = key[:, ::groups], value[:, ::groups]
     if alibi is None:  # eager: softmax(QKᵀ / sqrt(d) + mask)
@@ -272,7 +272,8 @@ def _written_out(
 ):
     """Eager's scores written out for a module whose attention is inline in its forward:
     QKᵀ (fp32 where eager upcasts) · scale + bias + mask, fp32 softmax, back to the model dtype."""
-    groups = query.shape[1] // key.shape[1]
+    groups = query_group(query.shape[1], key.shape[1])
+    # eager's repeat_kv (expand + reshape) makes the same contiguous copy: the products are bit-equal
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     scores = torch.matmul(query, key.transpose(-1, -2)).float() * (1.0 if scaling is None else scaling)
     if position_bias is not None:
