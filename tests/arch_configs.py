@@ -160,6 +160,19 @@ EXTRA.update(
             "linear_num_heads": 4,
         },
         "bailing_hybrid": {**_HYBRID4, "layer_group_size": 2},
+        # GLM-5-Next (a vision-language model): Kimi delta blocks beside sparse-indexed MLA
+        # attention, which its config requires without RoPE (NoPE) and with as many KV heads as heads
+        "glm5_next": {
+            "text_config": {
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "qk_rope_head_dim": 0,
+                "q_lora_rank": 16,
+                "index_topk": 8,
+                "index_kpool": 1,
+                "layer_types": ["linear_attention", "full_attention"],
+            }
+        },
         "perceiver": {"num_latents": 8, "d_latents": 32, "num_self_attends_per_block": 2},
         # Gemma 4: wider heads in the full-attention layers (a heterogeneous per-layer config)
         "gemma4_text": _GEMMA4,
@@ -325,6 +338,7 @@ the mixer's output, each against its own scale; the worst comparison of the wors
 | olmo_hybrid | gated_delta | 1 | 1.4e-06 | 2.2 | 7e-07 |
 | kimi_linear | kimi_delta | 2 | 8.3e-07 | 1.6 | 5e-07 |
 | bailing_hybrid | kimi_delta | 2 | 7.0e-07 | 1.6 | 4e-07 |
+| glm5_next (text model of the VLM) | kimi_delta | 1 | 1.0e-08 | 0.029 | 3e-07 |
 | minimax | lightning | 1 | 3.7e-07 | 1.7 | 2e-07 |
 | mamba | mamba (per channel) | 2 | 6.3e-08 | 0.29 | 2e-07 |
 | falcon_mamba | mamba (per channel) | 2 | 6.6e-08 | 0.24 | 3e-07 |

@@ -43,6 +43,7 @@ SHAPES: dict[str, dict] = {
     "granitemoehybrid": {},
     "zamba2": {},
     "bailing_hybrid": {},
+    "glm5_next": {},  # Kimi delta in a vision-language model (its text model, ids only)
     "rwkv": {},  # RWKV-4 WKV, per channel
     "recurrent_gemma": {},  # RG-LRU, per channel
 }
@@ -57,7 +58,11 @@ def _model(model_type: str):
     if hasattr(cfg, "initializer_range"):
         cfg.initializer_range = 0.2  # activations O(1): an absolute error then means something
     torch.manual_seed(0)
-    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+    auto = tf.AutoModelForImageTextToText if model_type in VISION_LANGUAGE else tf.AutoModelForCausalLM
+    return auto.from_config(cfg).eval()
+
+
+VISION_LANGUAGE = {"glm5_next"}  # built with its image-text class; attnviz reads its text model
 
 
 def _loaded(model_type: str) -> attnviz.LoadedModel:
@@ -95,6 +100,7 @@ EXPECTED_KIND = {
     "granitemoehybrid": "mamba2",
     "zamba2": "mamba2",
     "bailing_hybrid": "kimi_delta",
+    "glm5_next": "kimi_delta",
     "rwkv": "rwkv",
     "recurrent_gemma": "rglru",
 }
