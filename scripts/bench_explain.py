@@ -224,8 +224,8 @@ def bench_patching(lm, n: int, grid_max: int) -> dict:
 def patching_markdown(rows: list[dict], loads: tuple[str, str]) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (
-        f"Measured {when} on CPU: {platform.machine()}, {os.cpu_count()} cores shared with four other "
-        f"sessions' work, {torch.get_num_threads()} thread(s), torch {torch.__version__}, smollm2-135m "
+        f"Measured {when} on CPU: {platform.machine()}, {os.cpu_count()} cores (a shared machine: "
+        f"the load average says how busy), {torch.get_num_threads()} thread(s), torch {torch.__version__}, smollm2-135m "
         f"float32; load average (1 / 5 / 15 min) {loads[0]} at the start, {loads[1]} at the end; one run "
         "per size (no repeats). Unit: the median of three plain SDPA forwards of the same ids; wall-time "
         "ratio, CPU-time ratio in brackets. The corrupted prompt replaces the middle token (so half the "
