@@ -51,6 +51,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HOME=/data/hf \
     ATTNVIZ_CACHE=/opt/attnviz/models \
+    ATTNVIZ_STATUS_FILE=/tmp/attnviz-queue.json \
     STREAMLIT_BROWSER_GATHER_USAGE_STATS=false \
     STREAMLIT_SERVER_HEADLESS=true
 
@@ -78,9 +79,11 @@ USER 1000:1000
 WORKDIR /data
 VOLUME ["/data"]
 EXPOSE 8501
-# No curl in the slim image: the health check is Python's urllib against Streamlit's endpoint.
+# No curl in the slim image: the health check is a standard-library script (no torch import)
+# against Streamlit's endpoint and, on a demo, the queue's status file (is it moving?); its one
+# line (queue length, oldest ticket) is what `docker inspect` shows under State.Health.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4).status != 200)"]
+  CMD ["python", "-I", "/src/attnviz/server/healthcheck.py", "http://127.0.0.1:8501/_stcore/health"]
 # The installed command serves the app shipped in the package (the same one `pip install` users
 # run) and becomes the server process, so `docker stop`'s SIGTERM reaches Streamlit.
 CMD ["attnviz", "app", "--port", "8501", "--address", "0.0.0.0"]

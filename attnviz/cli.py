@@ -285,6 +285,9 @@ def _app(args) -> int:
             '(in a checkout: pip install ".[app]")'
         )
     script = app_script()
+    status = os.environ.get("ATTNVIZ_STATUS_FILE", "").strip()
+    if status:  # a previous server's queue status would read as a stuck queue until a visitor came
+        Path(status).unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_flags(script.parent)]
     cmd += [f"--server.port={args.port}", f"--server.address={args.address}"]
     cmd += [f"--server.headless={'false' if args.browser else 'true'}", "--global.developmentMode=false"]

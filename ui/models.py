@@ -27,6 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import streamlit as st
@@ -38,7 +39,8 @@ from attnviz.extract import Sampling, tokenize
 from attnviz.figures.mixers import kind_name
 from attnviz.layout import AttentionLayout
 from attnviz.server import env, specs
-from attnviz.server.gate import GateStatus, InferenceGate, QueueFull, Superseded, UnnamedWait
+from attnviz.server.gate import InferenceGate, QueueFull, Superseded, UnnamedWait
+from attnviz.server.queue_status import GateStatus
 from attnviz.server.settings import settings
 from ui import progress
 from ui.text import guarded, literal, md
@@ -115,7 +117,9 @@ def _ready() -> set[tuple[str, str]]:
 def _gate() -> InferenceGate:
     cfg = settings()
     gate = InferenceGate(max_queue=cfg.queue_max, run_limit=cfg.run_limit)
-    gate.start_watchdog()  # stuck holders and left-over tickets become logged errors, not a jam
+    # stuck holders and left-over tickets become logged errors, not a jam; the status file (if
+    # named) tells the container's health check that the queue moves
+    gate.start_watchdog(status_file=Path(cfg.status_file) if cfg.status_file else None)
     gate.unnamed_waits = _page_wait
     return gate
 

@@ -37,9 +37,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..errors import AttnvizError
+from .queue_status import GateStatus, write_status
 
 log = logging.getLogger(__name__)
 
@@ -71,30 +73,6 @@ class _Ticket:
     started: float | None = None
     depth: int = 0  # nested turns of the holder's own thread
     superseded: bool = False
-
-
-@dataclass(frozen=True)
-class GateStatus:
-    """What the gate is doing now (seconds from the gate's clock)."""
-
-    waiting: int  # requests queued behind the one running
-    running_for: float | None  # how long the current holder has held the gate; None when idle
-    oldest_wait: float  # age of the oldest waiting ticket (0 when none waits)
-    typical_run: float | None  # median of the recent run times
-    max_queue: int  # 0 = no cap
-    run_limit: float | None
-    released_stuck: int = 0  # holders the watchdog released since start
-    removed_dead: int = 0  # tickets of ended threads the watchdog removed
-
-    def line(self) -> str:
-        """One log line."""
-        run = "idle" if self.running_for is None else f"running for {self.running_for:.1f} s"
-        typical = "n/a" if self.typical_run is None else f"{self.typical_run:.1f} s"
-        return (
-            f"gate: {run}, {self.waiting} waiting (cap {self.max_queue or 'none'}), oldest ticket "
-            f"{self.oldest_wait:.1f} s, typical run {typical}, stuck released {self.released_stuck}, "
-            f"dead removed {self.removed_dead}"
-        )
 
 
 @dataclass
@@ -322,19 +300,27 @@ class InferenceGate:
                     self._cond.notify_all()
         return self.status()
 
-    def start_watchdog(self, interval: float = 5.0, log_every: float = 60.0) -> None:
+    def start_watchdog(
+        self, interval: float = 5.0, log_every: float = 60.0, status_file: Path | None = None
+    ) -> None:
         """A daemon thread that calls `sweep` every ``interval`` s and logs the status line every
-        ``log_every`` s while anything is queued or running (once per gate; later calls no-op)."""
+        ``log_every`` s while anything is queued or running (once per gate; later calls no-op).
+        With ``status_file``, each pass also rewrites it (`write_status`) for the health check."""
         with self._cond:
             if self._watchdog is not None:
                 return
             self._watchdog = threading.Thread(
-                target=self._watch, args=(interval, log_every), name="attnviz-gate-watchdog", daemon=True
+                target=self._watch,
+                args=(interval, log_every, status_file),
+                name="attnviz-gate-watchdog",
+                daemon=True,
             )
         self._watchdog.start()
 
-    def _watch(self, interval: float, log_every: float) -> None:
+    def _watch(self, interval: float, log_every: float, status_file: Path | None) -> None:
         logged = 0.0
+        if status_file is not None:
+            write_status(status_file, self.status(), interval, self.stuck_after)
         while True:
             time.sleep(interval)
             try:
@@ -343,6 +329,8 @@ class InferenceGate:
                 if (st.waiting or st.running_for is not None) and now - logged >= log_every:
                     log.info(st.line())
                     logged = now
+                if status_file is not None:
+                    write_status(status_file, st, interval, self.stuck_after)
             except Exception:
                 log.exception("gate watchdog pass failed")
 

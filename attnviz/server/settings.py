@@ -9,6 +9,8 @@ ATTNVIZ_ALLOWED_MODELS=a,b    demo allow-list (default: the built-in models)
 ATTNVIZ_MAX_TOKENS=N          token cap (default 8192, demo 512)
 ATTNVIZ_QUEUE_MAX=N           demo: requests that may wait at once (default 16; 0 = no cap)
 ATTNVIZ_RUN_LIMIT_S=N         demo: seconds one run may take before it is stopped (default 120)
+ATTNVIZ_STATUS_FILE=PATH      demo: the queue's status as JSON, rewritten every 5 s, for the health
+                              check (`attnviz.server.healthcheck`; the Docker image sets it)
 ATTNVIZ_CACHE=DIR             converted built-in models (default ~/.cache/attnviz)
 ATTNVIZ_ALLOW_PICKLE=1        allow non-safetensors weights (default: refused)
 ATTNVIZ_TRUST_REMOTE_CODE=1   allow models with custom code (default: refused)
@@ -37,6 +39,7 @@ class Settings:
     max_tokens: int
     queue_max: int = 0  # demo: requests that may wait at once (0 = no cap)
     run_limit: float | None = None  # demo: seconds per run
+    status_file: str = ""  # demo: where the queue's watchdog writes its status ("" = nowhere)
 
     @property
     def allow_local_paths(self) -> bool:
@@ -66,5 +69,10 @@ def settings() -> Settings:
     if not demo:
         return Settings(demo=demo, allowed_models=allowed, max_tokens=cap)
     return Settings(
-        demo=demo, allowed_models=allowed, max_tokens=cap, queue_max=queue, run_limit=float(limit)
+        demo=demo,
+        allowed_models=allowed,
+        max_tokens=cap,
+        queue_max=queue,
+        run_limit=float(limit),
+        status_file=os.environ.get("ATTNVIZ_STATUS_FILE", "").strip(),
     )

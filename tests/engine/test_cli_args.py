@@ -241,3 +241,16 @@ def test_app_without_streamlit_says_which_extra(monkeypatch, capsys):
         'attnviz: error: the web app needs Streamlit: pip install "streamlit>=1.45,<2" '
         '(in a checkout: pip install ".[app]")'
     ]
+
+
+def test_app_removes_a_previous_servers_queue_status(monkeypatch, capsys, tmp_path):
+    """A status file left by a previous server (a restarted container keeps /tmp) would read as a
+    stuck queue until a visitor came: `attnviz app` removes it before it becomes the server."""
+    status = tmp_path / "queue.json"
+    status.write_text('{"updated": 0}')
+    monkeypatch.setenv("ATTNVIZ_STATUS_FILE", str(status))
+    monkeypatch.setattr(cli.os, "execv", lambda path, cmd: None)
+    code, _ = run_main(capsys, "app")
+    assert code == 0 and not status.exists()
+    code, _ = run_main(capsys, "app")  # none there: nothing to remove, no error
+    assert code == 0

@@ -475,3 +475,38 @@ def test_queue_settings_from_env(monkeypatch):
     monkeypatch.setenv("ATTNVIZ_RUN_LIMIT_S", "0")
     with pytest.raises(env.BadSetting, match="ATTNVIZ_RUN_LIMIT_S=0 is out of range"):
         env.check_all()
+
+
+def test_the_watchdog_writes_the_queue_status_for_the_health_check(tmp_path):
+    """With a status file, the watchdog writes the gate's status at start and at every pass (the
+    health check's evidence that the queue moves): the queue length and the oldest ticket."""
+    import json
+
+    from attnviz.server.healthcheck import read_status, verdict
+
+    path = tmp_path / "queue.json"
+    gate = InferenceGate(max_queue=4, run_limit=60)
+    holder, release = hold(gate)
+    leave = threading.Event()
+
+    def wait_then_run() -> None:
+        with gate.turn():
+            leave.wait(10)
+
+    waiter = threading.Thread(daemon=True, target=wait_then_run)
+    waiter.start()
+    until(lambda: gate.waiting == 1)
+    gate.start_watchdog(interval=0.01, status_file=path)
+    until(lambda: path.exists() and json.loads(path.read_text())["waiting"] == 1)
+    data = read_status(path)
+    assert data["running_for"] is not None and data["oldest_wait"] >= 0 and data["stuck_after"] == 150
+    ok, line = verdict(data, data["updated"] + 1)
+    assert ok and "1 waiting (cap 4)" in line
+    ok, line = verdict(data, data["updated"] + 31)  # 6 passes of 0.01 s, at least 30 s
+    assert not ok and "has not reported for 31 s" in line
+    release.set()  # the waiter runs: a later pass says so
+    holder.join(5)
+    until(lambda: (d := json.loads(path.read_text()))["waiting"] == 0 and d["running_for"] is not None)
+    leave.set()
+    waiter.join(5)
+    until(lambda: json.loads(path.read_text())["running_for"] is None)

@@ -141,11 +141,14 @@ def test_healthcheck_hits_stcore_health_without_curl():
 
 def _healthcheck_on(port: int) -> list[str]:
     """The HEALTHCHECK's own command, run here: this interpreter in place of the image's python,
-    ``port`` in place of 8501; every other argument exactly as the Dockerfile has it."""
+    ``port`` in place of 8501, the checkout in place of the image's /src; every other argument
+    exactly as the Dockerfile has it."""
     argv = _healthcheck_argv()
     assert argv[0] == "python", "the check runs the image's python"
     assert sum(":8501" in a for a in argv[1:]) == 1
-    return [sys.executable, *[a.replace(":8501", f":{port}") for a in argv[1:]]]
+    here = [a.replace(":8501", f":{port}") for a in argv[1:]]
+    here = [str(ROOT / a.removeprefix("/src/")) if a.startswith("/src/") else a for a in here]
+    return [sys.executable, *here]
 
 
 def test_healthcheck_command_passes_on_the_real_server_and_fails_once_it_stops():
@@ -244,3 +247,53 @@ def test_offline_build_and_gpu_run_differ_from_the_plain_ones_only_by_their_addi
     assert offline == [*plain[:2], *extra, *plain[2:]]
     gpu = next(c for c in readme_commands() if "--gpus" in c)
     assert gpu == [*run[:2], "--gpus", "all", *run[2:-1], "-e", "HF_TOKEN", run[-1]]
+
+
+class _Healthy(_Unhealthy):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+def test_healthcheck_reads_the_demo_queues_status_file(tmp_path):
+    """On a demo the check also reads the queue's status file (ATTNVIZ_STATUS_FILE, set in the
+    image) that the gate's watchdog rewrites: fresh, it passes and prints the queue's line (what
+    `docker inspect` shows); not rewritten for longer than it may go, or showing a run held past
+    the watchdog's release point, it fails with the reason; no file (no visitor yet) passes."""
+    import os
+    import time
+
+    from attnviz.server.gate import InferenceGate
+    from attnviz.server.queue_status import write_status
+
+    stand_in = http.server.HTTPServer(("127.0.0.1", 0), _Healthy)
+    thread = threading.Thread(target=stand_in.serve_forever, daemon=True)
+    thread.start()
+    status = tmp_path / "queue.json"
+
+    def run() -> subprocess.CompletedProcess:
+        env = {**os.environ, "ATTNVIZ_STATUS_FILE": str(status)}
+        cmd = _healthcheck_on(stand_in.server_address[1])
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20, env=env)
+
+    try:
+        none = run()
+        assert none.returncode == 0 and "no visitor yet" in none.stdout, none
+        gate = InferenceGate(max_queue=16, run_limit=120)
+        write_status(status, gate.status(), 5.0, gate.stuck_after)
+        fresh = run()
+        assert fresh.returncode == 0 and "gate: idle, 0 waiting (cap 16)" in fresh.stdout, fresh
+        data = json.loads(status.read_text())
+        status.write_text(json.dumps({**data, "updated": time.time() - 31}))
+        stale = run()
+        assert stale.returncode == 1 and "has not reported for 31 s" in stale.stdout, stale
+        status.write_text(json.dumps({**data, "running_for": 500.0, "updated": time.time()}))
+        stuck = run()
+        assert stuck.returncode == 1 and "held the demo queue for 500 s" in stuck.stdout, stuck
+        status.write_text("{not json")
+        broken = run()
+        assert broken.returncode == 1 and "cannot read the queue status" in broken.stdout, broken
+    finally:
+        stand_in.shutdown()
+        stand_in.server_close()
