@@ -88,6 +88,7 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
     engine, address = engine_choice()
     done, total = AT.cached_count(lm, texts, max_tokens=MAX_TOKENS)
     cancelled = done < total and bool(st.session_state.get("atlas_cancel"))  # the Cancel click's rerun
+    fresh = bool(st.session_state.get("atlas_fresh"))  # the "Start over" click's rerun: every text again
     if cancelled:
         st.info(
             f"Cancelled: the {done} of {total} texts done so far are saved; run again to resume."
@@ -95,7 +96,7 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
             icon=":material/cancel:",
         )
     slot = st.empty()  # the run button, cleared while the run goes (a stale "Resume" is never lit)
-    if done < total:
+    if done < total and not fresh:
         label = (
             f"Run the atlas on {total} texts"
             if not done
@@ -126,14 +127,27 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
     with guarded("running the atlas", frame.token, (lm.spec,)):
         # each text takes its own turn of the demo's queue (the model's gated lock), so a long
         # atlas never holds the model while other visitors wait
-        atlas = AT.run_atlas(
-            lm,
-            texts,
-            progress=progress,
-            engine=engine,  # type: ignore[arg-type]
-            ray_address=address,
-            max_tokens=MAX_TOKENS,
-        )
+        try:
+            atlas = AT.run_atlas(
+                lm,
+                texts,
+                progress=progress,
+                engine=engine,  # type: ignore[arg-type]
+                ray_address=address,
+                max_tokens=MAX_TOKENS,
+                fresh=fresh,
+            )
+        except AT.OtherWeights:
+            bar.empty()
+            cancel.empty()
+            st.warning(
+                "The saved atlas of this model comes from other weights: the model changed since it "
+                "was run, so those numbers are not this model's. Start over to compute every text "
+                "again for these weights (the old results are replaced).",
+                icon=":material/history:",
+            )
+            st.button("Start over for these weights", key="atlas_fresh", type="primary")
+            return None
         if DEMO:
             AT.cache.evict(DEMO_CACHE_BYTES)
         bar.empty()

@@ -9,7 +9,7 @@
 - `command`: the ``attnviz atlas`` command line.
 """
 
-from .cache import AtlasCache, CacheWriteError, Entry
+from .cache import AtlasCache, CacheWriteError, Entry, OtherWeights
 from .corpus import MAX_TEXTS, TextItem, builtin_corpus, parse_texts, read_corpus, text_key
 from .ranking import STATISTICS, Atlas, Example, snippet
 from .run import (
@@ -37,6 +37,7 @@ __all__ = [
     "Entry",
     "Example",
     "ModelRef",
+    "OtherWeights",
     "Progress",
     "TextItem",
     "builtin_corpus",

@@ -30,7 +30,7 @@ What a reader and a fault test can rely on:
   run in memory, and returns the result with ``cache_error`` set: the command line prints it, the
   app shows it and keeps serving.
 - **One set of weights per namespace.** The manifest records the weights fingerprint of the first
-  writer; `AtlasCache.check_fingerprint` refuses (AttnvizError) when other weights would add
+  writer; `AtlasCache.check_fingerprint` refuses (`OtherWeights`) when other weights would add
   entries under the same name, so entries of two models never mix.
 """
 
@@ -64,6 +64,11 @@ MAGIC = b"attnviz-atlas-entry 1\n"
 class CacheWriteError(CannotWrite):
     """The atlas cache folder cannot take an entry (full disk, read-only, no permission): a
     `CannotWrite` like every failed write, worded for the atlas (see `write_error`)."""
+
+
+class OtherWeights(AttnvizError):
+    """The cache holds results of other weights under this model's name (the model changed since):
+    a run with ``fresh=True`` replaces them."""
 
 
 class DamagedEntry(ValueError):
@@ -245,7 +250,7 @@ class AtlasCache:
         """Refuse when the manifest names other weights than ``fingerprint`` (see the module doc)."""
         m = self.manifest()
         if m and m.get("fingerprint") and fingerprint and m["fingerprint"] != fingerprint:
-            raise AttnvizError(
+            raise OtherWeights(
                 f"the atlas cache {str(self.folder)!r} holds results of other weights under the name "
                 f"{model!r} (the model changed since); delete that folder, or run with --fresh"
             )

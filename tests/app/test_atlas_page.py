@@ -130,3 +130,26 @@ def test_no_stale_resume_button_is_left_lit_once_the_run_starts(env, monkeypatch
     at.button(key="atlas_run").click().run()
     assert "the disk went away" in at.error[0].value
     assert [b.key for b in at.button] == ["atlas_retry"]
+
+
+def test_a_saved_atlas_of_other_weights_offers_to_start_over(env, monkeypatch):
+    """The disk cache holds this model's atlas from other weights (the model changed since): the
+    page never shows those numbers; it says why and offers to start over, which computes every
+    text again for these weights and shows their atlas."""
+    import json
+
+    import tiny
+
+    lm = tiny.loaded("llama-gqa")
+    corpus = AT.builtin_corpus()[:3]
+    old = AT.run_atlas(lm, corpus)
+    manifest = next(AT.AtlasCache.for_namespace("x").folder.parent.glob("*/model.json"))
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "fingerprint": "weights-of-before"}))
+    at = new_app(ATLAS, model=TINY, ntexts=3).run()
+    ok(at)
+    assert not at.dataframe and any("comes from other weights" in w.value for w in at.warning)
+    at.button(key="atlas_fresh").click().run()
+    ok(at)
+    assert not at.warning and len(at.dataframe[0].value) == len(old.ranking("entropy"))
+    assert json.loads(manifest.read_text())["fingerprint"] == data["fingerprint"]  # the new weights'
