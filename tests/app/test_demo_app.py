@@ -53,6 +53,21 @@ def until(condition, timeout: float = 30.0) -> None:
         time.sleep(0.005)
 
 
+def wait_lines(demo) -> list[str]:
+    """Every position line the page draws while it waits (`ui.models.wait_text`), in order."""
+    from ui import models
+
+    seen: list[str] = []
+    real = models.wait_text
+
+    def spy(pos: int, est: float | None) -> str:
+        seen.append(real(pos, est))
+        return seen[-1]
+
+    demo.setattr(models, "wait_text", spy)
+    return seen
+
+
 def test_the_demo_limits_show_on_the_page(demo):
     at = new_app(model=TINY, text=TEXT).run()
     ok(at)
@@ -85,16 +100,7 @@ def test_a_full_queue_says_so_and_offers_retry(demo):
 
 
 def test_a_waiting_visitor_sees_position_and_estimate_then_runs(demo):
-    from ui import models
-
-    seen: list[str] = []
-    real = models.wait_text
-
-    def spy(pos: int, est: float | None) -> str:
-        seen.append(real(pos, est))
-        return seen[-1]
-
-    demo.setattr(models, "wait_text", spy)
+    seen = wait_lines(demo)
     new_app(model=TINY, text="warm the model and the run times").run()  # a first run: an estimate exists
     gate = the_gate()
     _holder, release = hold(gate)
@@ -147,16 +153,7 @@ def test_an_engine_wait_shows_the_position_on_the_page(demo):
     """The Head atlas's texts each take the model's lock (the gate's, in the demo) inside the
     engine, with no turn of the page's own: the page still shows the position while it waits,
     clears it when the turn starts, and the atlas is drawn."""
-    from ui import models
-
-    seen: list[str] = []
-    real = models.wait_text
-
-    def spy(pos: int, est: float | None) -> str:
-        seen.append(real(pos, est))
-        return seen[-1]
-
-    demo.setattr(models, "wait_text", spy)
+    seen = wait_lines(demo)
     at = new_app("pages/5_Head_atlas.py", model=TINY, ntexts=1).run()  # the model loads
     ok(at)
     gate = the_gate()
