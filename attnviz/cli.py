@@ -278,6 +278,7 @@ def _app(args) -> int:
     app.py in an editable install), with the shipped .streamlit/config.toml as flags (Streamlit
     reads config files only from the working folder and the home folder)."""
     from .server.app_files import app_script, streamlit_flags
+    from .server.healthcheck import STATUS_FILE_ENV
 
     if importlib.util.find_spec("streamlit") is None:
         raise AttnvizError(
@@ -285,7 +286,7 @@ def _app(args) -> int:
             '(in a checkout: pip install ".[app]")'
         )
     script = app_script()
-    status = os.environ.get("ATTNVIZ_STATUS_FILE", "").strip()
+    status = os.environ.get(STATUS_FILE_ENV, "").strip()
     if status:  # a previous server's queue status would read as a stuck queue until a visitor came
         Path(status).unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_flags(script.parent)]

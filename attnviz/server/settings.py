@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ..loading import BUILTIN_MODELS
 from .env import flag, integer
+from .healthcheck import STATUS_FILE_ENV
 
 DEMO_MAX_TOKENS = 512
 FULL_MAX_TOKENS = 8192
@@ -74,5 +75,5 @@ def settings() -> Settings:
         max_tokens=cap,
         queue_max=queue,
         run_limit=float(limit),
-        status_file=os.environ.get("ATTNVIZ_STATUS_FILE", "").strip(),
+        status_file=os.environ.get(STATUS_FILE_ENV, "").strip(),
     )

@@ -17,6 +17,7 @@ LONG = " ".join(["the bank of the river", "a quick brown fox jumps over the lazy
 OVERVIEW = "pages/1_Model_overview.py"
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch: 7-9 s
 def test_the_app_takes_its_imports_out_of_the_collectors_walk():
     """Streamlit runs a full garbage collection after every script run; with torch,
     transformers and plotly imported that walk was ~0.2 s of each rerun (ui.models freezes them)."""
@@ -25,6 +26,7 @@ def test_the_app_takes_its_imports_out_of_the_collectors_walk():
     assert int(out.stdout.split()[-1]) > 100_000
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch: 7-9 s
 def test_torchs_workers_sleep_between_operations_in_the_app():
     """The app sets OMP_WAIT_POLICY=PASSIVE before torch is first imported (libgomp reads it
     then): spinning workers took the CPU the browser draws with. A fresh interpreter records the

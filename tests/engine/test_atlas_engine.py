@@ -371,6 +371,7 @@ def test_terminal_progress_shows_done_throughput_and_time_left(monkeypatch):
     ]
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch: 7-9 s
 def test_ray_is_imported_only_when_its_engine_runs(folder, tmp_path):
     """The library, the command line and a local atlas run never import Ray."""
     script = (
