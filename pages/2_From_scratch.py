@@ -12,7 +12,7 @@ from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
 from attnviz.reference.walkthrough import Walkthrough
 from attnviz.server.settings import settings
-from ui import export, models, pickers, rotary, scratch_mixers, shell, sidebar, state, steps
+from ui import export, gate, models, pickers, rotary, scratch_mixers, shell, sidebar, state, steps
 from ui.params import CHANGES, SCALE_CHOICES, SCRATCH_MODES, ScratchParams
 from ui.text import guarded, md
 
@@ -179,7 +179,7 @@ def real_layer() -> None:
             wt = models.cached(
                 "walkthrough",
                 key,
-                models.gated(lambda: W.layer_walkthrough(lm, text, layer, chat=chat, max_tokens=max_tokens)),
+                gate.gated(lambda: W.layer_walkthrough(lm, text, layer, chat=chat, max_tokens=max_tokens)),
                 nbytes=lambda w: sum(s.value.nbytes for s in w.steps),
             )
     if wt is None:

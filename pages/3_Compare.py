@@ -7,7 +7,7 @@ import streamlit as st
 from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import compare, export, head_stats, models, pickers, shell, sidebar, state
+from ui import compare, export, gate, head_stats, models, pickers, shell, sidebar, state
 from ui.params import COMPARE_MODES, COMPARE_SCALES, MAX_TEXT_CHARS, CompareParams
 from ui.text import md
 
@@ -35,7 +35,7 @@ else:
 def main() -> None:
     """The page body. Models and results stay locals of this run; the download callables get
     `models.ResultRef`s (they and the widget format functions outlive the run; see app.py)."""
-    with models.one_turn():  # demo: one place in the queue for both texts
+    with gate.one_turn():  # demo: one place in the queue for both texts
         lm_a, res_a, ref_a = shell.load_and_extract(frame)
         if not spec_b or not text_b.strip():
             st.info("Type text B." if mode == "two texts" else "Pick model B.")

@@ -109,7 +109,7 @@ def _dump(signum, frame):
     if models is not None:
         for name, cache in (("results", models.results_cache()), ("derived", models._derived())):
             out[name] = {"entries": len(cache), "mib": cache.total_bytes / 2**20}
-        out["gate"] = vars(models.gate_status())  # queue length, oldest ticket, run times
+        out["gate"] = vars(sys.modules["ui.gate"].status())  # queue length, oldest ticket, run times
     try:
         from streamlit.runtime import Runtime
 

@@ -18,7 +18,7 @@ from attnviz import explain as X
 from attnviz.figures import explain as FX
 from attnviz.figures import figure_name
 from attnviz.server.settings import settings
-from ui import clicks, export, models, progress, shell, state
+from ui import clicks, export, gate, models, progress, shell, state
 from ui.params import ExplainParams, ExplorerParams
 from ui.text import guarded, md
 
@@ -47,8 +47,8 @@ def computed(
         return None
 
     def run() -> Any:
-        with models.turn() as check, progress.steps(what, full, unit="layer", keeps=False) as report:
-            return build(models.checked(report, check))  # demo: the one queue
+        with gate.turn() as check, progress.steps(what, full, unit="layer", keeps=False) as report:
+            return build(gate.checked(report, check))  # demo: the one queue
 
     if store is None:
         return models.cached(name, key, run, nbytes=lambda v: getattr(v, "nbytes", 1 << 20))

@@ -25,13 +25,11 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import streamlit as st
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 import attnviz
 from attnviz import AttentionResult, LoadedModel
@@ -39,10 +37,8 @@ from attnviz.extract import Sampling, tokenize
 from attnviz.figures.mixers import kind_name
 from attnviz.layout import AttentionLayout
 from attnviz.server import env, specs
-from attnviz.server.gate import InferenceGate, QueueFull, Superseded, UnnamedWait
-from attnviz.server.queue_status import GateStatus
 from attnviz.server.settings import settings
-from ui import progress
+from ui import gate, progress
 from ui.text import guarded, literal, md
 
 log = logging.getLogger("attnviz.ui")
@@ -80,12 +76,7 @@ def token_key(token: str | None) -> str:
     one) and, on a public demo, this visitor's own id, so a visitor never gets another's cached
     result (an instant answer would tell that someone ran this text recently)."""
     key = _model_key(token)
-    return f"{key}|{visitor()}" if settings().demo else key
-
-
-def visitor() -> str:
-    """This session's random id (the gate's one-pending-request key, the demo's result scope)."""
-    return str(st.session_state.setdefault("_attnviz_visitor", secrets.token_hex(8)))
+    return f"{key}|{gate.visitor()}" if settings().demo else key
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +94,7 @@ def _cached_model(spec: str, token_digest: str, _token: str | None, _ms: specs.M
     and token digest; the underscore arguments are not part of the cache key."""
     lm = _load_uncached(_ms, _token)
     if settings().demo:  # engine code that takes lm.lock queues at the demo's one gate too
-        lm.lock = _gate().lock(lm.lock)  # type: ignore[assignment]
+        lm.lock = gate.shared().lock(lm.lock)  # type: ignore[assignment]
     return lm
 
 
@@ -111,135 +102,6 @@ def _cached_model(spec: str, token_digest: str, _token: str | None, _ms: specs.M
 def _ready() -> set[tuple[str, str]]:
     """(spec, token digest) pairs loaded at least once in this process."""
     return set()
-
-
-@st.cache_resource(show_spinner=False)
-def _gate() -> InferenceGate:
-    cfg = settings()
-    gate = InferenceGate(max_queue=cfg.queue_max, run_limit=cfg.run_limit)
-    # stuck holders and left-over tickets become logged errors, not a jam; the status file (if
-    # named) tells the container's health check that the queue moves
-    gate.start_watchdog(status_file=Path(cfg.status_file) if cfg.status_file else None)
-    gate.unnamed_waits = _page_wait
-    return gate
-
-
-def gate_status() -> GateStatus:
-    """The demo gate's queue length, oldest ticket and run times (for the operator)."""
-    return _gate().status()
-
-
-POLL_SECONDS = 0.5  # a waiting page redraws its position this often (a visitor who left stops here)
-
-
-def _no_check() -> None:
-    return None
-
-
-def wait_text(position: int, estimate: float | None) -> str:
-    """The waiting visitor's line: position and, once runs have finished, an estimate."""
-    ahead = "1 request is" if position == 1 else f"{position} requests are"
-    about = "" if estimate is None else f" Estimated wait: about {max(round(estimate), 1)} s."
-    return f"⏳ Busy: {ahead} ahead of yours.{about} It starts by itself."
-
-
-def _page_wait() -> UnnamedWait | None:
-    """How a wait that engine code starts (its ``lm.lock`` is the gate's) shows on the page that
-    runs it: the position line where the page is, drawn at the first poll and cleared when the
-    turn starts, and counted as this visitor's one request. None outside a page's run (a
-    download's worker thread)."""
-    if get_script_run_ctx() is None:
-        return None
-    gate = _gate()
-    slot: list[Any] = []
-
-    def on_wait(position: int) -> None:
-        if not slot:
-            slot.append(st.empty())
-        slot[0].info(wait_text(position, gate.estimate(position)))
-
-    def done() -> None:
-        if slot:
-            slot[0].empty()
-
-    return on_wait, done, visitor()
-
-
-@contextlib.contextmanager
-def turn() -> Iterator[Callable[[], None]]:
-    """In demo mode, wait for the one-at-a-time gate (position and estimated wait shown, redrawn
-    every `POLL_SECONDS`: each redraw is where Streamlit stops the run of a visitor who left,
-    reloaded or edited, and the ticket goes with it), then hold it for the block. Yields
-    ``check()``, which raises `RunTooLong` once the run is past the demo's limit (call it from
-    progress callbacks). A full queue says so with a Retry button and stops the page. Reentrant:
-    a turn inside a turn (Compare's two texts, a load inside a run) does not queue again."""
-    if not settings().demo:
-        yield _no_check
-        return
-    gate = _gate()
-    slot = st.empty()
-
-    def on_wait(position: int) -> None:
-        slot.info(wait_text(position, gate.estimate(position)))
-
-    try:
-        held = gate.acquire(on_wait, visitor=visitor(), poll_seconds=POLL_SECONDS)
-    except QueueFull as err:
-        slot.empty()
-        st.warning(f"{err}.", icon=":material/hourglass_disabled:")
-        st.button("Retry", key="attnviz_queue_retry", type="primary", icon=":material/refresh:")
-        st.stop()
-    except Superseded:
-        st.stop()  # this visitor's newer request runs instead
-    try:
-        slot.empty()
-        yield held.check
-    finally:
-        kept = getattr(_kept, "turns", None)
-        if kept is not None:  # inside `one_turn`: held until its block ends
-            kept.append(held)
-        else:
-            gate.release(held)
-
-
-_kept = threading.local()
-
-
-@contextlib.contextmanager
-def one_turn() -> Iterator[None]:
-    """Model work in the block shares one turn: the first run that needs the gate takes it and
-    keeps it to the end of the block (Compare's second text never goes back to the end of the
-    queue); a block whose results are all cached never queues."""
-    if not settings().demo or getattr(_kept, "turns", None) is not None:
-        yield
-        return
-    _kept.turns = []
-    try:
-        yield
-    finally:
-        turns, _kept.turns = _kept.turns, None
-        for held in reversed(turns):
-            _gate().release(held)
-
-
-def gated(run: Callable[[], T]) -> Callable[[], T]:
-    """``run`` inside a `turn` (for a cached build that runs the model)."""
-
-    def inside() -> T:
-        with turn():
-            return run()
-
-    return inside
-
-
-def checked(report: Callable[[int, int], None], check: Callable[[], None]) -> Callable[[int, int], None]:
-    """A progress callback that first checks the turn's time limit (raising stops the run)."""
-
-    def both(done: int, total: int) -> None:
-        check()
-        report(done, total)
-
-    return both
 
 
 def mixer_line(lay: AttentionLayout) -> str:
@@ -296,7 +158,7 @@ def load(spec: str, token: str | None = None) -> LoadedModel | None:
                         "~/.cache/attnviz (about 25 s, only once)."
                     )
                 status.write("Reading the config, the weights and the tokenizer…")
-                with turn():
+                with gate.turn():
                     lm = _cached_model(spec, key[1], token, ms)
                 status.write(
                     f"{describe_layout(lm.layout)} on {lm.device}, {str(lm.dtype).removeprefix('torch.')}."
@@ -415,7 +277,7 @@ def extract(
     with guarded(what, token, (lm.spec, text)):
         ids, _ = tokenize(lm, text, chat=chat)
         specs.check_tokens(lm, len(ids) + int(generate), settings())  # too big for memory: a message
-        with turn() as check, progress.staged(f"{what[0].upper()}{what[1:]}", len(ids), key) as report:
+        with gate.turn() as check, progress.staged(f"{what[0].upper()}{what[1:]}", len(ids), key) as report:
             res = attnviz.extract(
                 lm,
                 text,
@@ -424,7 +286,7 @@ def extract(
                 max_tokens=settings().max_tokens,
                 verify="auto",
                 sampling=sampling,
-                progress=checked(report, check),
+                progress=gate.checked(report, check),
                 statistics=statistics,
             )
         cache.put(key, res, res.nbytes)
@@ -463,7 +325,7 @@ def result_now(ref: ResultRef) -> AttentionResult:
     log.info("result evicted; running %s again for a download", ref.spec)
     ms = specs.resolve(ref.spec, settings())
     lm = _cached_model(ref.spec, _model_key(ref.token), ref.token, ms)
-    with _gate().turn() if settings().demo else contextlib.nullcontext():
+    with gate.shared().turn() if settings().demo else contextlib.nullcontext():
         res = attnviz.extract(
             lm,
             ref.text,

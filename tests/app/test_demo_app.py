@@ -27,9 +27,9 @@ def demo(monkeypatch, tmp_path):
 
 
 def the_gate() -> InferenceGate:
-    from ui import models
+    from ui import gate
 
-    return models._gate()
+    return gate.shared()
 
 
 def hold(gate: InferenceGate):
@@ -54,17 +54,17 @@ def until(condition, timeout: float = 30.0) -> None:
 
 
 def wait_lines(demo) -> list[str]:
-    """Every position line the page draws while it waits (`ui.models.wait_text`), in order."""
-    from ui import models
+    """Every position line the page draws while it waits (`ui.gate.wait_text`), in order."""
+    from ui import gate
 
     seen: list[str] = []
-    real = models.wait_text
+    real = gate.wait_text
 
     def spy(pos: int, est: float | None) -> str:
         seen.append(real(pos, est))
         return seen[-1]
 
-    demo.setattr(models, "wait_text", spy)
+    demo.setattr(gate, "wait_text", spy)
     return seen
 
 
