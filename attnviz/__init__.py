@@ -30,7 +30,7 @@ from .explain import ablate_heads, information_flow, logit_attribution, logit_le
 from .explain.attribution_patching import attribution_patch
 from .explain.patching import patch
 from .export import load_npz, save_npz
-from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids, tokenize
+from .extract import DEFAULT_MAX_TOKENS, PATHS, extract, extract_ids
 from .figures.explain import (
     ablation_view,
     attribution_view,
@@ -40,6 +40,7 @@ from .figures.explain import (
 )
 from .figures.notebook import head_view, model_view
 from .figures.patching import head_search_view, patching_comparison_view, patching_view
+from .inputs import tokenize
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
 from .result import AttentionResult

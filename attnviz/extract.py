@@ -20,10 +20,11 @@ from .capture.hook import IMPLEMENTATION, recording
 from .capture.layerwise import LayerInput
 from .capture.records import CapturedAttention, CapturedMixer
 from .capture.sites import decoder_start, eager_attentions, forward_inputs
-from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory, TooManyPositions
+from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
 from .exact import kernels
 from .exact.eager import CannotCheck
 from .exact.verify import VerifyArg, pick_layers, self_check
+from .inputs import check_positions, tokenize
 from .loading import LoadedModel, is_out_of_memory
 from .mixers.kinds import SHOWN
 from .mixers.store import MixerStore
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (attention layers done, attention layers in all)
 DEFAULT_MAX_TOKENS = 8192
-_SENTINEL = "\u27e6attnviz\u27e7"
 FAST_METHOD = "fast exact"
 AUTO_VERIFY_TOKENS = 1024  # verify="auto": one layer's (heads, N, N) in eager is cheap up to here
 
@@ -47,46 +47,6 @@ def auto_check_skipped(n_tokens: int) -> str:
             f"heads × {n_tokens:,} × {n_tokens:,} weights)"
         )
     return ""
-
-
-def _chat_ids(lm: LoadedModel, text: str) -> tuple[list[int], list[bool]]:
-    """Token ids of the chat-templated text and, per token, whether the template added it."""
-    tok = lm.tokenizer
-    if not lm.has_chat_template:
-        raise AttnvizError(f"{lm.spec!r} has no chat template; turn the chat option off")
-
-    def render(content: str) -> str:
-        return tok.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-        )
-
-    rendered = render(text)
-    start = render(_SENTINEL).find(_SENTINEL)
-    if start < 0 or rendered[start : start + len(text)] != text:
-        start = rendered.find(text)
-    end = start + len(text)
-    enc = tok(rendered, add_special_tokens=False, return_offsets_mapping=True)
-    template = [not (s < end and e > start) for s, e in enc["offset_mapping"]]
-    return list(enc["input_ids"]), template
-
-
-def tokenize(lm: LoadedModel, text: str, *, chat: bool = False) -> tuple[list[int], list[bool]]:
-    """Ids exactly as ``tokenizer(text)`` gives them (or via the chat template), + template flags."""
-    if not isinstance(text, str) or not text.strip():
-        raise EmptyInput("the text is empty; type a sentence")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise AttnvizError(
-            f"the text has invalid Unicode at character {err.start} (a lone surrogate); "
-            "remove or retype that character"
-        ) from None
-    if chat:
-        return _chat_ids(lm, text)
-    ids = lm.tokenizer(text)["input_ids"]
-    if not ids:
-        raise EmptyInput("the text gives no tokens; type a sentence")
-    return list(ids), [False] * len(ids)
 
 
 def forward_kwargs(lm: LoadedModel) -> dict:
@@ -189,59 +149,6 @@ def extract(
         lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens, verify=verify,
         sampling=sampling, progress=progress, statistics=statistics,
     )  # fmt: skip
-
-
-def position_limit(model: torch.nn.Module) -> int | None:
-    """The most positions ``model`` can read, or None when it has no such limit.
-
-    A model with learned (or tabulated sinusoidal) absolute positions looks each position up in
-    a table (BERT's and MiniLM's ``position_embeddings``, GPT-2's ``wpe``, OPT's and BART's
-    ``embed_positions``): a longer text fails inside the model with a size mismatch. The table's
-    rows less the positions it skips are the limit: OPT/BART's learned table starts at
-    ``offset`` 2, RoBERTa's at ``padding_idx + 1``. Rotary, ALiBi and relative-bucket models
-    (Llama, Qwen, BLOOM, T5) compute positions and have no table; their
-    ``max_position_embeddings`` is the training length, not a limit, so None. With several
-    tables (an encoder and a decoder) the smallest counts: the text goes through both."""
-    limits = []
-    for name, mod in model.named_modules():
-        leaf = name.rsplit(".", 1)[-1].lower()
-        if not isinstance(mod, torch.nn.Embedding) or not ("pos" in leaf or leaf == "wpe"):
-            continue
-        skipped = int(getattr(mod, "offset", 0) or 0)
-        if mod.padding_idx is not None:
-            skipped += int(mod.padding_idx) + 1
-        limits.append(int(mod.num_embeddings) - skipped)
-    return min(limits) if limits else None
-
-
-def check_positions(lm: LoadedModel, n_tokens: int, generate: int = 0) -> None:
-    """Raise `TooManyPositions` (with the model's limit and the offer of the text's first tokens)
-    when ``n_tokens`` (+ ``generate``) pass `position_limit` of ``lm``'s model."""
-    limit = position_limit(lm.model)
-    if limit is None or n_tokens + generate <= limit:
-        return
-    gen = f" (+{generate} to generate)" if generate else ""
-    first = max(limit - generate, 0)
-    raise TooManyPositions(
-        f"{lm.spec!r} reads at most {limit:,} positions (its position table) and this text has "
-        f"{n_tokens:,} tokens{gen}; shorten it or use its first {first:,} tokens",
-        limit,
-    )
-
-
-def first_tokens(lm: LoadedModel, text: str, n: int, *, chat: bool = False) -> str:
-    """The longest start of ``text`` (cut at a token's end) that `tokenize` makes into at most
-    ``n`` tokens, special and template tokens included: what "use its first n tokens" runs."""
-    enc = lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ends = [e for _, e in enc["offset_mapping"]]
-    keep = min(len(ends), n)
-    while keep > 0:
-        cut = text[: ends[keep - 1]]
-        got = len(tokenize(lm, cut, chat=chat)[0]) if cut.strip() else 0
-        if 0 < got <= n:
-            return cut
-        keep -= max(1, got - n)  # cutting a word can split it into more tokens: step back
-    raise InputTooLong(f"not even one token of the text fits in {n} positions")
 
 
 def _teller(progress: Progress | None, total: int) -> Callable[[int], None] | None:

@@ -7,7 +7,7 @@ import streamlit as st
 
 import attnviz
 from attnviz import figures as F
-from attnviz.analysis import token_views as TV
+from attnviz.inputs import first_tokens
 from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
 from attnviz.reference.walkthrough import Walkthrough
@@ -171,7 +171,7 @@ def real_layer() -> None:
             "(switch to the toy mode for a made-up layer).",
             icon=":material/content_cut:",
         )
-        text = TV.first_tokens(lm, text, max_tokens, chat=chat)
+        text = first_tokens(lm, text, max_tokens, chat=chat)
     wt = None
     with guarded(f"recomputing {lay.layer_label(layer)} of {md(p.model)}", frame.token, (p.model,)):
         key = (lm.spec, models.token_key(frame.token), text, chat, layer)

@@ -7,7 +7,7 @@ import time
 
 import attnviz
 from attnviz.bench.common import floor, ids_of_length
-from attnviz.extract import tokenize
+from attnviz.inputs import tokenize
 
 
 def texts(lm: attnviz.LoadedModel, n: int, repeats: int, word: str = "Run") -> list[tuple[str, int]]:

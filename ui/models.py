@@ -33,8 +33,9 @@ import streamlit as st
 
 import attnviz
 from attnviz import AttentionResult, LoadedModel
-from attnviz.extract import Sampling, tokenize
+from attnviz.extract import Sampling
 from attnviz.figures.mixers import kind_name
+from attnviz.inputs import tokenize
 from attnviz.layout import AttentionLayout
 from attnviz.server import env, specs
 from attnviz.server.settings import settings

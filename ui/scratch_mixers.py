@@ -10,8 +10,8 @@ import streamlit as st
 import attnviz
 from attnviz import AttnvizError, LoadedModel
 from attnviz import figures as F
-from attnviz.analysis import token_views as TV
 from attnviz.figures import mixers as M
+from attnviz.inputs import first_tokens
 from attnviz.reference import SUPPORTED
 from attnviz.reference import mixers as R
 
@@ -51,7 +51,7 @@ def draw(lm: LoadedModel, text: str, chat: bool, block: int, kind: str) -> None:
     """The walkthrough of one head of block ``block`` on (the first `MAX_TOKENS` tokens of) ``text``."""
     if not text.strip():
         return
-    res = attnviz.extract(lm, TV.first_tokens(lm, text, MAX_TOKENS, chat=chat), chat=chat)
+    res = attnviz.extract(lm, first_tokens(lm, text, MAX_TOKENS, chat=chat), chat=chat)
     n_heads = res.mixer_heads(block, kind)
     if not 0 <= int(st.session_state.get(HEAD_KEY, 0)) < n_heads:
         st.session_state[HEAD_KEY] = 0

@@ -21,7 +21,8 @@ from streamlit.delta_generator import DeltaGenerator
 
 from attnviz import AttentionResult, LoadedModel
 from attnviz.errors import AttnvizError, TooManyPositions
-from attnviz.extract import Sampling, check_positions, first_tokens, position_limit, tokenize
+from attnviz.extract import Sampling
+from attnviz.inputs import check_positions, first_tokens, position_limit, tokenize
 from attnviz.server.settings import settings
 from ui import logs, models, sidebar, state
 from ui.params import (
@@ -159,7 +160,7 @@ def load_and_extract(
 
 def positions_past_limit(lm: LoadedModel, text: str, *, chat: bool, generate: int = 0) -> bool:
     """Up front, before any progress bar: a text longer than the model's own position table
-    (`attnviz.extract.position_limit`, e.g. minilm-l6's 512) or than this server's cap (the demo's
+    (`attnviz.inputs.position_limit`, e.g. minilm-l6's 512) or than this server's cap (the demo's
     512, `ATTNVIZ_MAX_TOKENS`) gets the reason and a button that keeps the text's first tokens.
     True when the page must stop."""
     cfg = settings()

@@ -14,7 +14,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
 from attnviz import LoadedModel
-from attnviz.extract import position_limit
+from attnviz.inputs import position_limit
 from attnviz.server import specs
 from attnviz.server.settings import settings
 from ui import state

@@ -108,21 +108,3 @@ def token_weights(
     if reduce not in ("mean", "max"):
         raise AttnvizError(f"unknown reduction {reduce!r}; use 'mean' or 'max'")
     return w.mean(axis=0) if reduce == "mean" else w.max(axis=0)
-
-
-def first_tokens(lm: LoadedModel, text: str, n: int, *, chat: bool = False) -> str:
-    """The longest prefix of ``text`` (cut at a token boundary) that tokenizes to at most ``n``
-    tokens, chat template included: what a view limited to n tokens can show of a longer text."""
-    from ..extract import tokenize
-
-    if len(tokenize(lm, text, chat=chat)[0]) <= n:
-        return text
-    enc = lm.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    ends = [int(e) for _, e in enc["offset_mapping"]]
-    keep = min(n, len(ends))
-    while keep > 0:
-        cut = text[: ends[keep - 1]]
-        if cut.strip() and len(tokenize(lm, cut, chat=chat)[0]) <= n:
-            return cut
-        keep -= max(1, len(tokenize(lm, cut, chat=chat)[0]) - n if cut.strip() else 1)
-    raise AttnvizError(f"no prefix of the text fits {n} tokens")

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from ..errors import AttnvizError, OutOfMemory
-from ..extract import extract_ids, tokenize
+from ..extract import extract_ids
+from ..inputs import tokenize
 from ..layout import Stack
 from ..loading import LoadedModel, is_out_of_memory, load_model
 from ..metrics import head_metrics

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..analysis.align import align_tokens
 from ..errors import AttnvizError
-from ..extract import tokenize
+from ..inputs import tokenize
 from ..limits import forward_bytes, free_bytes, require
 from ..loading import LoadedModel
 from ..tokens import Tokens

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from ..errors import AttnvizError, BadIndex, InputTooLong
-from ..extract import extract, tokenize
+from ..extract import extract
+from ..inputs import tokenize
 from ..layout import AttentionLayout
 from ..loading import LoadedModel
 from ..tokens import Tokens

@@ -12,7 +12,7 @@ from cli_run import run_cli
 
 import attnviz
 from attnviz.errors import InputTooLong, TooManyPositions
-from attnviz.extract import position_limit
+from attnviz.inputs import position_limit
 
 SMALL = dict(vocab_size=tiny.VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
              intermediate_size=32)  # fmt: skip
@@ -58,7 +58,7 @@ def test_the_cli_says_it_in_one_line(tmp_path):
 
 
 def test_first_tokens_fits_the_limit_and_runs():
-    from attnviz.extract import first_tokens, tokenize
+    from attnviz.inputs import first_tokens, tokenize
 
     lm = tiny.loaded("bert")
     text = "the river bank, and then the financial bank. " * 60

@@ -14,6 +14,7 @@ from attnviz import figures as F
 from attnviz.analysis import token_views as TV
 from attnviz.analysis import value_weighted as VW
 from attnviz.figures import tokens as FT
+from attnviz.inputs import first_tokens
 
 TEXT = "the financial bank is located on river bank"
 
@@ -204,11 +205,11 @@ def test_token_rows_from_and_to_match_the_layer():
 def test_first_tokens_cuts_at_a_token_boundary():
     lm = tiny.loaded("llama-gqa")
     long = "the financial bank is located on river bank " * 20
-    cut = TV.first_tokens(lm, long, 50)
+    cut = first_tokens(lm, long, 50)
     ids = attnviz.tokenize(lm, cut)[0]
     assert len(ids) <= 50 and len(ids) >= 48 and long.startswith(cut)
     assert ids == attnviz.tokenize(lm, long)[0][: len(ids)]  # the same tokens as the long text's start
-    assert TV.first_tokens(lm, "short text", 50) == "short text"
+    assert first_tokens(lm, "short text", 50) == "short text"
 
 
 def test_html_page_carries_plotly_js_once():
