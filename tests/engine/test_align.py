@@ -13,10 +13,13 @@ A_TEXT = "the bank is by the river"
 B_TEXT = "oh the bank is by the river now"  # the same words with one inserted before, one after
 
 
+VOCAB: dict[str, int] = {}  # one id per word across calls (hash() % 1000 differed per process and collided)
+
+
 def toks(words: list[str], ids: list[int] | None = None) -> Tokens:
     n = len(words)
     return Tokens(
-        ids=tuple(ids or [hash(w) % 1000 for w in words]),
+        ids=tuple(ids or [VOCAB.setdefault(w, len(VOCAB)) for w in words]),
         raw=tuple(words),
         display=tuple(words),
         special=(False,) * n,
