@@ -12,7 +12,7 @@ import streamlit as st
 
 from attnviz import LoadedModel, Tokens, tokenize
 from attnviz import explain as X
-from attnviz.explain.patching import pair
+from attnviz.explain.patch_sites import pair
 from attnviz.figures import figure_name
 from attnviz.figures import patching as FP
 from ui import clicks, export, models, state

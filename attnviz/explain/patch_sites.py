@@ -1,7 +1,7 @@
 """Where activation patching reads and writes a model: its sites (each block, its attention module
 and its MLP), the hooks that record one run's activations there, and the patched forward that
 writes them back (`attnviz.explain.patching` builds the grid of cells on top; the module docstring
-there says what each site is).
+there says what each site is), and the pairing of the two prompts' positions (`pair`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from ..analysis.align import align_tokens
 from ..capture.hook import editing
 from ..errors import AttnvizError
 from ..loading import LoadedModel
+from ..tokens import Tokens
 from .blocks import MLP_NAMES, Unsupported
 from .residual import _decoder_layers, forward_kwargs
 
@@ -45,6 +47,37 @@ class Pairing:
 
     def source_of(self, position: int) -> int:
         return self.source[self.target.index(position)]
+
+
+def pair(target: Tokens, source: Tokens) -> Pairing:
+    """Target position -> source position: the identity for prompts of one length; otherwise the
+    token alignment's matching blocks plus each gap of equal length on both sides, position by
+    position (those are the replaced tokens). Refuses when nothing pairs."""
+    t_ids, s_ids = list(target.ids), list(source.ids)
+    if len(t_ids) == len(s_ids):
+        pt, ps = list(range(len(t_ids))), list(range(len(s_ids)))
+    else:
+        al = align_tokens(target, source, by="ids")
+        pt, ps = [], []
+        prev_t, prev_s = -1, -1
+        for a, b in [*al.pairs(), (len(t_ids), len(s_ids))]:
+            if a - prev_t == b - prev_s:  # a replaced run of equal length: pair it position by position
+                pt.extend(range(prev_t + 1, a))
+                ps.extend(range(prev_s + 1, b))
+            if a < len(t_ids):
+                pt.append(a)
+                ps.append(b)
+            prev_t, prev_s = a, b
+    if not pt:
+        raise AttnvizError("the two prompts share no aligned positions; nothing can be patched")
+    unpatched = tuple(sorted(set(range(len(t_ids))) - set(pt)))
+    differing = tuple(a for a, b in zip(pt, ps, strict=True) if t_ids[a] != s_ids[b])
+    shared = 0
+    while shared < len(pt) and pt[shared] == ps[shared] == shared and t_ids[shared] == s_ids[shared]:
+        shared += 1
+    return Pairing(
+        target=tuple(pt), source=tuple(ps), unpatched=unpatched, differing=differing, shared=shared
+    )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ post-norm between the heads and the stream):
 
 Every cell is one forward of the patched run (cells are batched: row b of a batch carries cell b's
 patch only), the model's own code, in its own dtype. Prompts of different lengths are aligned with
-`attnviz.analysis.align.align_tokens` (ids; a gap of equal length on both sides is paired
+`attnviz.analysis.align.align_tokens` (`patch_sites.pair`: ids; a gap of equal length on both sides is paired
 position by position, since those are the tokens that differ); positions without a partner are not
 patched and listed in ``unpatched``.
 """
@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.align import align_tokens
 from ..errors import AttnvizError
 from ..inputs import tokenize
 from ..limits import forward_bytes, free_bytes, require
@@ -56,6 +55,7 @@ from .patch_sites import (
     Progress,
     Sites,
     capture,
+    pair,
     patched_run,
     site_names,
     sites,
@@ -161,40 +161,6 @@ class Patching:
             for idx, (est, real) in self.verified.items()
         ]
         return pd.DataFrame(rows)
-
-
-# -- pairing the two prompts --------------------------------------------------------------------
-
-
-def pair(target: Tokens, source: Tokens) -> Pairing:
-    """Target position -> source position: the identity for prompts of one length; otherwise the
-    token alignment's matching blocks plus each gap of equal length on both sides, position by
-    position (those are the replaced tokens). Refuses when nothing pairs."""
-    t_ids, s_ids = list(target.ids), list(source.ids)
-    if len(t_ids) == len(s_ids):
-        pt, ps = list(range(len(t_ids))), list(range(len(s_ids)))
-    else:
-        al = align_tokens(target, source, by="ids")
-        pt, ps = [], []
-        prev_t, prev_s = -1, -1
-        for a, b in [*al.pairs(), (len(t_ids), len(s_ids))]:
-            if a - prev_t == b - prev_s:  # a replaced run of equal length: pair it position by position
-                pt.extend(range(prev_t + 1, a))
-                ps.extend(range(prev_s + 1, b))
-            if a < len(t_ids):
-                pt.append(a)
-                ps.append(b)
-            prev_t, prev_s = a, b
-    if not pt:
-        raise AttnvizError("the two prompts share no aligned positions; nothing can be patched")
-    unpatched = tuple(sorted(set(range(len(t_ids))) - set(pt)))
-    differing = tuple(a for a, b in zip(pt, ps, strict=True) if t_ids[a] != s_ids[b])
-    shared = 0
-    while shared < len(pt) and pt[shared] == ps[shared] == shared and t_ids[shared] == s_ids[shared]:
-        shared += 1
-    return Pairing(
-        target=tuple(pt), source=tuple(ps), unpatched=unpatched, differing=differing, shared=shared
-    )
 
 
 # -- the grid -------------------------------------------------------------------------------------

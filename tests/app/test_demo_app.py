@@ -5,10 +5,10 @@ two texts, the Head atlas's demo limits and the limits shown on the page."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from apptest import TINY, new_app, ok, prepare
+from gate_helpers import hold, until
 
 from attnviz.server.gate import InferenceGate
 from attnviz.server.settings import DEMO_ATLAS_TEXTS
@@ -30,27 +30,6 @@ def the_gate() -> InferenceGate:
     from ui import gate
 
     return gate.shared()
-
-
-def hold(gate: InferenceGate):
-    inside, release = threading.Event(), threading.Event()
-
-    def run():
-        with gate.turn():
-            inside.set()
-            release.wait(60)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert inside.wait(5)
-    return t, release
-
-
-def until(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
 
 
 def wait_lines(demo) -> list[str]:

@@ -14,7 +14,8 @@ import torch
 
 import attnviz
 from attnviz import AttnvizError
-from attnviz.explain.patching import Patch, pair, patch, patched_run, setup
+from attnviz.explain.patch_sites import Patch, pair, patched_run
+from attnviz.explain.patching import patch, setup
 
 CLEAN = "the financial bank is located on river bank"
 CORRUPT = "the financial fox is located on river bank"  # one token differs (position 3)

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from gate_helpers import hold, until
 
 import attnviz
 from attnviz.server.gate import InferenceGate, QueueFull, RunTooLong, Superseded
@@ -46,14 +47,6 @@ def test_demo_allow_list_and_cap_from_env(monkeypatch):
     assert s.allowed_models == ("smollm2-135m", "gpt2")
     assert s.max_tokens == DEMO_MAX_TOKENS
     resolve("gpt2", s)
-
-
-def until(condition, timeout: float = 10.0) -> None:
-    """Wait for ``condition()`` to hold (polling a condition; the outcome never rides on a delay)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.001)
 
 
 def test_gate_is_fifo_and_reports_positions():
@@ -98,21 +91,6 @@ class Left(BaseException):
     BaseException too)."""
 
 
-def hold(gate: InferenceGate):
-    """A thread holding the gate until the returned event is set."""
-    inside, release = threading.Event(), threading.Event()
-
-    def run():
-        with gate.turn():
-            inside.set()
-            release.wait(10)
-
-    t = threading.Thread(daemon=True, target=run)
-    t.start()
-    assert inside.wait(5)
-    return t, release
-
-
 def drained(gate: InferenceGate) -> bool:
     """Empty: nothing waits, nothing runs, and a new turn gets in at once."""
     st = gate.status()
@@ -135,7 +113,7 @@ def test_a_visitor_who_leaves_while_waiting_leaves_no_ticket(stop_at):
     """on_wait raising (the page's position message for a visitor who has gone) at any poll
     removes the ticket: the queue moves on (issue 34: the ticket stayed and jammed the queue)."""
     gate = InferenceGate()
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     calls: list[int] = []
 
     def on_wait(pos: int) -> None:
@@ -165,7 +143,7 @@ def test_a_session_stopped_during_its_run_releases_the_gate(where):
 
 def test_a_waiter_behind_a_visitor_who_left_moves_up():
     gate = InferenceGate()
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     second_pos: list[int] = []
     left = threading.Event()
 
@@ -251,7 +229,7 @@ def test_fifty_visitors_coming_and_going_always_drain():
 
 def test_queue_cap_refuses_with_a_message():
     gate = InferenceGate(max_queue=1)
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     queued = threading.Event()
 
     def wait_one():
@@ -272,7 +250,7 @@ def test_queue_cap_refuses_with_a_message():
 
 def test_one_pending_request_per_visitor_keeps_its_place():
     gate = InferenceGate()
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     outcome: dict[str, str] = {}
     queued = {k: threading.Event() for k in ("old", "other", "new")}
 
@@ -330,7 +308,7 @@ def test_time_limit_per_run_and_the_estimate():
 def test_watchdog_releases_a_stuck_holder_with_a_logged_error(caplog):
     clock = Clock()
     gate = InferenceGate(run_limit=10, stuck_after=50, clock=clock)
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     clock.now += 40
     assert gate.sweep().running_for == 40  # slow, not stuck
     clock.now += 20
@@ -369,7 +347,7 @@ def test_a_ticket_left_by_an_ended_thread_is_removed(caplog):
 def test_status_line_shows_queue_length_and_oldest_ticket():
     clock = Clock()
     gate = InferenceGate(max_queue=8, clock=clock)
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     queued = threading.Event()
     w = threading.Thread(
         daemon=True, target=lambda: gate.turn(on_wait=lambda p: queued.set(), poll_seconds=0.001).__enter__()
@@ -390,7 +368,7 @@ def test_gated_lock_queues_engine_code_at_the_gate_and_is_reentrant():
     lock = gate.lock(threading.RLock())
     with gate.turn(), lock, lock:  # the page's turn, then the engine's lm.lock: no second ticket
         assert gate.waiting == 0
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     entered = threading.Event()
 
     def engine():
@@ -424,7 +402,7 @@ def test_engine_waits_show_their_position_and_count_per_visitor():
         return (lambda pos: seen[name].append(pos)), (lambda: seen[name].append("done")), "visitor-1"
 
     gate.unnamed_waits = unnamed
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     outcome: dict[str, str] = {}
 
     def engine(name):
@@ -486,7 +464,7 @@ def test_the_watchdog_writes_the_queue_status_for_the_health_check(tmp_path):
 
     path = tmp_path / "queue.json"
     gate = InferenceGate(max_queue=4, run_limit=60)
-    holder, release = hold(gate)
+    holder, release = hold(gate, 10)
     leave = threading.Event()
 
     def wait_then_run() -> None:
