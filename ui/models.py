@@ -279,17 +279,7 @@ def extract(
         ids, _ = tokenize(lm, text, chat=chat)
         specs.check_tokens(lm, len(ids) + int(generate), settings())  # too big for memory: a message
         with gate.turn() as check, progress.staged(f"{what[0].upper()}{what[1:]}", len(ids), key) as report:
-            res = attnviz.extract(
-                lm,
-                text,
-                chat=chat,
-                generate=generate,
-                max_tokens=settings().max_tokens,
-                verify="auto",
-                sampling=sampling,
-                progress=gate.checked(report, check),
-                statistics=statistics,
-            )
+            res = _run(lm, ref, progress=gate.checked(report, check), statistics=statistics)
         cache.put(key, res, res.nbytes)
         return res, ref
     return None, None
@@ -327,16 +317,32 @@ def result_now(ref: ResultRef) -> AttentionResult:
     ms = specs.resolve(ref.spec, settings())
     lm = _cached_model(ref.spec, _model_key(ref.token), ref.token, ms)
     with gate.shared().turn() if settings().demo else contextlib.nullcontext():
-        res = attnviz.extract(
-            lm,
-            ref.text,
-            chat=ref.chat,
-            generate=ref.generate,
-            max_tokens=settings().max_tokens,
-            sampling=ref.sampling,
-        )
+        res = _run(lm, ref)
     cache.put(ref.key, res, res.nbytes)
     return res
+
+
+def _run(
+    lm: LoadedModel,
+    ref: ResultRef,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    statistics: bool = False,
+) -> AttentionResult:
+    """The one engine call behind every result a page shows (a fresh run and a download's re-run
+    after an eviction): the server's token cap and the self-check against eager ("auto"), so a
+    re-run result carries the same checks as the one it replaces."""
+    return attnviz.extract(
+        lm,
+        ref.text,
+        chat=ref.chat,
+        generate=ref.generate,
+        max_tokens=settings().max_tokens,
+        verify="auto",
+        sampling=ref.sampling,
+        progress=progress,
+        statistics=statistics,
+    )
 
 
 def cached(name: str, key: Hashable, build: Callable[[], T], nbytes: Callable[[T], int] | None = None) -> T:

@@ -65,7 +65,7 @@ class Ablation:
         return float(sum(self.direct.values()))
 
 
-def _check_heads(tr: Trace, heads: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+def _valid_heads(tr: Trace, heads: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     out = []
     for layer, head in heads:
         if not 0 <= int(layer) < tr.n_layers or not 0 <= int(head) < tr.n_heads:
@@ -157,7 +157,7 @@ def ablate_heads(
     if mode not in MODES:
         raise AttnvizError(f"unknown ablation {mode!r}; use one of {MODES}")
     tr = text if isinstance(text, Trace) else trace(lm, text, chat=chat)
-    chosen = _check_heads(tr, heads)
+    chosen = _valid_heads(tr, heads)
     t = tr.position(token)
     with torch.inference_mode():
         before = tr.logits if t == tr.n_tokens - 1 else unembed(lm, tr.stream[-1][t : t + 1])[0]

@@ -292,7 +292,9 @@ def trace(
         notes=_notes(hooks.blocks),
     )
     with torch.inference_mode():
-        return replace(tr, heads_problem=_check_heads(lm, tr, dtype), unembed_problem=_check_head(lm, tr))
+        return replace(
+            tr, heads_problem=_heads_sum_problem(lm, tr, dtype), unembed_problem=_unembed_problem(lm, tr)
+        )
 
 
 def forward_kwargs(lm: LoadedModel, position: int = -1) -> dict:
@@ -321,7 +323,7 @@ def _notes(blocks: list[Block]) -> tuple[str, ...]:
     )
 
 
-def _check_heads(lm: LoadedModel, tr: Trace, dtype: torch.dtype) -> str:
+def _heads_sum_problem(lm: LoadedModel, tr: Trace, dtype: torch.dtype) -> str:
     """At the last token of every layer: Σ_h W_O^h Σ_j α v_j + b_O is the attention's output."""
     last = tr.n_tokens - 1
     for layer in range(tr.n_layers):
@@ -345,7 +347,7 @@ def _check_heads(lm: LoadedModel, tr: Trace, dtype: torch.dtype) -> str:
     return ""
 
 
-def _check_head(lm: LoadedModel, tr: Trace) -> str:
+def _unembed_problem(lm: LoadedModel, tr: Trace) -> str:
     """The model's logits at the last position are unembed(final norm(final stream))."""
     try:
         with torch.inference_mode():

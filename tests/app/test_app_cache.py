@@ -91,6 +91,8 @@ def test_downloads_fetch_the_result_when_clicked_even_after_an_eviction(env):
     seen = deferred_downloads(env)
     at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
     ok(at)
+    ((first, _),) = models.results_cache()._items.values()
+    assert first.checks  # the page's run checked itself against eager
     models.results_cache()._items.clear()
     name = "attnviz_tiny-llama-gqa_L1_H2"
     data = np.load(io.BytesIO(seen[f"{name}.npz"]()))  # outside the script run, like a click
@@ -100,3 +102,6 @@ def test_downloads_fetch_the_result_when_clicked_even_after_an_eviction(env):
     assert seen[f"{name}.csv"]().splitlines()[0].startswith("query \\ key,(0) ")
     assert b"plotly" in seen[f"{name}.html"]().lower()
     assert len(models.results_cache()) == 1  # the re-run went back into the bounded cache
+    # the same engine call as the page's own run: a re-run result carries the same self-check
+    ((again, _),) = models.results_cache()._items.values()
+    assert [c.stack for c in again.checks] == [c.stack for c in first.checks]
