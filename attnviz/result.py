@@ -15,7 +15,7 @@ from .capture.layerwise import LayerInput
 from .capture.records import CapturedAttention
 from .checks import Check, checks_caption
 from .errors import BadIndex
-from .exact.probabilities import probs_from_capture
+from .exact.sources import Captured, Recomputed, Source, Stored
 from .layout import AttentionLayout, Stack
 from .mixers.store import MixerStore, meaning
 from .tokens import Tokens
@@ -132,6 +132,19 @@ class AttentionResult:
         calls[layer] = cap
         return dataclasses.replace(self, _captured={**self._captured, stack: calls})
 
+    def source(self, layer: int, stack: Stack | None = None) -> Source:
+        """Where layer ``layer``'s probabilities come from (`attnviz.exact.sources`): the captured
+        call (fast path), the layer's recorded input run again in eager mode (layer at a time),
+        or the tensor the model returned (eager). The one place that branches on the form."""
+        stack = self.resolve_stack(stack)
+        self.check_index(layer, None, stack)
+        if self._eager:
+            return Stored(self._eager[stack][layer])
+        if self._layers:
+            assert self._recompute is not None
+            return Recomputed(self._layers[stack][layer], self._recompute)
+        return Captured(self._captured[stack][layer], self.layout, layer, stack)
+
     def layer_tensor(
         self,
         layer: int,
@@ -143,17 +156,7 @@ class AttentionResult:
         """Probabilities as a float32 tensor on the model's device: (heads, query_pos, key_pos)."""
         stack = self.resolve_stack(stack)
         self.check_index(layer, heads, stack)
-        if self._eager:
-            t = self._eager[stack][layer]
-        elif self._layers:
-            assert self._recompute is not None
-            with self._recompute():
-                t = self._layers[stack][layer].probabilities()
-        else:
-            return probs_from_capture(self._captured[stack][layer], heads, rows)
-        if heads is not None:
-            t = t[list(heads)]
-        return t[:, rows or slice(None)]
+        return self.source(layer, stack).probabilities(heads, rows)
 
     def sink_share(
         self, layer: int, heads: Sequence[int] | None = None, *, stack: Stack | None = None

@@ -8,8 +8,9 @@ Bins of one width (`equal_edges`, the default blocks) pool by reshapes over quer
 that skip the keys a causal chunk never sees, and the max needs no exponential of the tile:
 max_ij exp(s_ij - L_i) = exp(max_i (max_j s_ij - L_i)) (exp is increasing); other bins pool by
 scatters. Only the pools asked for (``pools``) are computed.
-Layers whose scores are not standard (soft-capping, a position bias, ...) pool exact
-`layer_tensor` row chunks instead. `region` gives one rectangle at full resolution (zoom).
+The tiles are the layer's `attnviz.exact.sources.LogTiles`; a layer that has none (soft-capping,
+a position bias, an eager result, ...) pools exact row chunks of its source instead.
+`region` gives one rectangle at full resolution (zoom).
 Every p it pools is an entry of the readable reference `attnviz.reference.attention`
 (tests/engine/test_reference_attention.py pools one token per bin and compares).
 """
@@ -18,15 +19,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..errors import AttnvizError
-from ..exact.lse import captured, key_bias, layer_lse, layer_lse_path, layer_spec, scores_tile
-from ..layout import Stack, kv_heads_of
+from ..exact.sources import LogTiles
+from ..layout import Stack
 from ..limits import require
 from ..result import AttentionResult
 
@@ -99,12 +100,6 @@ def _heads(result: AttentionResult, heads: Sequence[int] | None) -> list[int]:
     return hs
 
 
-def _qk(cap, hs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    q = cap.query[0, hs]  # (h, q, d)
-    k = cap.key[0, kv_heads_of(hs, cap.query.shape[1], cap.key.shape[1])]  # (h, k, d)
-    return q, k
-
-
 def _edges(edges: Sequence[int] | np.ndarray | None, n: int, block: int, axis: str) -> np.ndarray:
     """Bin start positions: given (checked: start at 0, strictly increasing, below n) or every block."""
     if edges is None:
@@ -169,41 +164,33 @@ def pooled(
     n_q, n_k = (len(t) for t in result.axes(stack))
     block = max(1, math.ceil(max(n_q, n_k) / cells))
     re, ce = _edges(row_edges, n_q, block, "query"), _edges(col_edges, n_k, block, "key")
-    cap = captured(result, stack, layer)
-    spec, why = layer_spec(cap, result.layout, layer, stack)
-    device = cap.query.device if cap is not None else result.layer_tensor(layer, rows=slice(0, 1)).device
+    src = result.source(layer, stack)
+    device = src.device
     need = 2 * len(hs) * len(re) * len(ce) * 4 + TILE_ELEMENTS * 8
-    require(need, device, what="a pooled view", hint="fewer cells")
+    require(need, device, what="a pooled view", hint="fewer cells")  # before L's own pass
+    tiles, why = src.log_tiles(hs) if computation != "dense" else (None, "asked")
     grid = _Grid(len(hs), re, ce, n_q, n_k, device)
     wq, wk = _width(re, n_q), _width(ce, n_k)
-    if computation != "dense" and spec is not None and cap is not None:
-        q, k = _qk(cap, hs)
-        lse, path = layer_lse_path(cap, spec)
-        lse = lse[hs]  # (h, q)
-        kb = key_bias(cap)
-        kb = None if kb is None else kb[hs]
-
-        def scores(a: int, rows: int, c: int, cols: int) -> torch.Tensor:  # (h, rows, cols)
-            return scores_tile(q[:, a : a + rows], k[:, c : c + cols], float(cap.scaling), spec, a, c, kb)
-
+    if tiles is not None:
         if wq is not None and wk is not None:
-            _reshaped(grid, scores, lse, (n_q, n_k), (wq, wk), spec.causal, pools)
+            _reshaped(grid, tiles, (n_q, n_k), (wq, wk), pools)
         else:
             side = max(1, int(math.sqrt(TILE_ELEMENTS / len(hs))))
             for a in range(0, n_q, side):
                 for c in range(0, n_k, side):
-                    if spec.causal and c > a + side - 1:
+                    if tiles.causal and c > a + side - 1:
                         break  # above the diagonal: all zero
-                    grid.add(torch.exp(scores(a, side, c, side) - lse[:, a : a + side, None]), a, c)
-        path = "fused" if path == "forward" else path  # "blocked: <why>" when L came from there
+                    grid.add(
+                        torch.exp(tiles.scores(a, side, c, side) - tiles.lse[:, a : a + side, None]), a, c
+                    )
+        path = tiles.path  # "fused", or "blocked: <why>" when L came from there
     else:
         rows = max(1, TILE_ELEMENTS // max(1, len(hs) * n_k))
         every = hs == list(range(result.n_heads))  # same kernel calls as `layer` itself
         for a in range(0, n_q, rows):
             chunk = slice(a, min(a + rows, n_q))
-            p = result.layer_tensor(layer, heads=None if every else hs, rows=chunk, stack=stack)
-            grid.add(p.to(device), a, 0)
-        path = f"dense: {why if computation != 'dense' else 'asked'}"
+            grid.add(src.probabilities(None if every else hs, chunk).to(device), a, 0)
+        path = f"dense: {why}"
     rq = torch.as_tensor(np.diff(np.append(re, n_q)), device=device)
     rk = torch.as_tensor(np.diff(np.append(ce, n_k)), device=device)
     mean = grid.sums / (rq[:, None] * rk[None, :]).float()
@@ -223,11 +210,9 @@ def pooled(
 
 def _reshaped(
     grid: _Grid,
-    scores: Callable[[int, int, int, int], torch.Tensor],
-    lse: torch.Tensor,
+    tiles: LogTiles,
     n: tuple[int, int],
     width: tuple[int, int],
-    causal: bool,
     pools: Sequence[str],
 ) -> None:
     """Bins of one width per axis, into ``grid``: chunks of whole query bins against every key
@@ -237,12 +222,13 @@ def _reshaped(
     normaliser; keys past a causal chunk's last query have p = 0 there, so leaving them out
     changes no sum and no max (tests/engine/test_reference_attention.py, one token per bin)."""
     (n_q, n_k), (wq, wk) = n, width
+    lse = tiles.lse
     h = lse.shape[0]
     rows = wq * max(1, min(-(-CHUNK_ROWS // wq), TILE_ELEMENTS // max(1, h * n_k * wq)))
     for a in range(0, n_q, rows):
         r = min(rows, n_q - a)
-        cols = min(n_k, -(-(a + r) // wk) * wk) if causal else n_k  # keys past the chunk: masked
-        s = scores(a, r, 0, cols)  # (h, r, cols)
+        cols = min(n_k, -(-(a + r) // wk) * wk) if tiles.causal else n_k  # keys past the chunk: masked
+        s = tiles.scores(a, r, 0, cols)  # (h, r, cols)
         lse_rows = lse[:, a : a + r, None]
         b0, b1, c1 = a // wq, a // wq + -(-r // wq), -(-cols // wk)
         if "max" in pools:
@@ -270,17 +256,13 @@ def region(
     c0, c1, _ = cols.indices(n_k)
     if r1 <= r0 or c1 <= c0:
         raise AttnvizError(f"empty region: query_pos {r0}..{r1}, key_pos {c0}..{c1}")
-    cap = captured(result, stack, layer)
-    spec, _ = layer_spec(cap, result.layout, layer, stack)
-    if spec is not None and cap is not None:
-        require(3 * len(hs) * (r1 - r0) * (c1 - c0) * 4, cap.query.device, what="this region",
+    src = result.source(layer, stack)
+    tiles, _ = src.log_tiles(hs)
+    if tiles is not None:
+        require(3 * len(hs) * (r1 - r0) * (c1 - c0) * 4, src.device, what="this region",
                 hint="a smaller region")  # fmt: skip
-        q, k = _qk(cap, hs)
-        kb = key_bias(cap)
-        kb = None if kb is None else kb[hs]
-        s = scores_tile(q[:, r0:r1], k[:, c0:c1], float(cap.scaling), spec, r0, c0, kb)
-        p = torch.exp(s - layer_lse(cap, spec)[hs][:, r0:r1, None])
-        return p.cpu().numpy()
+        s = tiles.scores(r0, r1 - r0, c0, c1 - c0)
+        return torch.exp(s - tiles.lse[:, r0:r1, None]).cpu().numpy()
     require(3 * len(hs) * (r1 - r0) * n_k * 4, "cpu", what="this region", hint="fewer rows")
-    p = result.layer_tensor(layer, heads=hs, rows=slice(r0, r1), stack=stack)
+    p = src.probabilities(hs, slice(r0, r1))
     return p[:, :, c0:c1].cpu().numpy()

@@ -142,3 +142,39 @@ def test_every_fast_path_equals_the_reference(name, monkeypatch):
         monkeypatch.undo()
         assert view.block == 1
         torch.testing.assert_close(torch.from_numpy(view.mean).float(), ref, **close)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "mistral-sliding"])
+def test_every_source_of_a_layer_equals_the_reference(name):
+    """`attnviz.exact.sources`: a layer kept in any form (captured Q/K, recomputed one layer at a
+    time, the eager tensor) gives the reference's rows for any heads and rows; the captured
+    form's log tiles give its entries on a rectangle, the other forms say why they have none.
+    Caught: the stored and recomputed forms' head selection dropped (every head returned); the
+    log tiles' L of the wrong heads (lse not cut to the asked heads)."""
+    import dataclasses
+
+    from attnviz.exact import sources
+
+    lm = TE.loaded(name)
+    fast = attnviz.extract(lm, TE.TEXT)
+    slow = dataclasses.replace(lm, probe=dataclasses.replace(lm.probe, fast=False, why_not_fast="test"))
+    layerwise = attnviz.extract(slow, TE.TEXT)  # the layer-at-a-time path
+    eager = attnviz.extract(lm, TE.TEXT, path="eager")
+    n = len(fast.tokens)
+    heads, rows = [3, 0], slice(2, n - 1)
+    close = dict(atol=2e-6, rtol=1e-5)
+    for layer in range(fast.n_layers()):
+        ref = reference_of(fast.captured(layer, "self"))  # (heads, N, N)
+        forms = [(fast, sources.Captured), (layerwise, sources.Recomputed), (eager, sources.Stored)]
+        for res, form in forms:
+            src = res.source(layer)
+            assert type(src) is form
+            torch.testing.assert_close(src.probabilities(None, None), ref, **close)
+            torch.testing.assert_close(src.probabilities(heads, rows), ref[heads, rows], **close)
+            tiles, why = src.log_tiles(heads)
+            if form is not sources.Captured:
+                assert tiles is None and why == sources.EAGER_REASON
+                continue
+            assert tiles is not None and why == "fused"
+            got = torch.exp(tiles.scores(1, 5, 0, n) - tiles.lse[:, 1:6, None])
+            torch.testing.assert_close(got, ref[heads, 1:6], **close)

@@ -131,10 +131,10 @@ def test_t5gemma_pad_ids_are_masked_as_in_the_models_own_call():
 def test_the_self_check_covers_every_stack(monkeypatch):
     """A planted bug in the decoder's self-attention only (key 0 loses its weight: the T5Gemma
     symptom) passes a check of the encoder; checking one layer of every stack catches it."""
-    import attnviz.result as result
+    import attnviz.exact.sources as sources
 
     lm, _ = _t5gemma()
-    real = result.probs_from_capture
+    real = sources.probs_from_capture
 
     def decoder_loses_key_0(cap, heads=None, rows=None):
         p = real(cap, heads, rows)
@@ -144,7 +144,7 @@ def test_the_self_check_covers_every_stack(monkeypatch):
             p = torch.nan_to_num(p / p.sum(-1, keepdim=True))
         return p
 
-    monkeypatch.setattr(result, "probs_from_capture", decoder_loses_key_0)
+    monkeypatch.setattr(sources, "probs_from_capture", decoder_loses_key_0)
     with pytest.raises(AttnvizError, match=r"self-check failed: layer 1 \(decoder\) differs"):
         attnviz.extract_ids(lm, IDS, verify=True)
     with pytest.raises(AttnvizError, match=r"self-check failed: layer 0 \(decoder\) differs"):
