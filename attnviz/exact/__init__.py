@@ -1,4 +1,5 @@
-"""The exact math and its oracle: probabilities from a captured call in eager's order
+"""The exact math and its oracle: where a layer's probabilities come from (`sources`: read it
+right after `attnviz.reference.attention`), probabilities from a captured call in eager's order
 (`probabilities`), the model's own eager attention as the oracle (`eager`), the self-check
 (`verify`), masks as data (`masks`), and log-sum-exp kernels for whole-model statistics (`lse`)."""
 

@@ -5,6 +5,8 @@ fast path in `attnviz.exact` (and the tiles of `attnviz.analysis.pooling`) is an
 to get the same entries. Their docstrings name this module as the identity they must equal, and
 tests/engine/test_reference_attention.py holds them to it on tiny models (GQA, sliding window,
 soft-capping, padding). Nothing here is fast: it builds the whole (batch, heads, T, S) tensor.
+Read `attnviz.exact.sources` next: where a result gets one layer's probabilities, and which
+optimised path each form takes.
 
     p = attention_probabilities(q, k, scaling=hs ** -0.5)                 # causal decoder
     p = attention_probabilities(q, k, scaling=s, padding=pad, causal=False)  # padded encoder
