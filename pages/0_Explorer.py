@@ -18,10 +18,10 @@ from ui import (
     exactness,
     layer_controls,
     layer_grid,
-    longview,
     mixers,
     models,
     shell,
+    shown,
     state,
     token_views,
 )
@@ -70,7 +70,7 @@ def layer_view(ref: models.ResultRef) -> None:
         state.share_box()
         return
     mixers.attention_note(res.layout, d.stack, d.layer)  # zaya / inkling: a conv the maps miss
-    if d.n_shown > d.side and longview.applies(d.res, d.view, d.ax):
+    if d.n_shown > d.side and shown.applies(d.res, d.view, d.ax):
         with pool_column:
             st.segmented_control(
                 "Pooling", F.POOLS, key="pool", required=True,

@@ -14,7 +14,6 @@ from ui import (
     export,
     flow,
     head_stats,
-    longview,
     mixers,
     models,
     pickers,
@@ -114,7 +113,7 @@ def every_head(
     with progress.steps("Pooling the layers", run_key, unit="layer") if slow else nullcontext() as report:
         for layer in range(n_layers):
             with guarded("pooling the layers") as caught:  # past the free memory: the message
-                img = longview.layer_image(res, key, layer, view, ax, side, how)
+                img = shown.layer_image(res, key, layer, view, ax, side, how)
             if caught:
                 return
             tiles.append(img.z)

@@ -19,7 +19,7 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import clicks, export, longview, models, pickers, shown, state
+from ui import clicks, export, models, pickers, shown, state
 from ui.shown import Drawing
 from ui.text import guarded
 
@@ -57,16 +57,33 @@ def _region(d: Drawing, c2: st.delta_generator.DeltaGenerator) -> Region:
     with c2:
         zoom = st.toggle("Zoom", key="zoom", help="One region of the head at full resolution.")
     if zoom:
-        rows, cols = longview.zoom_controls(n_q, n_k)
+        rows, cols = zoom_controls(n_q, n_k)
         note = f"Query {rows.start}–{rows.stop - 1}, key {cols.start}–{cols.stop - 1} at full resolution."
         return Region("zoom", rows, cols, note)
-    if longview.applies(d.res, d.view, d.ax):
+    if shown.applies(d.res, d.view, d.ax):
         return Region("pooled")
     state.clamp("row0", 0, n_q - w, "first query row")
     with c2:
         row0 = int(st.slider(f"Query rows ({w} of {n_q} at a time)", 0, n_q - w, key="row0", step=1))
-    note = "A window of exact rows: " + longview.FALLBACK_NOTE + "." if type(d.res) is AttentionResult else ""
+    note = "A window of exact rows: " + shown.FALLBACK_NOTE + "." if type(d.res) is AttentionResult else ""
     return Region("rows", slice(row0, row0 + w), note=note)
+
+
+def zoom_controls(n_q: int, n_k: int) -> tuple[slice, slice]:
+    """The zoom region's controls (keys ``zq``, ``zk``, ``zn``): its first query, first key and
+    side; returns the (rows, cols) slices of shown positions, clipped to the text."""
+    c1, c2, c3 = st.columns(3)
+    side_max = min(shown.HEAD_SIDE, max(n_q, n_k))
+    state.clamp("zq", 0, max(0, n_q - 1), "first query")
+    state.clamp("zk", 0, max(0, n_k - 1), "first key")
+    state.clamp("zn", min(8, side_max), side_max, "zoom side")
+    with c1:
+        q0 = st.number_input("First query", 0, max(0, n_q - 1), key="zq", step=1)
+    with c2:
+        k0 = st.number_input("First key", 0, max(0, n_k - 1), key="zk", step=1)
+    with c3:
+        n = st.number_input("Side (tokens)", min(8, side_max), side_max, key="zn", step=8)
+    return slice(int(q0), min(n_q, int(q0) + int(n))), slice(int(k0), min(n_k, int(k0) + int(n)))
 
 
 def _matrix(
@@ -75,10 +92,10 @@ def _matrix(
     """(weights, query labels, key labels, how they were made) of the region, from result ``r``."""
     ax = d.ax
     if reg.mode == "pooled":
-        img = longview.head_image(r, key, d.layer, head, d.view, ax, d.how)
+        img = shown.head_image(r, key, d.layer, head, d.view, ax, d.how)
         return img.z, img.q_labels, img.k_labels, img.note[0].upper() + img.note[1:] + "."
     if reg.mode == "zoom":
-        z = longview.zoomed(r, d.layer, head, d.view, ax, reg.rows, reg.cols)
+        z = shown.zoomed(r, d.layer, head, d.view, ax, reg.rows, reg.cols)
         return z, ax.q_labels[reg.rows], ax.k_labels[reg.cols], ""
     return shown.head_rows(r, d.layer, head, d.view, ax, reg.rows), ax.q_labels[reg.rows], ax.k_labels, ""
 

@@ -15,7 +15,7 @@ from streamlit.delta_generator import DeltaGenerator
 from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import longview, mixers, models, pickers, shown, state
+from ui import mixers, models, pickers, shown, state
 from ui.shown import Drawing
 
 STACK_NAMES = {
@@ -91,7 +91,7 @@ def drawing(ref: models.ResultRef, res: AttentionResult) -> Drawing | None:
     choice = str(state.get("scale"))
     scale, note = pickers.scale_for(choice, n)
     side = F.grid_side(res.n_heads, n_tokens=n)
-    how = str(state.get("pool") or "max") if n > side and longview.applies(drawn, view, ax) else "max"
+    how = str(state.get("pool") or "max") if n > side and shown.applies(drawn, view, ax) else "max"
     kv = pickers.kv_heads(res, stack)
     layer, cmap = int(state.get("layer")), str(state.get("cmap"))
     return Drawing(drawn, key, view, layer, ax, kv, cmap, choice, scale, note, side, how)

@@ -12,7 +12,7 @@ import contextlib
 import streamlit as st
 
 from attnviz import figures as F
-from ui import big_head, clicks, export, longview
+from ui import big_head, clicks, export, shown
 from ui.models import ResultRef
 from ui.shown import Drawing
 from ui.text import guarded
@@ -25,7 +25,7 @@ def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
     big = len(d.ax.q_idx) * len(d.ax.k_idx) > 1 << 20
     spin = st.spinner("Pooling the heads…", show_time=True) if big else contextlib.nullcontext()
     with guarded("pooling the heads") as caught, spin:
-        img = longview.layer_image(d.res, d.key, d.layer, d.view, d.ax, d.side, d.how)
+        img = shown.layer_image(d.res, d.key, d.layer, d.view, d.ax, d.side, d.how)
     if caught:
         return False, None
     n_heads = d.res.n_heads

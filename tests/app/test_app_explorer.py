@@ -242,7 +242,7 @@ def test_encoder_decoder_offers_encoder_decoder_and_cross(env):
 def test_long_text_pools_the_grid_and_windows_the_head_under_5_mb(env):
     text = " ".join(["the bank of the river", "a quick brown fox jumps over the lazy dog"] * 45)
     # without the sink, rows are renormalised: the exact row path (a query-row window); the
-    # plain view is pooled on the device (tests/test_app_longview.py)
+    # plain view is pooled on the device (tests/app/test_app_longview.py)
     at = new_app(model=TINY, text=text, nosink=1).run()
     ok(at)
     n = len(labels(text))
