@@ -14,9 +14,12 @@ and the heads' parts. The importance of a part is
 
 then every c ≤ threshold is set to 0 and the rest renormalised to sum to 1 per block and target
 token, as the paper defines it: a token's proportions compare the parts of that token's own
-stream. (LLM-TT's code does the same for the attention block; for the FFN block it divides by the
-sum over every token of the layer, a bug: a token whose stream is large then dims the edges of
-all the others, and a token's residual and FFN shares no longer sum to 1.)
+stream. (LLM-TT's code, `apply_threshold_and_renormalize` in routes/contributions.py, does the
+same for the attention block. For the FFN block its blocks tensor has no block dimension, the sum
+over block dimensions becomes ``sum(dim=())``, and torch reduces every dimension there: a token's
+FFN share is divided by its residual share plus the FFN shares of every token of the layer. That
+is a bug: a token whose FFN writes a lot dims the FFN edges of all the others, and a token's
+residual and FFN shares no longer sum to 1.)
 An attention edge j → t carries Σ_h c_jh (each head's share kept); an edge is kept when its
 weight is above the threshold. The graph is built backwards from one token's final stream,
 expanding only nodes reached by kept edges: the cost is the kept graph's, O(heads · N · d_model)
