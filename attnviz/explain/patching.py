@@ -112,7 +112,8 @@ class Patching:
         return "estimate" if self.estimate else "patched"
 
     def normalise(self, diff: float | np.ndarray) -> Any:
-        return (diff - self.corrupted_diff) / (self.clean_diff - self.corrupted_diff)
+        """A raw logit difference on this result's scale (0 = corrupted run, 1 = clean run)."""
+        return normalised(diff, self.clean_diff, self.corrupted_diff)
 
     def cell(self, index: tuple[int, ...]) -> dict[str, Any]:
         """The cell at ``index`` as {dim: label}: layer and head as numbers, the position as the
@@ -306,11 +307,16 @@ def setup(
     )
 
 
+def normalised(diff: Any, clean_diff: float, corrupted_diff: float) -> Any:
+    """The metric's one scale: (diff − corrupted) / (clean − corrupted), 0 = corrupted, 1 = clean."""
+    return (diff - corrupted_diff) / (clean_diff - corrupted_diff)
+
+
 def result(
     lm: LoadedModel, s: Setup, over: str, direction: str, dims: tuple[str, ...], raw: np.ndarray, **extra: Any
 ) -> Patching:
     shown = Tokens.build(lm.tokenizer, [s.answer, s.wrong]).display
-    values = (raw - s.corrupted_diff) / (s.clean_diff - s.corrupted_diff)
+    values = normalised(raw, s.clean_diff, s.corrupted_diff)
     return Patching(
         model_name=lm.spec,
         clean=s.clean,

@@ -223,6 +223,24 @@ def test_prompts_of_different_lengths_patch_aligned_positions():
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, longer, cells), atol=ATOL)
     frame = res.to_frame()
     assert list(frame["position"][:3]) == [0, 1, 5] and list(frame["source_position"][:3]) == [0, 1, 2]
+    # a head at one position: the patch lands on the aligned target position, not on the axis
+    # index (caught: Patch(..., index[2]) patched positions 0..8 of the longer prompt)
+    res = patch(lm, CLEAN, LONGER, over="heads_by_position")
+    H = lm.layout.n_heads
+    cells = [("head", la, h, [t], [s]) for la in range(2) for h in range(H) for t, s in res.pairing.pairs()]
+    assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, longer, cells), atol=ATOL)
+
+
+def test_ranking_orders_cells_by_their_distance_from_the_unpatched_run():
+    """Denoising starts from the corrupted run (0), noising from the clean run (1): the cells that
+    move the metric most are those farthest from that. Caught: the two baselines swapped."""
+    lm = TE.loaded("llama-gqa")
+    for direction, base in (("denoise", 0.0), ("noise", 1.0)):
+        res = patch(lm, CLEAN, CORRUPT, over="heads", direction=direction)
+        cells = list(np.ndindex(*res.values.shape))
+        want = sorted(cells, key=lambda i: -abs(float(res.values[i]) - base))
+        assert [i for i, _ in res.ranking()] == want
+        assert [i for i, _ in res.ranking(3)] == want[:3]
 
 
 def test_unpairable_prompts_and_bad_arguments_are_refused():

@@ -67,3 +67,12 @@ def test_previous_occurrence_heads_average_the_exact_alpha(results):
     assert all(ids[t] == ids[j - 1] for t, j in induction.rows)
     with pytest.raises(AttnvizError, match="occurs twice"):
         previous_occurrence_heads(attnviz.extract(TE.loaded("llama-gqa"), "a quick brown fox"))
+
+
+def test_previous_occurrences_pair_each_repeat_with_an_earlier_token():
+    """(t, j): j is the latest earlier occurrence of t's token (offset 1: the token after it, what
+    an induction head reads), always before t. Caught: an immediate repeat "x x" paired its second
+    token with itself under offset 1."""
+    ids = [5, 5, 7, 5, 7]
+    assert previous_occurrences(ids) == [(1, 0), (3, 1), (4, 2)]
+    assert previous_occurrences(ids, offset=1) == [(3, 2), (4, 3)]
