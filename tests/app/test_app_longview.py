@@ -145,6 +145,9 @@ def test_token_cap_follows_free_memory_and_keeps_the_configured_cap(monkeypatch)
         match=r"^2000 tokens need [0-9.]+ GiB, [0-9.]+ GiB free on cpu — try at most [0-9]+ tokens$",
     ):
         engine_specs.check_tokens(lm, 2000, full)
+    tight = Settings(demo=False, allowed_models=(), max_tokens=2000)
+    with pytest.raises(OutOfMemory, match=r"^2000 tokens need"):  # exactly at the cap: still checked
+        engine_specs.check_tokens(lm, 2000, tight)
     engine_specs.check_tokens(lm, 9000, full)  # over the configured cap: extract says so itself
 
 
