@@ -29,6 +29,17 @@ def test_every_view_is_a_figure_of_the_results_numbers():
     assert np.allclose(np.asarray(fig.data[0].z), att.heads)
     bars = fig.data[1]
     assert sorted(np.abs(bars.x)) == sorted(abs(p[3]) for p in att.ranking(10))
+    # each bar's name, click data and length are one part's (caught: click data [head, layer])
+    for name, (layer, head), x in zip(bars.y, bars.customdata, bars.x, strict=True):
+        if name.startswith("L"):
+            assert name == f"L{layer} H{head}" and x == att.heads[layer, head]
+        elif name.startswith("MLP"):
+            assert name == f"MLP {layer}" and head == -1 and x == att.mlps[layer]
+        else:
+            assert name == "embedding" and (layer, head) == (-1, -1) and x == att.embedding
+    cells = np.asarray(fig.data[0].customdata)  # (layers, heads, 2): [layer, head] of each cell
+    n_l, n_h = att.heads.shape
+    assert (cells[..., 0] == np.arange(n_l)[:, None]).all() and (cells[..., 1] == np.arange(n_h)).all()
     ab = attnviz.ablate_heads(lm, tr, [(1, 2)])
     before = attnviz.ablation_view(ab).data[0]
     assert max(before.x) == ab.top_before[0][2]

@@ -298,3 +298,22 @@ def test_matrix_heatmap_rotates_token_labels():
     assert layout["xaxis"]["tickangle"] == -60 and axis_ticks(layout["xaxis"]) == labels
     dims = spec(F.matrix_heatmap(np.ones((3, 8)), row_labels=labels, col_labels=[f"d{j}" for j in range(8)]))
     assert "tickangle" not in dims["layout"]["xaxis"]
+
+
+@pytest.mark.parametrize("across", [True, False])
+def test_every_mosaic_tile_marker_sits_on_its_own_layer_and_head(across):
+    """A click on a thumbnail opens the (layer, head) drawn under it: each marker's click data,
+    its hover name and the tile at its position are one (layer, head). Caught: the click data
+    written [head, layer]."""
+    n_l, n_h, side = 3, 4, 2
+    images = np.zeros((n_l, n_h, side, side), dtype=np.float32)
+    for la in range(n_l):
+        for h in range(n_h):
+            images[la, h] = (10 * la + h + 1) / 100  # a value of its own per tile
+    fig = F.model_mosaic(images, pickable=True, layers_across=across, scale="linear")
+    heat = fig.data[0]
+    tiles = next(t for t in fig.data if t.name == "tiles")
+    z = np.asarray(heat.z, dtype=float)
+    for (la, h), x, y, text in zip(tiles.customdata, tiles.x, tiles.y, tiles.text, strict=True):
+        assert text == f"layer {la} · head {h}"
+        assert z[list(heat.y).index(y), list(heat.x).index(x)] == np.float32((10 * la + h + 1) / 100)
