@@ -169,6 +169,12 @@ def test_bad_link_values_warn_and_fall_back(env):
     assert "`head`: 'x' is not valid" in warnings and "`cmap`" in warnings and "`log`" in warnings
     titled(at, "layer 2 · head 0 ")  # still serving, with valid values
     assert at.query_params["layer"] == "2" and at.query_params["cmap"] == "Viridis"
+    # one past the last is the boundary itself (caught: a clamp that kept hi + 1)
+    at = new_app(model=TINY, text=TEXT, layer=3, head=4).run()
+    warnings = " ".join(w.value for w in at.warning)
+    assert "Layer 3 is out of range (0–2); showing layer 2" in warnings
+    assert "Head 4 is out of range (0–3); showing head 3" in warnings
+    titled(at, "layer 2 · head 3 ")
 
 
 def test_html_in_the_text_is_shown_literally(env):
