@@ -9,7 +9,7 @@ import numpy as np
 from apptest import TEXT, heatmaps, new_app, ok, specs, titled, z_of
 
 import attnviz
-from ui.mixers import BLOCK_KEY
+from ui.mixers import BLOCK_KEY, HEAD_KEY
 
 hybrids_tiny.register()
 QWEN = "hybrid:qwen3_5_text"
@@ -41,6 +41,12 @@ def test_picker_lists_every_block_with_its_mixer_and_draws_the_delta_rule_head(e
     assert exact and "max |Δ|" in exact[0]
     bars = [s for s in specs(at) if s["data"][0]["type"] == "bar"]
     assert bars and "each source token's weight" in bars[0]["layout"]["title"]["text"]
+    # another head: the big view is that head's matrix (caught: the big view always head 0)
+    at.selectbox(key=HEAD_KEY).set_value(1).run()
+    ok(at)
+    big = titled(at, "block 2 · head 1<br>Gated DeltaNet")
+    want = _engine("qwen3_5_text").head(2, 1, mixer="gated_delta")
+    np.testing.assert_allclose(z_of(heatmaps(big)[0]), want, atol=1e-7)
 
 
 def test_an_attention_block_hands_over_to_the_attention_layer_view(env):
