@@ -196,3 +196,19 @@ def test_a_view_past_the_free_memory_is_a_message(env):
     env.setattr(limits, "free_bytes", lambda device: 2**40)
     at.slider(key="layer").set_value(0).run()  # the app keeps serving
     ok(at)
+
+
+def test_a_row_window_fills_the_payload_budget_at_the_drawn_key_width():
+    """The head's row window holds as many query rows as the single-view budget allows at the
+    width the heatmap draws (keys past `SINGLE_MAX_KEYS` are pooled to that many columns), and
+    every row when the whole head fits. Caught: the window sized by every key, not the drawn
+    columns (a 4,000-token head showed 100 rows at a time instead of 390)."""
+    from ui import shown
+
+    for n_q, n_k in [(10, 10), (4000, 4000), (3000, 700), (600, 5000)]:
+        rows = shown.window_rows(n_q, n_k)
+        if n_q * n_k <= F.SINGLE_MAX_CELLS:
+            assert rows == n_q
+            continue
+        width = min(n_k, F.SINGLE_MAX_KEYS)
+        assert rows * width <= F.SINGLE_MAX_CELLS < (rows + 1) * width or rows == 16
