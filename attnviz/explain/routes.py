@@ -13,22 +13,19 @@ and the heads' parts. The importance of a part is
     imp = max(‖whole‖₁ − ‖whole − part‖₁, 0),   c = imp / Σ_parts imp
 
 then every c ≤ threshold is set to 0 and the rest renormalised to sum to 1 per block and target
-token, as the paper defines it: a token's proportions compare the parts of that token's own
-stream. (LLM-TT's code, `apply_threshold_and_renormalize` in routes/contributions.py, does the
-same for the attention block. For the FFN block its blocks tensor has no block dimension, the sum
-over block dimensions becomes ``sum(dim=())``, and torch reduces every dimension there: a token's
-FFN share is divided by its residual share plus the FFN shares of every token of the layer. That
-is a bug: a token whose FFN writes a lot dims the FFN edges of all the others, and a token's
-residual and FFN shares no longer sum to 1.)
+token, as the paper defines it: a token's proportions compare the parts of that token's own stream.
 An attention edge j → t carries Σ_h c_jh (each head's share kept); an edge is kept when its
 weight is above the threshold. The graph is built backwards from one token's final stream,
 expanding only nodes reached by kept edges: the cost is the kept graph's, O(heads · N · d_model)
 per expanded node, never an (N, N, d_model) tensor. The test suite's `dense_graph` (tiny_explain.py) computes
 every part of every block densely and must give the same graph (float32, 1e-5).
 
-LLM-TT's code clips imp at 1e-5 instead of 0 and adds its self-edge j = t and the residual edge
-into one edge of its graph (one weight, their sum); here imp is clipped at 0 as in the paper and
-the two edges stay apart (kinds "attention" and "residual"), each with its own weight.
+Where LLM-TT's code differs: it clips imp at 1e-5, not 0; it sums its self-edge j = t and the
+residual edge into one edge (here two, kinds "attention" and "residual"); and for the FFN block
+its `apply_threshold_and_renormalize` sums over no block dimension, ``sum(dim=())``, which torch
+reduces over every token: a token's FFN share is divided by its residual share plus the FFN shares
+of all tokens of the layer, a bug (one token's large FFN dims every other token's FFN edge, and a
+token's residual and FFN shares no longer sum to 1).
 """
 
 from __future__ import annotations
