@@ -18,6 +18,7 @@ from typing import Any
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
+from streamlit.runtime.state import get_session_state
 
 from ui.params import LINK_BUDGET, Params, Problem, Query
 from ui.text import literal
@@ -98,14 +99,34 @@ def reseed() -> None:
     again, Streamlit hands the script the session's value but the browser shows the widget's
     default (layer 0, head 0) unless that value was written in this run. Writing it again each
     run makes the browser show what the page draws. Call at the top of every full run (`start`
-    does) and of every fragment that draws parameter widgets."""
+    does) and of every fragment that draws parameter widgets.
+
+    Except the value a widget has just sent (`sent_now`): the browser shows it already, and the
+    write would go back as "set the widget to this". Arriving after further key presses (→ on
+    the layer slider of a loaded server) it put the slider back, and the presses after it
+    counted from there: one of seven was lost."""
     ss = st.session_state
     for n in page_params().names():
-        if n not in MODEL_PARAMS and n not in TYPED:
-            # a widget already drawn in this run (the sidebar's, or an outer fragment's during a
-            # full run) shows its value already; Streamlit refuses the write
-            with contextlib.suppress(StreamlitAPIException):
-                ss[n] = ss[n] if n in ss else get(n)
+        if n in MODEL_PARAMS or n in TYPED or sent_now(n):
+            continue
+        # a widget already drawn in this run (the sidebar's, or an outer fragment's during a
+        # full run) shows its value already; Streamlit refuses the write
+        with contextlib.suppress(StreamlitAPIException):
+            ss[n] = ss[n] if n in ss else get(n)
+
+
+def sent_now(name: str) -> bool:
+    """True when this run came with a new value from ``name``'s widget: the browser holds the
+    widget and its value differs from the last run's (Streamlit's own test before it calls an
+    ``on_change``; no public API says it). Streamlit's session internals: should they change,
+    False, and reseed writes as it did before (a key press can be lost, the drawing and the
+    controls still agree); `test_a_value_the_browser_sent_is_not_sent_back` then fails."""
+    try:
+        inner = get_session_state()._state
+        wid = inner._key_id_mapper.get_id_from_key(name)
+        return wid is not None and wid in inner._new_widget_state.states and inner._widget_changed(wid)
+    except Exception:  # noqa: BLE001 - internals moved: behave as before
+        return False
 
 
 def _value(raw: str) -> str:

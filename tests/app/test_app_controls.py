@@ -4,6 +4,8 @@ and the token position; drawn again, each must show the value the page draws, no
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from apptest import TEXT, TINY, new_app, ok
 from streamlit.testing.v1 import AppTest
@@ -249,3 +251,25 @@ def test_the_page_shell_is_drawn_before_the_heavy_imports():
     )
     calls = {getattr(n.func, "attr", ""): n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)}
     assert calls["set_page_config"] < heavy and calls["info"] < heavy
+
+
+def test_a_value_the_browser_sent_is_not_sent_back(env):
+    """A run must not send back the value the user just chose as "set the widget to this": on a
+    loaded server it arrives after further key presses (→ on the layer slider) and puts the slider
+    back, so the presses after it count from there (the browser test lost one of seven). The
+    value is still drawn, and the controls the user did not touch keep being re-sent (the case
+    above: a widget the browser forgot)."""
+    at = new_app(model=TINY, text=TEXT, layer=0, head=0).run()
+    ok(at)
+    at.slider(key="layer").set_value(2).run()
+    ok(at)
+    assert not at.slider(key="layer").proto.set_value
+    assert at.session_state["layer"] == 2 and at.query_params["layer"] in ("2", ["2"])
+    assert at.selectbox(key="head").proto.set_value  # untouched: re-sent as before
+    at.selectbox(key="head").set_value(3).run()
+    ok(at)
+    assert not at.selectbox(key="head").proto.set_value
+    assert at.slider(key="layer").proto.set_value and at.slider(key="layer").value == 2
+    assert at.session_state["head"] == 3
+    assert any("layer 2 · head 3" in json.loads(c.proto.spec)["layout"]["title"]["text"]
+               for c in at.get("plotly_chart") if "title" in json.loads(c.proto.spec)["layout"])  # fmt: skip

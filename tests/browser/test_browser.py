@@ -108,6 +108,93 @@ def test_default_view_layer_head_and_share_link(server, browser, page):
     fresh.context.close()
 
 
+class HeldServer:
+    """The page's Streamlit WebSocket through Playwright: what the server sends can be held back
+    (``hold``) and let through later (``release``), as a slow network or a loaded server does."""
+
+    def __init__(self, page) -> None:
+        self.holding, self.held, self.to_browser = False, [], None
+        page.route_web_socket(re.compile(r"/_stcore/stream"), self._route)
+
+    def _route(self, ws) -> None:
+        server = ws.connect_to_server()
+        ws.on_message(server.send)
+        self.to_browser = ws
+        server.on_message(lambda m: self.held.append(m) if self.holding else ws.send(m))
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def release(self, n: int | None = None) -> None:
+        """Send the first ``n`` messages held (all of them, and stop holding, without ``n``)."""
+        if n is None:
+            self.holding, n = False, len(self.held)
+        out, self.held = self.held[:n], self.held[n:]
+        for m in out:
+            self.to_browser.send(m)
+
+    def quiet(self, page, ms: int = 1500) -> int:
+        """Until the server has sent something and then nothing for ``ms`` (its run is over);
+        how many messages are held."""
+        n = -1
+        for _ in range(600):
+            if self.held and len(self.held) == n:
+                return n
+            n = len(self.held)
+            page.wait_for_timeout(ms)
+        raise AssertionError("the server sent nothing")
+
+
+def settled(page, slider) -> tuple[str, str, str]:
+    """(slider, the link's layer, the big head's title) once the script is over and they agree."""
+    page.wait_for_function(
+        """() => document.querySelector('[data-testid="stApp"]').getAttribute('data-test-script-state')
+                 === 'notRunning'""",
+        polling=200,
+    )
+    for _ in range(300):
+        got = (slider.input_value(), re.search(r"layer=(\d+)", page.evaluate("location.search"))[1],
+               head_view(page)["title"])  # fmt: skip
+        if got[0] == got[1] and f"layer {got[0]} ·" in got[2]:
+            return got
+        page.wait_for_timeout(200)
+    raise AssertionError(f"the slider, the link and the drawing disagree: {got}")
+
+
+WATCH_SLIDER_JS = """() => {
+  window.__layers = [];
+  setInterval(() => {
+    const v = document.querySelector('input[type=range][aria-label="Layer"]').value;
+    if (v !== window.__layers.at(-1)) window.__layers.push(v);
+  }, 20);
+}"""
+
+
+def test_key_presses_during_a_run_all_count(server, page):
+    """→ pressed three times while runs are on their way: the slider ends three layers on. A run
+    used to send back the layer it started with as "set the slider to this"; arriving after the
+    next press it put the slider back, and the press after counted from there (CI lost one of
+    seven presses on a loaded machine; here it ended on 4, or showed 5, 4, 5). The server's
+    messages are held to make that order; the slider's value is sampled every 20 ms."""
+    net = HeldServer(page)
+    page.goto(server.url + "/?layer=2&head=0")
+    wait_idle(page)
+    slider = page.locator('input[type="range"][aria-label="Layer"]')
+    slider.focus()
+    page.evaluate(WATCH_SLIDER_JS)
+    net.hold()
+    page.keyboard.press("ArrowRight")  # layer 3: its run is held back
+    first = net.quiet(page)
+    page.keyboard.press("ArrowRight")  # layer 4 in the browser, sent; its run is held
+    net.release(first)  # the layer-3 run reaches the browser after the second press
+    page.wait_for_timeout(500)  # a fixed time here makes the order, it waits for no result
+    page.keyboard.press("ArrowRight")  # layer 5
+    net.release()
+    assert settled(page, slider)[0] == "5"
+    seen = page.evaluate("window.__layers")
+    assert seen == sorted(seen, key=int), f"the slider went back: {seen}"  # it showed 5, 4, 5
+
+
 def long_text(n_chars: int, seed: int = 0) -> str:
     words = ["the", "bank", "river", "money", "flows", "near", "a", "quiet", "town,", "and", "it", "rains."]
     rng = np.random.default_rng(seed)
