@@ -14,22 +14,22 @@ from typing import Any
 
 import torch
 
+from . import backend
 from .capture import layerwise
 from .capture.generation import captured_generate
 from .capture.hook import IMPLEMENTATION, recording
 from .capture.layerwise import LayerInput
-from .capture.records import CapturedAttention, CapturedMixer
 from .capture.sites import decoder_start, eager_attentions, forward_inputs
 from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
-from .exact import kernels
 from .exact.eager import CannotCheck
-from .exact.verify import VerifyArg, pick_layers, self_check
 from .inputs import check_positions, tokenize
 from .loading import LoadedModel, is_out_of_memory
 from .mixers.kinds import SHOWN
 from .mixers.store import MixerStore
+from .records import CapturedAttention, CapturedMixer
 from .result import PATHS, AttentionResult, PathName
 from .tokens import Tokens
+from .verify import VerifyArg, pick_layers, self_check
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def extract(
     progress bar; an exception it raises stops the forward and frees its work).
     ``statistics=True`` is for a result that will go to `head_metrics` (or rollout): the fast
     forward keeps each layer's log-sum-exp and feature expectations where the CPU flash kernel
-    runs it in float32 (`attnviz.capture.statistics`), so the statistics need no second attention
+    runs it in float32 (`attnviz.exact.statistics`), so the statistics need no second attention
     pass there; the output equals a plain run to float32 rounding.
     """
     ids, template = tokenize(lm, text, chat=chat)
@@ -276,7 +276,7 @@ def extract_ids(
                 f"input where it has {lm.layout.layers_in(stack)} attention layers; attnviz cannot "
                 "tell which map belongs to which layer, so it shows none"
             )
-    kernels.synchronize(lm.device)  # CUDA runs asynchronously: time the work, not its queueing
+    backend.synchronize(lm.device)  # CUDA runs asynchronously: time the work, not its queueing
     seconds = time.perf_counter() - t0
     log.info("extract model=%s tokens=%d path=%s seconds=%.3f", lm.spec, len(ids), used, seconds)
     store = MixerStore(mixer_calls, lm.dtype) if lm.mixer_sites else None

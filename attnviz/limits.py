@@ -14,8 +14,8 @@ import logging
 import psutil
 import torch
 
+from . import backend
 from .errors import OutOfMemory
-from .exact import kernels
 from .layout import AttentionLayout
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,8 @@ def free_bytes(device: torch.device | str) -> int:
     bytes plus what PyTorch's caching allocator holds reserved but unused (``mem_get_info``
     counts those blocks as used, yet our next tensors reuse them first)."""
     dev = torch.device(device)
-    if kernels.on_cuda(dev):
-        cuda = kernels.backend()
+    if backend.on_cuda(dev):
+        cuda = backend.backend()
         free, _ = cuda.mem_get_info(dev)
         cached = cuda.memory_reserved(dev) - cuda.memory_allocated(dev)
         return int(free) + max(0, int(cached))

@@ -12,12 +12,12 @@ import numpy as np
 import torch
 
 from .capture.layerwise import LayerInput
-from .capture.records import CapturedAttention
 from .checks import Check, checks_caption
 from .errors import BadIndex
 from .exact.sources import Captured, Recomputed, Source, Stored
 from .layout import AttentionLayout, Stack
 from .mixers.store import MixerStore, meaning
+from .records import CapturedAttention
 from .tokens import Tokens
 
 # How a result was asked for: "fast" (captured Q/K/V, probabilities on demand) or "eager"

@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None, model: Callable | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="a missed target is a failure too")
     args = parser.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
-    from attnviz.exact import kernels
+    from attnviz import backend
 
-    cuda = kernels.backend()
+    cuda = backend.backend()
     if not cuda.available():
         sys.stdout.write("gpu-check: torch sees no CUDA GPU on this machine; nothing was run\n")
         return 0

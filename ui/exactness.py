@@ -1,5 +1,5 @@
 """Exactness as a signal for what is on screen: the layer drawn, checked against transformers'
-own eager attention on the same layer input (`attnviz.exact.verify.self_check`), or why it was
+own eager attention on the same layer input (`attnviz.verify.self_check`), or why it was
 not checked, with a button that checks it now."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import streamlit as st
 from attnviz import AttentionResult
 from attnviz.checks import Check
 from attnviz.exact.eager import CannotCheck
-from attnviz.exact.verify import self_check
 from attnviz.extract import auto_check_skipped
 from attnviz.layout import Stack
+from attnviz.verify import self_check
 from ui import models
 from ui.text import guarded
 

@@ -19,7 +19,6 @@ from typing import overload
 import numpy as np
 import torch
 
-from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
 from ..exact.lse import (
     NEG,
@@ -33,6 +32,7 @@ from ..exact.lse import (
     worst,
 )
 from ..layout import Stack, query_group
+from ..records import CapturedAttention
 from ..result import AttentionResult
 
 log = logging.getLogger(__name__)

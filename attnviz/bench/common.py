@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import torch
 
-from ..exact import kernels
+from .. import backend
 from ..extract import forward_kwargs
 from ..loading import LoadedModel, wrap_model
 from ..loading.files import atomic_write_text
@@ -97,14 +97,14 @@ def measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tup
     times, peaks = [], []
     for _ in range(repeats):
         gc.collect()
-        if kernels.on_cuda(device):
-            cuda = kernels.backend()
-            kernels.synchronize(device)
+        if backend.on_cuda(device):
+            cuda = backend.backend()
+            backend.synchronize(device)
             cuda.reset_peak_memory_stats(device)
             base = cuda.memory_allocated(device)
             t0 = time.perf_counter()
             out = fn()
-            kernels.synchronize(device)
+            backend.synchronize(device)
             times.append(time.perf_counter() - t0)
             peaks.append(cuda.max_memory_allocated(device) - base)
         else:
@@ -139,8 +139,8 @@ def floor(lm: LoadedModel, ids: list[int]) -> Callable[[], object]:
 
 
 def machine_line(device: torch.device) -> str:
-    if kernels.on_cuda(device):
-        return f"{kernels.backend().device_name(device)}, torch {torch.__version__}"
+    if backend.on_cuda(device):
+        return f"{backend.backend().device_name(device)}, torch {torch.__version__}"
     return (
         f"CPU: {platform.processor() or platform.machine()}, {psutil.cpu_count()} cores, "
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, torch {torch.__version__}, "

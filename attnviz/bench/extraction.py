@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..exact import kernels
+from .. import backend
 from ..extract import extract_ids
 from ..limits import bytes_per_element, free_bytes
 from ..loading import LoadedModel, load_model, resolve_device
@@ -150,7 +150,7 @@ def run_bench(args) -> int:
         sys.stdout.write(json.dumps(cpu_peaks(lm, sizes)) + "\n")
         return 0
     peaks = None
-    if kernels.kind(device) == "cpu":
+    if backend.kind(device) == "cpu":
         sys.stdout.write("measuring peak memory in a child process...\n")
         sys.stdout.flush()
         peaks = _cpu_peaks_in_child(sizes)
@@ -158,8 +158,8 @@ def run_bench(args) -> int:
     rows = bench_model(lm, sizes, args.repeats, peaks)
     del lm  # before the next model (and before the statistics bench loads its own)
     gc.collect()
-    if kernels.on_cuda(device):
-        kernels.backend().empty_cache()
+    if backend.on_cuda(device):
+        backend.backend().empty_cache()
         rows += bench_model(llama3b_shaped(device), [LLAMA_AT], max(1, args.repeats))
     if not args.no_write:
         write_markdown(args.out, rows, machine_line(device), sizes)

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from .. import backend
 from ..analysis.pooling import equal_edges, pooled
 from ..analysis.rollout import token_rollout
-from ..exact import fused, kernels
+from ..exact import fused
 from ..extract import FAST_METHOD, extract_ids
 from ..figures import SINGLE_MAX_CELLS, bin_labels, head_heatmap
 from ..limits import token_budget
@@ -76,17 +77,17 @@ class GpuReport:
 
 def timed(fn: Callable[[], Any], device, repeats: int) -> tuple[Timed, Any]:
     """(median seconds and the largest peak over ``repeats`` runs, the last run's output)."""
-    cuda = kernels.backend()
+    cuda = backend.backend()
     times, peaks, out = [], [], None
     for _ in range(max(1, repeats)):
         out = None
         gc.collect()
-        kernels.synchronize(device)
+        backend.synchronize(device)
         cuda.reset_peak_memory_stats(device)
         base = cuda.memory_allocated(device)
         t0 = time.perf_counter()
         out = fn()
-        kernels.synchronize(device)
+        backend.synchronize(device)
         times.append(time.perf_counter() - t0)
         peaks.append(cuda.max_memory_allocated(device) - base)
     return Timed(statistics.median(times), max(peaks)), out
@@ -186,7 +187,7 @@ def run(
             continue
         report.rows.append(got)
         report.failures += [f"{n} tokens: {p}" for p in got.problems]
-        kernels.backend().empty_cache()
+        backend.backend().empty_cache()
     try:
         if layout_at and layout_at <= max((r.n for r in report.rows), default=0):
             report.layout = kernel_layout(lm, layout_at)

@@ -27,9 +27,9 @@ from typing import cast
 
 import torch
 
+from .. import backend
 from ..analysis.pooling import pooled
 from ..analysis.rollout import token_rollout
-from ..exact import kernels
 from ..extract import extract_ids
 from ..loading import LoadedModel, load_model, resolve_device
 from ..metrics import head_metrics
@@ -64,10 +64,10 @@ def _time(fn: Callable[[], object], device: torch.device, name: str = "") -> tup
     """Wall seconds of fn() (and its process CPU seconds into ``_CPU[name]``: on a shared CPU
     the CPU-time ratio is the steadier one)."""
     gc.collect()
-    kernels.synchronize(device)
+    backend.synchronize(device)
     c0, t0 = time.process_time(), time.perf_counter()
     out = fn()
-    kernels.synchronize(device)
+    backend.synchronize(device)
     wall = time.perf_counter() - t0
     if name:
         _CPU.setdefault(name, []).append(time.process_time() - c0)
@@ -170,8 +170,8 @@ def run_stats_bench(
     rows = stats_rows(lm, sizes, repeats)
     del lm
     gc.collect()
-    if kernels.on_cuda(device) and llama_sizes:  # the Llama-3.2-3B-shaped rows: CUDA only
-        kernels.backend().empty_cache()
+    if backend.on_cuda(device) and llama_sizes:  # the Llama-3.2-3B-shaped rows: CUDA only
+        backend.backend().empty_cache()
         rows += stats_rows(llama3b_shaped(device), llama_sizes, max(1, repeats))
     if out is not None:
         write_stats_section(out, rows, machine, sizes, note)

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from ..records import CapturedAttention
 from .hook import recording
-from .records import CapturedAttention
 
 log = logging.getLogger(__name__)
 

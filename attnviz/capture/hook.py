@@ -21,9 +21,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..exact.probabilities import attention_scores
+from ..exact.statistics import forward_with_stats, fusable
 from ..layout import query_group, repeat_kv
-from .records import CapturedAttention, CapturedMixer
-from .statistics import forward_with_stats, fusable
+from ..records import CapturedAttention, CapturedMixer
 
 IMPLEMENTATION = "attnviz"
 # Keyword arguments of an attention call that the capture models (or that do not change the
@@ -59,7 +59,7 @@ class Recorder:
     unsupported: set[str] = field(default_factory=set)
     on_call: Callable[[int], None] | None = None  # told the number of calls so far (progress)
     # Take each layer's log-sum-exp and feature expectations from its forward where the CPU flash
-    # kernel runs it (attnviz.capture.statistics): `head_metrics` then needs no second pass there.
+    # kernel runs it (attnviz.exact.statistics): `head_metrics` then needs no second pass there.
     statistics: bool = False
     # Non-softmax token mixers (attnviz.capture.mixers): what each core function got, in call order,
     # and the mixer modules this forward is inside (innermost last).

@@ -29,8 +29,8 @@ from ..mixers.kinds import (
     check_rows,
     mixer_kind,
 )
+from ..records import CapturedMixer
 from .hook import active_recorder
-from .records import CapturedMixer
 
 _BLOCK = re.compile(r"\.(\d+)(?:\.|$)")
 _OUT_PROJ = ("out_proj", "o_proj", "output", "linear_out")  # RWKV: "output"; RG-LRU: "linear_out"

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
+from ..records import CapturedAttention
 from .masks import additive
 
 

@@ -7,9 +7,9 @@ row i (tests/engine/test_reference_attention.py). The kernels and `blocked` comp
 p: an online softmax (flash) or one block of query rows at a time.
 
 `attend(q, k, v, scale=..., spec=...)` runs PyTorch's CPU flash kernel on the CPU and the
-memory-efficient kernel on CUDA (both through the seam `attnviz.exact.kernels`, whose docstring
+memory-efficient kernel on CUDA (both through the seam `attnviz.backend`, whose docstring
 states their contract), and an exact blocked softmax (`blocked`) elsewhere or where a kernel
-documents that it takes no such inputs (`kernels.no_kernel_reason`). `Attended.path` says which
+documents that it takes no such inputs (`backend.no_kernel_reason`). `Attended.path` says which
 ran: "fused" or "blocked: <why>". Out of memory and every other error propagate: a fallback for
 them would hide a bug or run for minutes at long N.
 
@@ -36,8 +36,8 @@ from typing import NamedTuple
 
 import torch
 
+from .. import backend
 from ..limits import require
-from . import kernels
 from .masks import BLOCK_ROWS, MaskSpec, allowed
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def scores_tile(
     -> float32 (h, rows, cols), disallowed entries -inf. ``bias`` (h, key_pos), a key-only additive
     bias over every key (`key_bias`), is added at key_pos k0.. The product is IEEE fp32 on every
     device (never TF32: it is compared with the kernels' log-sum-exp)."""
-    s = kernels.matmul_ieee(q.float(), k.float().transpose(-1, -2)).mul_(scale)
+    s = backend.matmul_ieee(q.float(), k.float().transpose(-1, -2)).mul_(scale)
     if bias is not None:
         s.add_(bias[:, None, k0 : k0 + k.shape[-2]])
     if spec.causal or spec.window is not None:
@@ -107,7 +107,7 @@ def _cpu(q, k, v, scale: float, causal: bool, bias):
     """aten flash for the CPU: one head size for Q, K and V (zero columns added where they differ)."""
     ev, w = v.shape[-1], max(q.shape[-1], k.shape[-1], v.shape[-1])
     q, k, v = (t if t.shape[-1] == w else torch.nn.functional.pad(t, (0, w - t.shape[-1])) for t in (q, k, v))
-    out, lse = kernels.backend().cpu_flash_attention(
+    out, lse = backend.backend().cpu_flash_attention(
         q[None], k[None], v[None], 0.0, causal, attn_mask=None if bias is None else bias[None], scale=scale
     )
     return out[0, ..., :ev], lse[0]
@@ -127,19 +127,19 @@ def aligned(t: torch.Tensor, width: int, align: int) -> torch.Tensor:
 
 def _efficient(q, k, v, scale: float, causal: bool, bias, score_dim: int | None):
     """The CUDA memory-efficient kernel on (h, pos, e) tensors -> (out (h, q, ev), lse (h, q))."""
-    dev = kernels.backend()
-    align = kernels.alignment(q.dtype, dev.capability(q.device))
+    dev = backend.backend()
+    align = backend.alignment(q.dtype, dev.capability(q.device))
     h, n_q, _ = q.shape
     n_k, ev = k.shape[1], v.shape[-1]
     e = _up(score_dim if score_dim is not None else q.shape[-1], align)
     qs = aligned(q, e, align)
     ks = qs if k is q else aligned(k, e, align)
     chunks = [slice(0, ev)]
-    if SPLIT_VALUES and e <= kernels.RF_MAX < ev:  # one call would take the slow general kernel
-        chunks = [slice(c, min(c + kernels.RF_MAX, ev)) for c in range(0, ev, kernels.RF_MAX)]
+    if SPLIT_VALUES and e <= backend.RF_MAX < ev:  # one call would take the slow general kernel
+        chunks = [slice(c, min(c + backend.RF_MAX, ev)) for c in range(0, ev, backend.RF_MAX)]
     attn_bias = None
     if bias is not None:  # (1 | h, 1 | rows, n_k): an aligned buffer, sliced back, expanded
-        buf = bias.new_zeros(*bias.shape[:-1], _up(n_k, kernels.BIAS_ALIGN))
+        buf = bias.new_zeros(*bias.shape[:-1], _up(n_k, backend.BIAS_ALIGN))
         buf[..., :n_k] = bias
         attn_bias = buf[..., :n_k][None].expand(1, h, n_q, n_k)
     outs, lse = [], None
@@ -155,7 +155,7 @@ def _efficient(q, k, v, scale: float, causal: bool, bias, score_dim: int | None)
 
 
 def _kernel(q, k, v, scale: float, causal: bool, bias, score_dim: int | None):
-    if kernels.kind(q.device) == "cpu":
+    if backend.kind(q.device) == "cpu":
         return _cpu(q, k, v, scale, causal, bias)
     return _efficient(q, k, v, scale, causal, bias, score_dim)
 
@@ -211,7 +211,7 @@ def attend(
     n_k = k.shape[1]
     require(4 * h * (2 * n_q + 2 * n_k) * (max(e, v.shape[-1]) + 8), q.device, what="a fused attention pass",
             hint="fewer tokens")  # fmt: skip
-    where = kernels.kind(q.device)
+    where = backend.kind(q.device)
     if where == "other":
         why = f"no fused kernel on {q.device.type}"
     else:
@@ -219,7 +219,7 @@ def attend(
             out, lse = _masked(q, k, v, scale, spec, q_offset, key_bias, score_dim)
             return Attended(out, lse, "fused")
         except (RuntimeError, NotImplementedError) as err:
-            reason = kernels.no_kernel_reason(err)
+            reason = backend.no_kernel_reason(err)
             if reason is None:
                 raise  # out of memory, a shape bug: never hidden behind a slow fallback
             why = reason

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..capture.records import CapturedAttention
-from ..capture.statistics import cross_terms
+from .. import backend
+from ..exact.statistics import cross_terms
 from ..layout import AttentionLayout, Stack, by_kv_group, query_group, repeat_kv
-from . import kernels
+from ..records import CapturedAttention
 from .fused import Attended, attend, scores_tile
 from .masks import MaskSpec, PerTensor, key_bias, mask_bias, mask_matches, mask_of, recorded_bias
 
@@ -113,7 +113,7 @@ def expand_kv(cap: CapturedAttention, t: torch.Tensor) -> torch.Tensor:
 @dataclass
 class LayerPass:
     """One layer's statistics inputs (float32, every query head): L, the cross terms
-    scale · q_b·E_{p_a}[k] within each KV group (`capture.statistics.cross_terms`) and E_p[key_pos].
+    scale · q_b·E_{p_a}[k] within each KV group (`exact.statistics.cross_terms`) and E_p[key_pos].
 
     ``source`` says where L and the expectations came from: "forward" (the model's own forward,
     ``extract(statistics=True)``), "fused" (a second fused pass), "blocked: <why>" (the exact
@@ -165,7 +165,7 @@ def _features(cap: CapturedAttention) -> Features:
     bias = key_bias(cap)
     g = group if bias is not None else 0
     w = d + g + 1
-    if kernels.on_cuda(query.device):
+    if backend.on_cuda(query.device):
         w = -(-w // 4) * 4  # the efficient kernel's fp32 alignment: K and V are views of kv
     q1 = torch.zeros(h, n_q, w, dtype=torch.float32, device=query.device)
     q1[..., :d] = query

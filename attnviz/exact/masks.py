@@ -16,8 +16,8 @@ from typing import Generic, TypeVar
 
 import torch
 
-from ..capture.records import CapturedAttention
 from ..layout import AttentionLayout, Stack
+from ..records import CapturedAttention
 
 BLOCK_ROWS = 1024  # query rows per block where a mask must be spelled out
 V = TypeVar("V")

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..capture.records import CapturedAttention
 from ..layout import kv_heads_of
+from ..records import CapturedAttention
 
 
 def attention_scores(

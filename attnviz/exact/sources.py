@@ -31,8 +31,8 @@ from typing import Protocol
 import torch
 
 from ..capture.layerwise import LayerInput
-from ..capture.records import CapturedAttention
 from ..layout import AttentionLayout, Stack, kv_heads_of
+from ..records import CapturedAttention
 from .lse import key_bias, layer_lse_path, layer_spec, scores_tile
 from .probabilities import probs_from_capture
 

@@ -30,13 +30,13 @@ import torch
 
 from ..capture.hook import editing, recording
 from ..capture.projections import output_bias, output_weight
-from ..capture.records import CapturedAttention
 from ..errors import AttnvizError
 from ..exact.probabilities import attention_scores, probs_from_capture, softmax_fp32
 from ..inputs import tokenize
 from ..layout import by_kv_group, query_group, repeat_kv
 from ..limits import bytes_per_element, capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
+from ..records import CapturedAttention
 from ..tokens import Tokens
 from .blocks import Block, BlockHooks, Residual, Unsupported
 from .norms import FrozenNorm, close

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 from .._version import __version__
-from ..capture.records import CapturedAttention, CapturedMixer
 from ..errors import AttnvizError
 from ..layout import AttentionLayout
 from ..loading.files import atomic_write
 from ..mixers.store import MixerStore
+from ..records import CapturedAttention, CapturedMixer
 from ..result import AttentionResult
 from ..tokens import Tokens
 

@@ -22,6 +22,10 @@ from ..errors import BadIndex
 from ..layout import AttentionLayout, Stack
 from ..mixers.kinds import PER_HEAD
 from ..tokens import Tokens
+from .bins import GRID_MAX_CELLS, GRID_MAX_SIDE, grid_side, pooled_rows
+from .grid import head_grid
+from .labels import bin_labels
+from .mosaic import model_mosaic, mosaic_side
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -95,16 +99,14 @@ def _pooled_layer(
     res: ShownResult, layer: int, heads: list[int], stack: Stack, side: int
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """(heads, <=side, <=side) max-pooled probabilities and the bin labels, fetched by row chunks."""
-    from .. import figures as F
-
     q_tok, k_tok = res.axes(stack)
-    pooled, re, ce = F.pooled_rows(
+    pooled, re, ce = pooled_rows(
         lambda sl: res.layer_tensor(layer, heads=heads, rows=sl, stack=stack).float().cpu().numpy(),
         len(q_tok),
         len(k_tok),
         side,
     )
-    return pooled, F.bin_labels(q_tok.labels, re), F.bin_labels(k_tok.labels, ce)
+    return pooled, bin_labels(q_tok.labels, re), bin_labels(k_tok.labels, ce)
 
 
 def _heads(res: ShownResult, heads: Sequence[int] | None) -> list[int]:
@@ -130,14 +132,12 @@ def notebook_side(n_tokens: int, n_tiles: int, max_cells: int | None, *, one_lay
     """Bins per axis of each head's tile: every token up to `FULL_TOKENS` (within `FULL_CELLS` for
     the all-layer slider, which embeds every layer), pooled only beyond; ``max_cells`` (the
     figure's whole budget) overrides."""
-    from .. import figures as F
-
     if max_cells is None and n_tokens <= FULL_TOKENS and (one_layer or n_tiles * n_tokens**2 <= FULL_CELLS):
         return n_tokens
-    budget = max_cells or (F.GRID_MAX_CELLS if one_layer else SLIDER_MAX_CELLS)
+    budget = max_cells or (GRID_MAX_CELLS if one_layer else SLIDER_MAX_CELLS)
     if max_cells is None and not one_layer:
         budget = FULL_CELLS
-    return F.grid_side(n_tiles, budget, max_side=FULL_TOKENS, n_tokens=n_tokens)
+    return grid_side(n_tiles, budget, max_side=FULL_TOKENS, n_tokens=n_tokens)
 
 
 def head_view(
@@ -165,8 +165,6 @@ def head_view(
     the title says how far. Token axes are ``"(i) token"``; pooled axes name each bin's span.
     ``heading`` is a first title line.
     """
-    from .. import figures as F
-
     if mixer is not None and mixer != "attention":
         return _mixer_view(result, layer, mixer, heads, max_cells, heading)
     if mixer == "attention" and layer is not None:
@@ -184,7 +182,7 @@ def head_view(
     for pooled, q_lab, k_lab in grids:
         cells = pooled.shape[0] * pooled.shape[1] * pooled.shape[2]
         figs.append(
-            F.head_grid(
+            head_grid(
                 pooled,
                 q_lab,
                 k_lab,
@@ -194,7 +192,7 @@ def head_view(
                 log=log,
                 zmax=zmax,
                 max_cells=max(cells, 1),
-                max_side=max(side, F.GRID_MAX_SIDE),
+                max_side=max(side, GRID_MAX_SIDE),
             )
         )
     pooled_shape = grids[0][0].shape[1:]
@@ -248,8 +246,6 @@ def _mixer_view(
     heading: str,
 ) -> go.Figure:
     """`head_view` of a non-softmax mixer: signed, diverging around 0, pooled by the mean."""
-    from .. import figures as F
-
     if block is None:
         raise BadIndex(f"a {mixer} view needs its block: head_view(res, layer=block, mixer={mixer!r})")
     n_heads = result.mixer_heads(int(block), mixer)
@@ -265,12 +261,12 @@ def _mixer_view(
         views = [result.mixer_pooled(int(block), mixer, h, cells=side) for h in chosen]
         grid = np.stack([v.mean for v in views])
         edges = np.arange(0, n, views[0].tokens_per_bin)
-        q_lab = k_lab = F.bin_labels(labels, edges)
+        q_lab = k_lab = bin_labels(labels, edges)
         note = f" · mean-pooled to {grid.shape[1]}×{grid.shape[2]}"
     zmax = float(np.abs(grid).max()) or 1.0
-    fig = F.head_grid(
+    fig = head_grid(
         grid, q_lab, k_lab, heads=chosen, diverging=True, zmax=zmax, max_cells=max(grid.size, 1),
-        max_side=max(side, F.GRID_MAX_SIDE),
+        max_side=max(side, GRID_MAX_SIDE),
     )  # fmt: skip
     lines = [heading] if heading else []
     lines.append(f"{result.model_name} · block {block} · {mixer}{note}")
@@ -292,8 +288,6 @@ def model_view(
     result: ShownResult, *, stack: Stack | None = None, colorscale: str = "Viridis", log: bool = False
 ) -> go.Figure:
     """Every layer x head at once, one small pooled tile each (the app's model overview mosaic)."""
-    from .. import figures as F
-
     stack = result.resolve_stack(stack)
     n_layers, n_heads = result.n_layers(stack), result.n_heads
     if n_layers == 0:
@@ -301,13 +295,13 @@ def model_view(
             "this model has no softmax attention layers; draw its mixers one block at a time: "
             "attnviz.head_view(res, layer=block, mixer=res.layout.mixers[block][0])"
         )
-    side = F.mosaic_side(n_layers, n_heads)
+    side = mosaic_side(n_layers, n_heads)
     every = list(range(n_heads))
     tiles, q_lab, k_lab = [], None, None
     for layer in range(n_layers):
         pooled, q_lab, k_lab = _pooled_layer(result, layer, every, stack, side)
         tiles.append(pooled)
-    fig = F.model_mosaic(
+    fig = model_mosaic(
         np.stack(tiles), colorscale=colorscale, log=log, kv_heads=_kv_heads(result, stack, every),
         q_labels=q_lab, k_labels=k_lab,
     )  # fmt: skip

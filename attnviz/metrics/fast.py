@@ -2,7 +2,7 @@
 
 For one layer, `layer_pass` (attnviz.exact.lse) gives every query head's L_i, the cross terms
 scale · q_b·E_{p_a}[k] (heads a, b of one KV group) and E_p[key_pos]_i: from the model's own
-forward (``extract(statistics=True)``, attnviz.capture.statistics) or from one second fused attention
+forward (``extract(statistics=True)``, attnviz.exact.statistics) or from one second fused attention
 call. Then, per query row i (s_ij = scale · q_i·k_j):
 
 - entropy            H_i = L_i - scale · q_i·E_p[k] [- E_p[b]]  (a head's own cross term)
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from ..capture.records import CapturedAttention
 from ..exact.lse import LayerPass, MaskSpec, key_bias, layer_lse, layer_pass
 from ..layout import by_kv_group, query_group
+from ..records import CapturedAttention
 from .definitions import key_counts
 
 Sums = dict[str, tuple[torch.Tensor, torch.Tensor]]

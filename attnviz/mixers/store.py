@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from ..capture.records import CapturedMixer
 from ..checks import Check
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
+from ..records import CapturedMixer
 from . import conv, delta, linear, rglru, selective, ssd, wkv
 from .kinds import CHANNELS_FIRST, MEANING, NOT_YET, PER_HEAD, SHOWN, check_rows
 

@@ -32,9 +32,9 @@ import torch
 
 from ..capture import mixers as mixer_capture
 from ..capture.hook import recording
-from ..capture.records import CapturedMixer
 from ..errors import BadIndex
 from ..mixers import delta, ssd
+from ..records import CapturedMixer
 
 KINDS = ("gated_delta", "mamba2")  # the two layers this walkthrough explains
 FORMULAS = {  # what a page shows above the numbers (the module docstring's, one per kind)

@@ -19,8 +19,9 @@ from typing import Literal
 
 from .. import limits
 from ..errors import ModelNotFound, NotAllowed
-from ..loading import BUILTIN_MODELS, LoadedModel, classify_spec, load_source, needs_conversion
-from ..loading.names import check_hub_chars, check_id
+from ..loading.load import load_source, needs_conversion
+from ..loading.model import LoadedModel
+from ..loading.names import BUILTIN_MODELS, check_hub_chars, check_id, classify_spec
 from .settings import Settings, settings
 
 Source = Literal["builtin", "hub", "local", "plugin"]

@@ -1,5 +1,5 @@
 """PyTorch's CUDA contract, emulated on the CPU and installed through the engine's one seam
-(`attnviz.exact.kernels.use`): every CPU tensor then stands for a CUDA tensor, so each CUDA branch
+(`attnviz.backend.use`): every CPU tensor then stands for a CUDA tensor, so each CUDA branch
 of the engine (kernel choice, padding and slicing, bias buffers, fallbacks, memory sizing, the
 benchmark's CUDA code) runs in `make test` on a machine without a GPU.
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnviz.exact import kernels
+from attnviz import backend
 
 GIB = 2**30
 LSE_ALIGN = 32  # kernel_forward.h kAlignLSE
@@ -76,7 +76,7 @@ class Allocator:
 
 
 @dataclass
-class EmulatedCuda(kernels.TorchDevice):
+class EmulatedCuda(backend.TorchDevice):
     """A CUDA device of compute capability ``capability`` whose memory is ``allocator``."""
 
     capability_: tuple[int, int] = (9, 0)
@@ -86,7 +86,7 @@ class EmulatedCuda(kernels.TorchDevice):
     fail: BaseException | None = None  # raised by the next efficient call (OOM, a refusal, ...)
     refuse: str | None = None  # every efficient call raises RuntimeError(refuse)
 
-    def kind(self, device: torch.device) -> kernels.Kind:
+    def kind(self, device: torch.device) -> backend.Kind:
         return "cuda" if device.type in ("cpu", "cuda") else "other"
 
     def available(self) -> bool:
@@ -199,7 +199,7 @@ class EmulatedCuda(kernels.TorchDevice):
     # --- matmuls: TF32 when enabled ------------------------------------------------------------
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if kernels.tf32_enabled() and a.dtype == torch.float32 and b.dtype == torch.float32:
+        if backend.tf32_enabled() and a.dtype == torch.float32 and b.dtype == torch.float32:
             a, b = tf32(a), tf32(b)
         return torch.matmul(a, b)
 
@@ -241,5 +241,5 @@ def tf32(t: torch.Tensor) -> torch.Tensor:
 @contextlib.contextmanager
 def emulate(**kw) -> Iterator[EmulatedCuda]:
     """Run a block as if every CPU tensor lived on a CUDA GPU (``EmulatedCuda(**kw)``)."""
-    with kernels.use(EmulatedCuda(**kw)) as cuda:
+    with backend.use(EmulatedCuda(**kw)) as cuda:
         yield cuda  # type: ignore[misc]

@@ -231,7 +231,7 @@ def test_self_check_of_gptj_runs_its_own_attn():
     assert res.check.max_abs_diff <= 1e-5
     cap = res.captured(1)
     res = res.with_capture(1, dataclasses.replace(cap, scaling=cap.scaling * 1.05))
-    from attnviz.exact.verify import self_check
+    from attnviz.verify import self_check
 
     with pytest.raises(attnviz.AttnvizError, match="self-check failed"):
         self_check(lm.model, res, {"self": 1})

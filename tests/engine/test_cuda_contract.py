@@ -17,12 +17,12 @@ from cuda_emulation import GIB, Allocator, emulate, tf32
 from sharp_models import TEXT, sharp
 
 import attnviz
-from attnviz import limits
+from attnviz import backend, limits
 from attnviz import metrics as M
 from attnviz.analysis import pooling
 from attnviz.analysis import rollout as R
-from attnviz.capture import statistics as FS
-from attnviz.exact import fused, kernels, lse
+from attnviz.exact import fused, lse
+from attnviz.exact import statistics as FS
 from attnviz.exact.masks import MaskSpec
 from attnviz.loading import load
 
@@ -49,13 +49,13 @@ def test_the_seam_and_the_emulation_follow_the_registered_schemas():
     from cuda_emulation import EmulatedCuda
 
     assert [a.default_value for a in schema.arguments[5:]] == [0.0, False, None]
-    for impl in (kernels.TorchDevice.efficient_attention, EmulatedCuda.efficient_attention):
+    for impl in (backend.TorchDevice.efficient_attention, EmulatedCuda.efficient_attention):
         params = list(inspect.signature(impl).parameters.values())[1:]
         assert [p.name for p in params] == names and params[-1].kind is inspect.Parameter.KEYWORD_ONLY
         assert [p.default for p in params[5:]] == [0.0, False, None]
     cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default._schema
     assert [a.name for a in cpu.arguments][:5] == ["query", "key", "value", "dropout_p", "is_causal"]
-    for impl in (kernels.TorchDevice.cpu_flash_attention, EmulatedCuda.cpu_flash_attention):
+    for impl in (backend.TorchDevice.cpu_flash_attention, EmulatedCuda.cpu_flash_attention):
         assert list(inspect.signature(impl).parameters)[1:6] == [a.name for a in cpu.arguments][:5]
     assert {a.name for a in cpu.arguments if a.kwarg_only} == {"attn_mask", "scale"}
 
@@ -67,7 +67,7 @@ def test_emulated_efficient_kernel_matches_pytorch_math():
     bias = torch.randn(1, 3, 40, 52)[..., :50]  # its rows 4-aligned, as SDPA pads them
     bias[0, 1, 7] = float("-inf")  # one fully masked row
     with emulate() as cuda:
-        out, lse_, *_ = kernels.backend().efficient_attention(q, k, v, bias, True, 0.0, True, scale=0.3)
+        out, lse_, *_ = backend.backend().efficient_attention(q, k, v, bias, True, 0.0, True, scale=0.3)
     s = (q.double() @ k.double().transpose(-1, -2)) * 0.3 + bias.double()
     s = s.masked_fill(torch.ones(40, 50, dtype=torch.bool).triu(1), float("-inf"))  # from the top left
     want = torch.logsumexp(s, -1)
@@ -97,7 +97,7 @@ def test_emulated_efficient_kernel_matches_pytorch_math():
 def test_emulated_kernel_choice_alignment_and_refusals():
     e = dict(compute_log_sumexp=True)
     with emulate() as cuda:
-        run = kernels.backend().efficient_attention
+        run = backend.backend().efficient_attention
         for width, kernel in (
             (64, "aligned_64x64_rf"),
             (128, "aligned_64x128_rf"),
@@ -126,14 +126,14 @@ def test_emulated_kernel_choice_alignment_and_refusals():
         with pytest.raises(RuntimeError, match="attn_bias is not correctly aligned"):
             run(t, t, t, torch.zeros(1, 2, 4, 6)[..., :4], **e)  # strideM 6
         with pytest.raises(NotImplementedError, match="'CUDA' backend"):
-            kernels.backend().cpu_flash_attention(t, t, t, 0.0, False, attn_mask=None, scale=1.0)
+            backend.backend().cpu_flash_attention(t, t, t, 0.0, False, attn_mask=None, scale=1.0)
     with emulate(capability_=(7, 5)), pytest.raises(RuntimeError, match="no kernel"):
         t = torch.zeros(1, 2, 4, 8, dtype=torch.bfloat16)
-        kernels.backend().efficient_attention(t, t, t, None, True)
-    assert kernels.efficient_kernel(torch.float32, (9, 0), 128, 129) == "32x128_gmem"
-    assert kernels.efficient_kernel(torch.bfloat16, (7, 0), 64, 64) is None
-    assert kernels.alignment(torch.float32, (9, 0)) == 4 and kernels.alignment(torch.bfloat16, (8, 0)) == 8
-    assert kernels.alignment(torch.float16, (7, 0)) == 8 and kernels.alignment(torch.float32, (7, 0)) == 1
+        backend.backend().efficient_attention(t, t, t, None, True)
+    assert backend.efficient_kernel(torch.float32, (9, 0), 128, 129) == "32x128_gmem"
+    assert backend.efficient_kernel(torch.bfloat16, (7, 0), 64, 64) is None
+    assert backend.alignment(torch.float32, (9, 0)) == 4 and backend.alignment(torch.bfloat16, (8, 0)) == 8
+    assert backend.alignment(torch.float16, (7, 0)) == 8 and backend.alignment(torch.float32, (7, 0)) == 1
 
 
 def test_emulated_memory_and_tf32_contracts():
@@ -186,7 +186,7 @@ def test_a_llama_3b_shaped_layer_keeps_one_aligned_buffer_and_rf_kernels():
     """Head dim 128 with GQA (Llama-3.2-3B's attention, 6 heads / 2 KV heads here), bf16 like the
     model: the features are one buffer whose width is 4-aligned, every call of the statistics, the
     LSE and the rollout keys takes a register-file kernel, and the numbers equal the CPU's."""
-    from attnviz.capture.records import CapturedAttention
+    from attnviz.records import CapturedAttention
 
     torch.manual_seed(3)
     n = 45
@@ -292,11 +292,11 @@ def test_ieee_guard_with_the_new_precision_api():
     flag afterwards) gets IEEE inside the guard and their setting back after (own process)."""
     code = (  # the seam module alone (it imports only torch): a fresh process in a few seconds
         "import importlib.util, torch\n"
-        f"spec = importlib.util.spec_from_file_location('kernels', {kernels.__file__!r})\n"
-        "kernels = importlib.util.module_from_spec(spec); spec.loader.exec_module(kernels)\n"
+        f"spec = importlib.util.spec_from_file_location('backend', {backend.__file__!r})\n"
+        "backend = importlib.util.module_from_spec(spec); spec.loader.exec_module(backend)\n"
         "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
-        "with kernels.ieee_fp32():\n    assert torch.backends.cuda.matmul.fp32_precision == 'ieee'\n"
-        "assert torch.backends.cuda.matmul.fp32_precision == 'tf32' and kernels.tf32_enabled()\n"
+        "with backend.ieee_fp32():\n    assert torch.backends.cuda.matmul.fp32_precision == 'ieee'\n"
+        "assert torch.backends.cuda.matmul.fp32_precision == 'tf32' and backend.tf32_enabled()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

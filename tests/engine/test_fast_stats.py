@@ -19,8 +19,8 @@ from sharp_models import FUSED, TEXT, assert_same, sharp
 
 import attnviz
 from attnviz import metrics as M
-from attnviz.capture.records import CapturedAttention
 from attnviz.exact import fused, lse
+from attnviz.records import CapturedAttention
 
 
 @pytest.mark.parametrize("arch", tiny.ARCHS)

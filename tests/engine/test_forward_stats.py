@@ -1,7 +1,7 @@
 """Statistics whose log-sum-exp and expectations come from the model's own forward.
 
 `extract(statistics=True)` runs each eligible layer as one widened CPU flash call
-(attnviz.capture.statistics). Checked here: the widened kernel's L, E_p[k], E_p[key_pos] and output
+(attnviz.exact.statistics). Checked here: the widened kernel's L, E_p[k], E_p[key_pos] and output
 against a dense softmax; statistics from the forward == the dense definitions (1e-4, float32) on
 tiny Llama-GQA, Qwen3, Mistral (sliding window), GPT-2, BERT, BART and the built-in smollm2
 (slow); Gemma 2 (soft-capping) and T5 (position bias) keep the dense path and say so; bf16 keeps
@@ -21,9 +21,9 @@ from sharp_models import TEXT, assert_same, sharp
 import attnviz
 from attnviz import metrics as M
 from attnviz.analysis import rollout as R
-from attnviz.capture import statistics as FS
 from attnviz.capture.hook import recording
 from attnviz.exact import lse
+from attnviz.exact import statistics as FS
 
 FORWARD = {"llama-gqa", "qwen3", "mistral-sliding", "gpt2", "bert", "bart"}
 BIDIRECTIONAL = {("bert", "self"), ("bart", "encoder"), ("bart", "cross")}

@@ -6,7 +6,7 @@ soft-capping). Then every path that makes a probability on the product side equa
 on the captured Q and K of tiny models (GQA, sliding window, soft-capping, biases): the result
 itself, the dense path (`exact.probabilities`, also in causal blocks), the model's eager oracle
 (`exact.eager`), the log-sum-exp identity p = exp(s − L) (`exact.lse` through `exact.fused` /
-`exact.kernels`), the fused pass's E_p[v] (`exact.fused.attend`) and the pooling tiles at one
+`attnviz.backend`), the fused pass's E_p[v] (`exact.fused.attend`) and the pooling tiles at one
 token per cell (`analysis.pooling`)."""
 
 from __future__ import annotations

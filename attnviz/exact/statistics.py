@@ -27,27 +27,13 @@ attention plus a second pass minus one softmax; the gain grows with N (docs/benc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.nn.attention import SDPBackend
 
-from ..exact import kernels
+from .. import backend
 from ..layout import by_kv_group, query_group, repeat_kv
 from ..limits import USABLE, free_bytes
-
-
-@dataclass(frozen=True)
-class ForwardStats:
-    """What one layer's forward left for the statistics (float32, query heads)."""
-
-    lse: torch.Tensor  # (heads, q_pos) L_i
-    cross: torch.Tensor  # (heads, group, q_pos): [a, b] = scale · q_{b-th head of a's group}·E_{p_a}[k]
-    e_pos: torch.Tensor  # (heads, q_pos) E_p[key_pos]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.lse, self.cross, self.e_pos))
+from ..records import ForwardStats
 
 
 def cross_terms(query: torch.Tensor, e_key: torch.Tensor, scale: float, group: int) -> torch.Tensor:
@@ -56,14 +42,14 @@ def cross_terms(query: torch.Tensor, e_key: torch.Tensor, scale: float, group: i
     h, n, _ = query.shape
     q = by_kv_group(query, group, 0).permute(0, 2, 3, 1)  # (kv_head, q_pos, d, b)
     e = by_kv_group(e_key, group, 0).permute(0, 2, 1, 3)  # (kv_head, q_pos, a, d)
-    c = kernels.matmul_ieee(e, q)  # (kv_head, q_pos, a, b), never TF32
+    c = backend.matmul_ieee(e, q)  # (kv_head, q_pos, a, b), never TF32
     return c.permute(0, 2, 3, 1).reshape(h, group, n).mul_(scale)
 
 
 def fusable(module, query, key, value, mask, dropout: float, scaling, is_causal: bool, kwargs) -> bool:
     """Whether transformers' SDPA call for this layer would run the CPU flash kernel, in float32,
     on the square prefill the widened call reproduces (else: the layer runs as before)."""
-    if kernels.kind(query.device) != "cpu" or dropout:
+    if backend.kind(query.device) != "cpu" or dropout:
         return False
     if any(t.dtype != torch.float32 for t in (query, key, value)):
         return False

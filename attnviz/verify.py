@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from ..checks import Check
-from ..errors import AttnvizError
-from ..layout import Stack
-from ..result import AttentionResult
-from .eager import comparable, eager_probabilities
+from .checks import Check
+from .errors import AttnvizError
+from .exact.eager import comparable, eager_probabilities
+from .layout import Stack
+from .result import AttentionResult
 
 log = logging.getLogger(__name__)
 

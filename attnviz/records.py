@@ -6,7 +6,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .statistics import ForwardStats
+
+@dataclass(frozen=True)
+class ForwardStats:
+    """What one layer's forward left for the statistics (float32, query heads)."""
+
+    lse: torch.Tensor  # (heads, q_pos) L_i
+    cross: torch.Tensor  # (heads, group, q_pos): [a, b] = scale · q_{b-th head of a's group}·E_{p_a}[k]
+    e_pos: torch.Tensor  # (heads, q_pos) E_p[key_pos]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.lse, self.cross, self.e_pos))
 
 
 @dataclass
