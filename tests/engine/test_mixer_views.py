@@ -10,7 +10,6 @@ import pytest
 
 import attnviz
 from attnviz.figures import mixers as M
-from attnviz.figures.branches import branch_shares
 
 TEXT = "the bank of the river"
 
@@ -77,7 +76,7 @@ def test_pure_mamba_block_view_is_its_contribution_norms():
 def test_parallel_block_shows_both_branches_with_their_shares():
     lm = hybrids_tiny.loaded("falcon_h1")
     res = attnviz.extract(lm, TEXT)
-    shares = branch_shares(lm, list(res.tokens.ids), 0)
+    shares = res.branch_shares(0)
     assert set(shares.shares) == {"attention", "mamba2"}
     assert abs(sum(shares.shares.values()) - 1) < 1e-9 and min(shares.shares.values()) > 0
     fig = M.block_view(res, 0, shares=shares.shares)
@@ -98,7 +97,7 @@ def test_branch_shares_apply_the_blocks_multipliers():
     before = layer.attn_out_multiplier
     try:
         layer.attn_out_multiplier = 0.0
-        shares = branch_shares(lm, [1, 5, 9, 12], 0)
+        shares = attnviz.extract_ids(lm, [1, 5, 9, 12]).branch_shares(0)
     finally:
         layer.attn_out_multiplier = before
     assert shares.shares["attention"] == 0 and shares.shares["mamba2"] == 1
@@ -140,14 +139,14 @@ def test_zamba2_shares_measure_the_shared_attentions_write_through_its_linear():
     lm = attnviz.wrap_model(tf.AutoModelForCausalLM.from_config(cfg).eval(), tiny.tokenizer(), spec="zamba2")
     block = next(b for b, kinds in enumerate(lm.layout.mixers) if len(kinds) == 2)
     ids = [1, 5, 9, 12, 30, 7]
-    shares = branch_shares(lm, ids, block)
+    shares = attnviz.extract_ids(lm, ids).branch_shares(block)
     assert abs(sum(shares.shares.values()) - 1) < 1e-9 and min(shares.shares.values()) > 0
     linear = lm.model.model.layers[block].linear
     with torch.no_grad():
         saved = linear.weight.clone()
         linear.weight.zero_()
     try:
-        assert branch_shares(lm, ids, block).shares["attention"] == 0
+        assert attnviz.extract_ids(lm, ids).branch_shares(block).shares["attention"] == 0
     finally:
         with torch.no_grad():
             linear.weight.copy_(saved)
