@@ -150,3 +150,44 @@ def test_zamba2_shares_measure_the_shared_attentions_write_through_its_linear():
     finally:
         with torch.no_grad():
             linear.weight.copy_(saved)
+
+
+def test_branch_shares_come_from_the_extracts_own_forward():
+    """The shares are measured while extract runs (no forward once the result exists) and equal
+    what each branch writes in a plain forward of the same tokens, multipliers applied."""
+    import torch
+
+    lm = hybrids_tiny.loaded("falcon_h1")
+    forwards: list[int] = []
+    counting = lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        res = attnviz.extract(lm, TEXT)
+        before = len(forwards)
+        shares = res.branch_shares(1)
+        assert len(forwards) == before  # nothing ran again
+    finally:
+        counting.remove()
+    layer = lm.model.model.layers[1]
+    seen = {}
+
+    def keep(kind, mult):
+        return lambda _m, _a, out: seen.__setitem__(
+            kind, ((out[0] if isinstance(out, tuple) else out).double()[0] * mult).norm(dim=-1)
+        )
+
+    hooks = [
+        layer.self_attn.register_forward_hook(keep("attention", layer.attn_out_multiplier)),
+        layer.mamba.register_forward_hook(keep("mamba2", layer.ssm_out_multiplier)),
+    ]
+    try:
+        with torch.inference_mode():
+            lm.model(input_ids=torch.tensor([list(res.tokens.ids)]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    for kind, norms in seen.items():
+        np.testing.assert_allclose(shares.per_token[kind], norms.numpy(), rtol=1e-12)
+    total = sum(float(v.sum()) for v in seen.values())
+    assert shares.shares == pytest.approx({k: float(v.sum()) / total for k, v in seen.items()}, rel=1e-12)
+    with pytest.raises(attnviz.errors.BadIndex, match="no parallel branches were measured"):
+        attnviz.extract(hybrids_tiny.loaded("bamba"), TEXT).branch_shares(0)
