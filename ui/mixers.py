@@ -43,12 +43,42 @@ def applies(layout: AttentionLayout) -> bool:
     return any(tuple(kinds) != ("attention",) for kinds in layout.mixers)
 
 
+def attention_block_line(layout: AttentionLayout, layer: int) -> str:
+    """Which block an attention layer of a hybrid is: the picker and the maps' titles count blocks,
+    the engine counts attention layers ("layer 0 (of 0–0)" beside "Layer 3" read as a bug)."""
+    block = layout.model_layer(layer)
+    blocks = ", ".join(map(str, layout.attention_layers))
+    return (
+        f"Block {block} is softmax attention: the maps below are its probabilities (titled layer "
+        f"{block}, by block). The engine counts only the attention blocks ({blocks}): this is their "
+        f"attention layer {layer}."
+    )
+
+
 def attention_note(layout: AttentionLayout, stack: str, layer: int) -> None:
     """Under an attention layer's maps: what else its block does to mix tokens that they do not
     show (zaya / inkling: a short conv on k/v; `AttentionLayout.mixer_note`)."""
     note = layout.mixer_note(layout.model_layer(layer)) if stack == "self" else ""
     if note:
         st.caption(f"Block {layout.model_layer(layer)}: {note}.")
+
+
+SIGNED_READING = (
+    "How to read this block's maps: **row = query**, **column = source token**. They are signed, not "
+    "probabilities: **red** = a positive weight (the source's value is added), **blue** = negative "
+    "(subtracted), white = 0; rows do not sum to 1."
+)
+NORMS_READING = (
+    "How to read this block's maps: **row = query**, **column = source token**; the colour is the size "
+    "‖c‖ of what the source adds to the query's output (0 = nothing), not a probability."
+)
+
+
+def reading(res: AttentionResult, block: int) -> str:
+    """The heatmap reading line for a non-softmax block (the explorer's softmax line says rows sum
+    to 1, which a signed map does not)."""
+    kinds = [k for k in res.mixers(block) if k != "attention"]
+    return NORMS_READING if all(k in M.NORM_KINDS for k in kinds) else SIGNED_READING
 
 
 def block_label(layout: AttentionLayout, block: int) -> str:
@@ -234,9 +264,7 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
         row, labels, kind=kind, query_label=labels[q], title=f"{where} · head {h}", norms=norms
     )
     export.chart(bars, f"attnviz_{ref.name}_B{block}_H{h}_q{q}", key="mixer_bars")
-    state.share_box(
-        note="The link opens this text and model; pick the block again (blocks are not in the link)."
-    )
+    state.share_box()
 
 
 STAT_NAMES = {
