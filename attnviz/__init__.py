@@ -26,7 +26,15 @@ from .errors import (
     OutOfMemory,
     UnsafeWeights,
 )
-from .explain import ablate_heads, information_flow, logit_attribution, logit_lens, rotary_bands
+from .explain import (
+    ablate_heads,
+    information_flow,
+    logit_attribution,
+    logit_lens,
+    qk_attribution,
+    qk_row,
+    rotary_bands,
+)
 from .explain.attribution_patching import attribution_patch
 from .explain.patching import patch
 from .export import load_npz, save_npz
@@ -89,6 +97,8 @@ __all__ = [
     "patch",
     "patching_comparison_view",
     "patching_view",
+    "qk_attribution",
+    "qk_row",
     "rotary_bands",
     "rotary_view",
     "save_npz",

@@ -157,14 +157,25 @@ def _extract(args) -> int:
     except OSError as err:
         raise AttnvizError(f"cannot write {str(args.out)!r}: {err.strerror or err}") from None
     n = len(res.tokens)
-    how = (
-        "compact: queries, keys and values; read it with attnviz.load_npz"
-        if saved == ["compact"]
-        else "dense"
-    )
-    sys.stdout.write(
-        f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path}; {how})\n"
-    )
+    if not res.layout.n_layers:  # Mamba, RWKV: the file holds the mixers alone
+        what = (
+            "the token mixers' kernel inputs; read it with attnviz.load_npz"
+            if saved == ["compact"]
+            else "each block's mixer matrix as mixer_<block>_<kind> (heads, N, N) and the mixers' "
+            "kernel inputs (attnviz.load_npz)"
+        )
+        sys.stdout.write(
+            f"wrote {args.out}: {n} tokens; {res.layout.model_type} has no softmax attention layer, "
+            f"so there is no 'attentions' array: the file holds {what}\n"
+        )
+    else:
+        how = (
+            "compact: queries, keys and values; read it with attnviz.load_npz"
+            if saved == ["compact"]
+            else "dense"
+        )
+        shape = f"{res.n_layers()} layers x {res.n_heads} heads"
+        sys.stdout.write(f"wrote {args.out}: {n} tokens, {shape} ({res.path}; {how})\n")
     if res.layout.mixer_summary():  # the file holds every mixer too (attnviz.load_npz)
         sys.stdout.write(f"token mixers: {res.layout.mixer_summary()}\n")
     if res.checks:  # one figure per stack (encoder, decoder, cross)
@@ -243,7 +254,9 @@ def _info(args) -> int:
         ("device / dtype", f"{lm.device} / {str(lm.dtype).removeprefix('torch.')}"),
         (
             "fast path",
-            "fast exact (SDPA + captured Q/K/V)"
+            "no softmax attention: one forward captures the token mixers' kernel inputs"
+            if not lay.n_layers
+            else "fast exact (SDPA + captured Q/K/V)"
             if lm.fast_exact
             else "eager exact, one layer at a time"
             + (f" ({lm.probe.why_not_fast})" if lm.probe and lm.probe.why_not_fast else ""),

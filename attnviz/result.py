@@ -291,9 +291,12 @@ class AttentionResult:
         `OutOfMemory` saying what it needs, not a crash."""
         from .limits import require
 
+        n = self.layout.layers_in(self.resolve_stack(stack))
+        if n == 0:  # no softmax layer (Mamba, RWKV): an empty stack, its mixers are `layer(b, mixer=)`
+            queries, keys = self.axes(stack)
+            return np.zeros((0, self.n_heads, len(queries), len(keys)), dtype=np.float32)
         layers = self.iter_layers(stack)
         _, first = next(layers)
-        n = self.layout.layers_in(self.resolve_stack(stack))
         need = n * first.numel() * 4
         require(
             need,

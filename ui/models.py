@@ -192,6 +192,7 @@ class ResultCache:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self.evictions = 0  # entries dropped to stay within the bounds (the demo soak reads it)
 
     def get(self, key: Hashable) -> Any | None:
         with self._lock:
@@ -209,6 +210,7 @@ class ResultCache:
                 len(self._items) > self.max_entries or self.total_bytes > self.max_bytes
             ):
                 self._items.popitem(last=False)
+                self.evictions += 1
 
     @property
     def total_bytes(self) -> int:

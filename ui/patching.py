@@ -6,6 +6,7 @@ and head search on the clean text. The engine does the work (`attnviz.explain.pa
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
 import numpy as np
@@ -35,8 +36,8 @@ def _marked(tokens: Tokens, differing: set[int]) -> str:
     return " · ".join(shown)
 
 
-def _prompts(lm: LoadedModel, p: ExplainParams, chat: bool) -> tuple[int, int] | None:
-    """Both prompts side by side with the differing tokens marked; (clean, corrupted) lengths."""
+def _prompts(lm: LoadedModel, p: ExplainParams, chat: bool) -> tuple[Tokens, Tokens]:
+    """Both prompts side by side with the differing tokens marked; (clean, corrupted) tokens."""
     clean = Tokens.build(lm.tokenizer, tokenize(lm, p.text, chat=chat)[0])
     corrupt = Tokens.build(lm.tokenizer, tokenize(lm, p.corrupt, chat=chat)[0])
     paired = pair(corrupt, clean)
@@ -50,7 +51,7 @@ def _prompts(lm: LoadedModel, p: ExplainParams, chat: bool) -> tuple[int, int] |
             f"Positions {', '.join(map(str, paired.unpatched))} have no partner in the clean prompt "
             "(the token alignment): they are never patched."
         )
-    return len(clean), len(corrupt)
+    return clean, corrupt
 
 
 def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> None:
@@ -71,10 +72,10 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
         )
         return
     p = p.replace(corrupt=corrupt)
-    lengths = None
+    prompts = None
     with guarded("reading the two prompts", None, (p.text, corrupt)):
-        lengths = _prompts(lm, p, chat)
-    if lengths is None:
+        prompts = _prompts(lm, p, chat)
+    if prompts is None:
         return
     c1, c2 = st.columns([3.0, 1.3])
     over = c1.segmented_control("Patch", list(X.OVERS), key="over", required=True)
@@ -88,7 +89,11 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
         help="Every cell from two forwards and one backward (first order); its top cells are then "
         f"patched for real ({VERIFY}) and shown beside it.",
     )
-    n_cells = _cells(lm, str(over), max(lengths))
+    n_cells = None
+    with guarded("counting the cells", None, (p.text, corrupt)):  # the grid the engine will run
+        n_cells = math.prod(X.patching.planned_grid(lm, *prompts, str(over), str(direction)))
+    if n_cells is None:
+        return
     if not estimate and n_cells > MAX_UI_CELLS:
         st.warning(
             f"{n_cells:,} cells would be {n_cells:,} forwards; the page runs at most {MAX_UI_CELLS:,}. "
@@ -143,12 +148,6 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
     _show(lm, p, res)
     with st.expander("Head search on the clean text"):
         _search(lm, p, token, chat)
-
-
-def _cells(lm: LoadedModel, over: str, n: int) -> int:
-    lay = lm.layout
-    per = {"heads": lay.n_heads, "heads_by_position": lay.n_heads * n, "residual": n, "blocks": 2 * n}
-    return lay.n_layers * per[over]
 
 
 def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:

@@ -80,6 +80,11 @@ def pair(target: Tokens, source: Tokens) -> Pairing:
     )
 
 
+def pairing_of(clean: Tokens, corrupted: Tokens, direction: str) -> Pairing:
+    """The pairing of a run: "denoise" patches the corrupted run (target) from the clean one."""
+    return pair(corrupted, clean) if direction == "denoise" else pair(clean, corrupted)
+
+
 @dataclass(frozen=True)
 class Patch:
     """One patched component: ``site`` of ``layer`` (``head`` for a head), at ``position`` of the

@@ -14,17 +14,16 @@ The sites, per layer l (the same hook points for every residual layout: pre-norm
 post-norm between the heads and the stream):
 
 - ``heads``: head h's output z^h = Σ_j α v_j at every patched position, read and replaced inside
-  attnviz's attention function (`attnviz.capture.editing`) before the output projection;
+  attnviz's attention function (`attnviz.capture.hook.editing`) before the output projection;
 - ``heads_by_position``: the same at one position;
 - ``residual``: the stream entering block l at one position (l = 0: the embedding);
 - ``blocks``: what the attention module or the MLP returns at one position (before a norm that
   sits between them and the stream: that norm is per token, so it follows the patch).
 
-Every cell is one forward of the patched run (cells are batched: row b of a batch carries cell b's
-patch only), the model's own code, in its own dtype. Prompts of different lengths are aligned with
-`attnviz.analysis.align.align_tokens` (`patch_sites.pair`: ids; a gap of equal length on both sides is paired
-position by position, since those are the tokens that differ); positions without a partner are not
-patched and listed in ``unpatched``.
+Every cell is one forward of the patched run (cells batched: row b carries cell b's patch only),
+the model's own code and dtype. Prompts of different lengths are aligned (`patch_sites.pair`: the
+token alignment by ids, a gap of equal length on both sides paired position by position, since
+those are the tokens that differ); positions without a partner are listed in ``unpatched``.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ from .patch_sites import (
     Progress,
     Sites,
     capture,
-    pair,
+    pairing_of,
     patched_run,
     site_names,
     sites,
@@ -167,6 +166,7 @@ class Patching:
 # -- the grid -------------------------------------------------------------------------------------
 
 
+Shape = tuple[int, ...]  # one size per entry of DIMS[over]
 DIMS: dict[str, tuple[str, ...]] = {
     "heads": ("layer", "head"),
     "heads_by_position": ("layer", "head", "position"),
@@ -175,10 +175,17 @@ DIMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def grid_shape(over: str, n_layers: int, n_heads: int, pairing: Pairing) -> tuple[int, ...]:
+def grid_shape(over: str, n_layers: int, n_heads: int, pairing: Pairing) -> Shape:
     """The grid of ``over``: one axis per entry of ``DIMS[over]``."""
     size = {"layer": n_layers, "head": n_heads, "position": len(pairing.target), "part": len(PARTS)}
     return tuple(size[d] for d in DIMS[over])
+
+
+def planned_grid(lm: LoadedModel, clean: Tokens, corrupted: Tokens, over: str, direction: str) -> Shape:
+    """The grid `patch` runs on these prompts, before it runs (a page counts its forwards here):
+    `grid_shape` of the same sites and pairing. `Unsupported` where `patch` would refuse."""
+    pairing = pairing_of(clean, corrupted, direction)
+    return grid_shape(over, sites(lm, over).n_layers, lm.layout.n_heads, pairing)
 
 
 def patch_at(over: str, index: tuple[int, ...], pairing: Pairing) -> Patch:
@@ -290,7 +297,6 @@ def setup(
             "(0 = corrupted, 1 = clean) is undefined: pick other answer / wrong tokens or prompts"
         )
     tc, tx = Tokens.build(lm.tokenizer, c_ids), Tokens.build(lm.tokenizer, x_ids)
-    target, source = (tx, tc) if denoise else (tc, tx)
     return Setup(
         st=st,
         clean=tc,
@@ -298,7 +304,7 @@ def setup(
         target_ids=tgt_ids,
         source=src_acts,
         target_acts=tgt_acts if keep_target else Activations(),
-        pairing=pair(target, source),
+        pairing=pairing_of(tc, tx, direction),
         answer=ans,
         wrong=wr,
         clean_diff=c_diff,

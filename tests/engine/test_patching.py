@@ -15,7 +15,8 @@ import torch
 import attnviz
 from attnviz import AttnvizError
 from attnviz.explain.patch_sites import Patch, pair, patched_run
-from attnviz.explain.patching import patch, setup
+from attnviz.explain.patching import patch, planned_grid, setup
+from attnviz.tokens import Tokens
 
 CLEAN = "the financial bank is located on river bank"
 CORRUPT = "the financial fox is located on river bank"  # one token differs (position 3)
@@ -229,6 +230,13 @@ def test_prompts_of_different_lengths_patch_aligned_positions():
     H = lm.layout.n_heads
     cells = [("head", la, h, [t], [s]) for la in range(2) for h in range(H) for t, s in res.pairing.pairs()]
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, longer, cells), atol=ATOL)
+    # the grid a page counts before running (its forward guard) is the grid that ran
+    tokens = (Tokens.build(lm.tokenizer, clean), Tokens.build(lm.tokenizer, longer))
+    assert planned_grid(lm, *tokens, "heads_by_position", "denoise") == res.values.shape == (2, H, 9)
+    assert (
+        planned_grid(lm, *tokens, "blocks", "noise")
+        == patch(lm, CLEAN, LONGER, over="blocks", direction="noise").values.shape
+    )
 
 
 def test_ranking_orders_cells_by_their_distance_from_the_unpatched_run():
