@@ -387,7 +387,8 @@ class ExplainParams(Params):
     answer: str = p("", _short_text)  # "" = the clean prompt's prediction
     wrong: str = p("", _short_text)  # "" = the corrupted prompt's prediction
     sq: int = p(-1, _int(-1))  # head search: the query position (-1: the last token)
-    sk: int = p(0, _int())  # head search: the key position
+    sk: int = p(-1, _int(-1))  # head search: the key position (-1: the query token's previous
+    # occurrence, else the token before it; key 0 is the sink column every head fills)
     # why this head attends (ui/qk.py): the head, the key (-1: the one it attends to most), the split
     wl: int = p(0, _int())
     wh: int = p(0, _int())
