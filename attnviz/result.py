@@ -38,7 +38,8 @@ class AttentionResult:
     key_pos). Self-attention models have the single stack ``"self"``; encoder-decoder models
     have ``"encoder"``, ``"decoder"`` and ``"cross"`` (queries: decoder tokens, keys: encoder
     tokens). The fast path keeps only the captured queries and keys and computes probabilities
-    for what is asked; the eager path holds the full tensors the model returned.
+    for what is asked; the eager path holds the full tensors the model returned. Dimension names:
+    the glossary of `attnviz.reference.attention`.
     """
 
     model_name: str
@@ -265,7 +266,7 @@ class AttentionResult:
 
     def mixer_pooled(self, block: int, mixer: str, head: int, cells: int = 256):
         """One mixer head's pooled view (`attnviz.mixers.pooling.MixerPooled`: signed mean and
-        max |A| per block of tokens), computed without the N×N matrix."""
+        max |A| per block of tokens), computed without the (query_pos, key_pos) matrix."""
         from .mixers.pooling import mixer_pooled
 
         if self._mixers is None:
@@ -320,7 +321,7 @@ class AttentionResult:
         return out
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        """A notebook cell shows a summary and the head view (attnviz/notebook.py)."""
+        """A notebook cell shows a summary and the head view (attnviz/figures/notebook.py)."""
         from .figures.notebook import mimebundle
 
         return mimebundle(self)
