@@ -5,7 +5,7 @@ Shapes use the one vocabulary of dimension names, the glossary of `attnviz.refer
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -59,7 +59,7 @@ class CapturedMixer:
     Never a (query_pos, key_pos) matrix.
     """
 
-    kind: str  # attnviz.mixers.MixerKind
+    kind: str  # a key of attnviz.mixers.MIXERS
     module_name: str  # the mixer module (model.layers.3.linear_attn)
     block: int  # the model's own block index
     function: str  # the core function's global name
@@ -74,6 +74,10 @@ class CapturedMixer:
     output_rows: tuple[int, ...] = ()  # the rows of ``output`` / ``out_out`` kept (`check_rows`)
     out_weight: torch.Tensor | None = None  # the output projection's weight (a reference)
     out_bias: torch.Tensor | None = None
+    # a block with parallel branches (Falcon-H1, Zamba2): kind -> (S,) float64 ‖o_t‖ of what each
+    # branch wrote in this forward (multipliers applied), and one sentence saying what was measured
+    branches: dict[str, torch.Tensor] = field(default_factory=dict)
+    branch_how: str = ""
 
     @property
     def nbytes(self) -> int:

@@ -179,7 +179,7 @@ class AttentionResult:
     ) -> np.ndarray:
         """float32 (heads, query_pos, key_pos) for one layer.
 
-        ``mixer`` (a `attnviz.mixers.MixerKind`) reads ``layer`` as the model's own block index and
+        ``mixer`` (a key of `attnviz.mixers.MIXERS`) reads ``layer`` as the model's own block index and
         returns that block's mixer: "attention" its softmax probabilities, another kind its exact
         effective attention (signed, not probabilities; see `mixer_meaning`). Without ``mixer``,
         ``layer`` is the i-th attention layer as always; a model with no attention at all (Mamba)
@@ -274,6 +274,14 @@ class AttentionResult:
         if not 0 <= int(head) < self._mixers.n_heads(block, mixer):
             raise BadIndex(f"head {head} is out of range for block {block}'s {mixer} mixer")
         return mixer_pooled(self._mixers, block, mixer, int(head), cells)
+
+    def branch_shares(self, block: int):
+        """Each parallel branch's share of block ``block``'s token-mixing output (Falcon-H1,
+        Zamba2: `attnviz.mixers.branches.BranchShares`), measured in the forward this result
+        came from; `BadIndex` for a block without measured branches."""
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers")
+        return self._mixers.branch_shares(int(block))
 
     @staticmethod
     def mixer_meaning(mixer: str) -> str:
