@@ -14,6 +14,7 @@ Every function also takes the text itself (and then runs its own forward).
 from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
 from .attribution_patching import attribution_patch
+from .circuits import OVCircuits, QKSpace, ov_circuits, ov_tokens, qk_space
 from .lens import LogitLens, logit_lens
 from .patching import DIRECTIONS, OVERS, Patching, patch
 from .qk import QKAttribution, QKRow, qk_attribution, qk_row
@@ -37,9 +38,11 @@ __all__ = [
     "LogitLens",
     "Node",
     "NodeWrites",
+    "OVCircuits",
     "Patching",
     "QKAttribution",
     "QKRow",
+    "QKSpace",
     "RotaryBands",
     "RotarySpec",
     "Trace",
@@ -51,10 +54,13 @@ __all__ = [
     "logit_attribution",
     "logit_lens",
     "node_writes",
+    "ov_circuits",
+    "ov_tokens",
     "patch",
     "previous_occurrence_heads",
     "qk_attribution",
     "qk_row",
+    "qk_space",
     "rotary_bands",
     "search_heads",
     "trace",
