@@ -92,3 +92,67 @@ def test_a_model_typed_into_the_model_box_is_loaded_without_picking_other_first(
     ok(at)
     assert at.query_params["model"] == "tiny:gpt2"
     assert titled(at, "head 0 ")
+
+
+PATCH_PAGE = "pages/6_Explain.py"
+CORRUPT = "the bank of the fox"
+
+
+def test_the_head_search_does_not_start_on_the_sink_column(env):
+    from apptest import TINY, specs
+
+    from ui.patching import default_key
+
+    at = new_app(PATCH_PAGE, model=TINY, text=TEXT, view="patching", corrupt=CORRUPT, over="heads").run()
+    ok(at)
+    assert at.selectbox(key="sk").value == -1  # auto
+    search = next(s for s in specs(at) if "Head search" in (s["layout"].get("title") or {}).get("text", ""))
+    title = search["layout"]["title"]["text"]
+    assert "to key 0 " not in title and "to key " in title  # caught: key 0, the sink column
+    assert default_key([5, 7, 9, 7], 3) == 1  # the query token's previous occurrence
+    assert default_key([5, 7, 9, 8], 3) == 2  # else the token before it
+    assert default_key([5], 0) == 0
+
+
+def test_the_patching_progress_counts_cells_not_layers(env):
+    from apptest import TINY
+
+    from ui import progress
+
+    lines: list[str] = []
+    real = progress._bar
+
+    def heard(run_key, first, cancel_help, line):  # every line the bar would draw
+        def said(done, total, elapsed):
+            lines.append(line(done, total, elapsed))
+            return lines[-1]
+
+        return real(run_key, first, cancel_help, said)
+
+    env.setattr(progress, "_bar", heard)
+    at = new_app(PATCH_PAGE, model=TINY, text=TEXT, view="patching", corrupt=CORRUPT, over="heads").run()
+    ok(at)
+    patching = [ln for ln in lines if ln.startswith("Patching")]
+    assert patching and all(": cell " in ln for ln in patching), lines  # caught: "layer 32 of 270"
+
+
+def test_a_sentence_names_the_strongest_patching_cells(env):
+    import numpy as np
+    import tiny
+    from apptest import TINY
+
+    import attnviz
+
+    at = new_app(PATCH_PAGE, model=TINY, text=TEXT, view="patching", corrupt=CORRUPT, over="heads").run()
+    ok(at)
+    line = next((m.value for m in at.markdown if m.value.startswith("Strongest cells")), None)
+    assert line, [m.value for m in at.markdown]  # caught: no sentence named them
+    want = attnviz.patch(tiny.loaded("llama-gqa"), TEXT, CORRUPT, over="heads").values
+    layer, head = np.unravel_index(int(np.argmax(np.abs(want))), want.shape)
+    assert line.index(f"**L{layer} H{head}** ({want[layer, head]:+.2f})") == len("Strongest cells: ")
+    at.segmented_control(key="pdir").set_value("noise").run()  # noising: the farthest from 1
+    ok(at)
+    line = next(m.value for m in at.markdown if m.value.startswith("Strongest cells"))
+    noised = attnviz.patch(tiny.loaded("llama-gqa"), TEXT, CORRUPT, over="heads", direction="noise").values
+    layer, head = np.unravel_index(int(np.argmax(np.abs(noised - 1))), noised.shape)
+    assert f"**L{layer} H{head}**" in line.split(",")[0] and "the clean run" in line
