@@ -48,6 +48,7 @@ from .figures.explain import (
 )
 from .figures.notebook import head_view, model_view
 from .figures.patching import head_search_view, patching_comparison_view, patching_view
+from .figures.qk import qk_view
 from .inputs import tokenize
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
@@ -99,6 +100,7 @@ __all__ = [
     "patching_view",
     "qk_attribution",
     "qk_row",
+    "qk_view",
     "rotary_bands",
     "rotary_view",
     "save_npz",

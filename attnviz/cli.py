@@ -30,6 +30,7 @@ from .cli_args import (
     verify_layer,
     writable_file,
 )
+from .envflags import log_level, text
 from .errors import AttnvizError
 from .export import FORMATS
 from .extract import DEFAULT_MAX_TOKENS
@@ -213,13 +214,13 @@ def _config_layers(spec: str, revision: str | None) -> int | None:
 
 def _preflight(args, error) -> None:
     """The checks that need more than one argument or the model's config, before it loads."""
-    from .server.env import integer
+    from .server.env import number
 
     if args.command != "extract":
         return
     if args.max_tokens is None:
         try:
-            args.max_tokens = integer("ATTNVIZ_MAX_TOKENS", DEFAULT_MAX_TOKENS, lo=1, hi=1_000_000)
+            args.max_tokens = number("ATTNVIZ_MAX_TOKENS", DEFAULT_MAX_TOKENS)
         except AttnvizError as err:
             error(str(err))
     if isinstance(args.verify, int):
@@ -299,7 +300,7 @@ def _app(args) -> int:
             '(in a checkout: pip install ".[app]")'
         )
     script = app_script()
-    status = os.environ.get(STATUS_FILE_ENV, "").strip()
+    status = text(STATUS_FILE_ENV)
     if status:  # a previous server's queue status would read as a stuck queue until a visitor came
         Path(status).unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_flags(script.parent)]
@@ -313,10 +314,7 @@ def _app(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    level = os.environ.get("ATTNVIZ_LOG_LEVEL", "WARNING").strip().upper()
-    if level not in logging.getLevelNamesMapping():
-        level = "WARNING"
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level("WARNING"), format="%(levelname)s %(name)s: %(message)s")
     parser = _parser()
     args = parser.parse_args(argv)
     _preflight(args, parser.error)

@@ -5,7 +5,9 @@ A model with any non-softmax mixer gets a block picker listing every block with 
 writes its attention layer into ``layer``, the URL's parameter); any other block draws its exact
 effective attention with `attnviz.figures.mixers` (signed, diverging scale centred at 0), the
 per-head token-contribution bars of one query, a parallel block's branches side by side with
-their shares, and the block's self-check line from ``res.checks`` / ``res.mixer_check``.
+their shares (``res.branch_shares``, measured during the extract's own forward), and the block's
+self-check line from ``res.checks`` / ``res.mixer_check``. The chosen block is in the share link
+(``block``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import streamlit as st
 
 from attnviz import AttentionResult, AttnvizError
 from attnviz.figures import mixers as M
-from attnviz.figures.branches import BranchShares, branch_shares
 from attnviz.figures.labels import bin_labels
 from attnviz.layout import AttentionLayout
+from attnviz.mixers import BranchShares
 from ui import export, models, state
 
 BLOCK_KEY = "block"  # a parameter of the link (ui.params.ExplorerParams.block)
@@ -78,7 +80,7 @@ def reading(res: AttentionResult, block: int) -> str:
     """The heatmap reading line for a non-softmax block (the explorer's softmax line says rows sum
     to 1, which a signed map does not)."""
     kinds = [k for k in res.mixers(block) if k != "attention"]
-    return NORMS_READING if all(k in M.NORM_KINDS for k in kinds) else SIGNED_READING
+    return NORMS_READING if all(M.is_norms(k) for k in kinds) else SIGNED_READING
 
 
 def block_label(layout: AttentionLayout, block: int) -> str:
@@ -170,14 +172,9 @@ def _pooled_note(res: AttentionResult, shown: list[str]) -> str:
     )
 
 
-def _shares(ref: models.ResultRef, res: AttentionResult, block: int) -> BranchShares | None:
-    lm = models.load(ref.spec, ref.token)
-    if lm is None:
-        return None
+def _shares(res: AttentionResult, block: int) -> BranchShares | None:
     try:
-        return models.cached(
-            "branch-shares", (*ref.key, block), lambda: branch_shares(lm, list(res.tokens.ids), block)
-        )
+        return res.branch_shares(block)
     except AttnvizError as err:
         st.caption(f"Branch shares are not available here: {err}.")
         return None
@@ -205,7 +202,7 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
     labels = list(res.tokens.labels)
     where = f"{ref.name} · block {block}"
     if len(res.mixers(block)) > 1:
-        shares = _shares(ref, res, block)
+        shares = _shares(res, block)
         rows = _rows(res.n_tokens)  # a window of exact query rows past MAX_ROWS tokens
         q_labels = labels[rows]
         branches = [
@@ -251,12 +248,12 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
     else:
         q = int(st.number_input("Query position", 0, res.n_tokens - 1, res.n_tokens - 1, key=QUERY_KEY))
     norms = (
-        kind in M.NORM_KINDS
+        M.is_norms(kind)
         or st.radio("Bars show", [WEIGHT, CONTRIBUTION], key=BARS_KEY, horizontal=True, help=BARS_HELP)
         == CONTRIBUTION
     )
     one = slice(q, q + 1)  # one exact row, on demand
-    if norms and kind not in M.NORM_KINDS:
+    if norms and not M.is_norms(kind):
         row = res.mixer_contributions(block, kind, heads=[h], rows=one)[0, 0]
     else:
         row = res.head(block, h, mixer=kind, rows=one)[0]
@@ -322,7 +319,7 @@ def overview(ref: models.ResultRef, res: AttentionResult) -> None:
             for h, row in enumerate(stats):
                 table["block"].append(block)
                 table["mixer"].append(M.kind_name(kind))
-                table["head"].append(str(h) if kind not in M.NORM_KINDS else "all channels")
+                table["head"].append(str(h) if not M.is_norms(kind) else "all channels")
                 table["exact"].append(f"max |Δ| {check.max_abs_diff:.1e} (scale {check.scale or 0:.1e})")
                 for s, v in zip(STATISTICS, row, strict=True):
                     table[STAT_NAMES[s]].append(float(v))

@@ -58,7 +58,7 @@ def _freeze_imports() -> None:
 _freeze_imports()
 
 MAX_MODELS = 2
-RESULT_CACHE_BYTES = env.integer("ATTNVIZ_RESULT_CACHE_MB", 1536) * 2**20
+RESULT_CACHE_BYTES = env.number("ATTNVIZ_RESULT_CACHE_MB") * 2**20
 RESULT_CACHE_ENTRIES = 16
 _SECRET = secrets.token_bytes(32)  # per process; never leaves memory
 

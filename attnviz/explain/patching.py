@@ -95,6 +95,9 @@ class Patching:
     # attribution patching: the top cells patched for real, {cell index: (estimate, real)} normalised
     verified: dict[tuple[int, ...], tuple[float, float]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # the "part" axis of over="blocks": ("attention", "mlp"), or a hybrid's mixers and its MLP
+    # (a cell of a part its block does not have is NaN)
+    parts: tuple[str, ...] = PARTS
 
     @property
     def nbytes(self) -> int:
@@ -123,7 +126,7 @@ class Patching:
                 out["position"] = self.pairing.target[i]
                 out["source_position"] = self.pairing.source[i]
             elif dim == "part":
-                out["part"] = PARTS[i]
+                out["part"] = self.parts[i]
             else:
                 out[dim] = int(i)
         return out
@@ -149,6 +152,7 @@ class Patching:
         most (baseline 0 for denoising, 1 for noising)."""
         base = 0.0 if self.direction == "denoise" else 1.0
         flat = [(idx, float(self.values[idx])) for idx in np.ndindex(*self.values.shape)]
+        flat = [c for c in flat if not np.isnan(c[1])]  # a part its block does not have
         flat.sort(key=lambda c: -abs(c[1] - base))
         return flat if top is None else flat[:top]
 
@@ -175,9 +179,11 @@ DIMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def grid_shape(over: str, n_layers: int, n_heads: int, pairing: Pairing) -> Shape:
+def grid_shape(
+    over: str, n_layers: int, n_heads: int, pairing: Pairing, parts: tuple[str, ...] = PARTS
+) -> Shape:
     """The grid of ``over``: one axis per entry of ``DIMS[over]``."""
-    size = {"layer": n_layers, "head": n_heads, "position": len(pairing.target), "part": len(PARTS)}
+    size = {"layer": n_layers, "head": n_heads, "position": len(pairing.target), "part": len(parts)}
     return tuple(size[d] for d in DIMS[over])
 
 
@@ -185,10 +191,11 @@ def planned_grid(lm: LoadedModel, clean: Tokens, corrupted: Tokens, over: str, d
     """The grid `patch` runs on these prompts, before it runs (a page counts its forwards here):
     `grid_shape` of the same sites and pairing. `Unsupported` where `patch` would refuse."""
     pairing = pairing_of(clean, corrupted, direction)
-    return grid_shape(over, sites(lm, over).n_layers, lm.layout.n_heads, pairing)
+    st = sites(lm, over)
+    return grid_shape(over, st.n_layers, lm.layout.n_heads, pairing, st.parts)
 
 
-def patch_at(over: str, index: tuple[int, ...], pairing: Pairing) -> Patch:
+def patch_at(over: str, index: tuple[int, ...], pairing: Pairing, parts: tuple[str, ...] = PARTS) -> Patch:
     """The patch of the grid cell ``index`` (a position axis indexes ``pairing.target``)."""
     if over == "heads":
         return Patch("head", index[0], index[1])
@@ -196,7 +203,7 @@ def patch_at(over: str, index: tuple[int, ...], pairing: Pairing) -> Patch:
         return Patch("head", index[0], index[1], pairing.target[index[2]])
     if over == "residual":
         return Patch("residual", index[0], -1, pairing.target[index[1]])
-    return Patch(PARTS[index[1]], index[0], -1, pairing.target[index[2]])  # type: ignore[arg-type]
+    return Patch(parts[index[1]], index[0], -1, pairing.target[index[2]])
 
 
 def batch_size(lm: LoadedModel, n_tokens: int, batch: int | None) -> int:
@@ -268,7 +275,7 @@ def setup(
         what=f"patching two prompts of up to {n} tokens",
         hint="shorter prompts",
     )
-    wanted = site_names(over)
+    wanted = site_names(over, st.parts)
     denoise = direction == "denoise"
     src_ids, tgt_ids = (c_ids, x_ids) if denoise else (x_ids, c_ids)
     src_acts, src_logits = capture(lm, st, src_ids, wanted)
@@ -340,6 +347,7 @@ def result(
         raw=raw,
         pairing=s.pairing,
         notes=s.notes,
+        parts=s.st.parts,
         **extra,
     )
 
@@ -366,7 +374,7 @@ def run_cells(
             progress(start, len(todo))  # may raise to cancel
         rows = order[start : start + size]
         prefix = min(first[i] for i in rows)
-        prefix = prefix if prefix >= PREFIX_MIN and len(s.target_ids) > prefix else 0
+        prefix = prefix if prefix >= PREFIX_MIN and len(s.target_ids) > prefix and s.st.cacheable else 0
         batch_cells = [[todo[i]] for i in rows]
         logits = patched_run(lm, s.st, s.target_ids, s.source, s.pairing, batch_cells, prefix=prefix)
         out[rows] = (logits[:, s.answer] - logits[:, s.wrong]).double().cpu().numpy()
@@ -394,7 +402,13 @@ def patch(
     position, normalised (0 = corrupted run, 1 = clean run). ``progress(done, cells)`` hears each
     batch of patched forwards (raising cancels)."""
     s = setup(lm, clean, corrupted, answer, wrong, over, direction, chat=chat, keep_target=False)
-    shape = grid_shape(over, s.st.n_layers, lm.layout.n_heads, s.pairing)
-    todo = [patch_at(over, idx, s.pairing) for idx in np.ndindex(*shape)]
-    raw = run_cells(lm, s, todo, batch=batch, progress=progress).reshape(shape)
-    return result(lm, s, over, direction, DIMS[over], raw)
+    shape = grid_shape(over, s.st.n_layers, lm.layout.n_heads, s.pairing, s.st.parts)
+    cells = [patch_at(over, idx, s.pairing, s.st.parts) for idx in np.ndindex(*shape)]
+    real = [
+        i
+        for i, p in enumerate(cells)
+        if p.site in ("head", "residual") or s.st.module(p.site, p.layer) is not None
+    ]
+    raw = np.full(len(cells), np.nan)  # NaN: a part its block does not have (a hybrid's blocks differ)
+    raw[real] = run_cells(lm, s, [cells[i] for i in real], batch=batch, progress=progress)
+    return result(lm, s, over, direction, DIMS[over], raw.reshape(shape))

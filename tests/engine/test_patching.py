@@ -282,15 +282,16 @@ def test_progress_hears_every_batch_and_cancels():
         patch(lm, CLEAN, CORRUPT, over="heads", batch=3, progress=cancel)
 
 
-def test_patching_needs_no_decomposition_but_hybrids_wait_for_their_mixers():
+def test_patching_needs_no_decomposition_and_hybrid_heads_wait_for_their_mixers():
     """A residual multiplier (Granite) breaks the explanations' sums, not patching: its grid still
-    equals the hand-written runs. A hybrid is refused with the reason."""
+    equals the hand-written runs. A hybrid's heads are refused with the reason (its residual and
+    blocks are patched: tests/engine/test_hybrid_stream.py)."""
     lm = TE.build("granite", residual_multiplier=0.5)
     clean, corrupt = ids_of(lm, CLEAN), ids_of(lm, CORRUPT)
     res = patch(lm, CLEAN, CORRUPT, over="residual")
     cells = [("residual", la, -1, [p], [p]) for la in range(lm.layout.n_layers) for p in range(len(clean))]
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
-    with pytest.raises(AttnvizError, match="hybrid"):
+    with pytest.raises(AttnvizError, match="per-head outputs of these mixers are not patchable yet"):
         patch(TE.build("qwen3_next"), CLEAN, CORRUPT)
 
 
