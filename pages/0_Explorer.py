@@ -141,8 +141,10 @@ def main() -> None:
     summary(res)
     block = mixers.block_picker(res) if mixers.applies(res.layout) else None  # hybrids: every block
     if block is not None:
+        st.caption(mixers.reading(res, block))  # signed maps: rows do not sum to 1
         mixers.draw(ref, res, block)
         return
+    st.caption(READING)
     layer_view(ref)
 
 
