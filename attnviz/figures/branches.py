@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import BadIndex
+from ..loading import Hook
 
 
 @dataclass(frozen=True)
@@ -80,17 +81,8 @@ def branch_shares(lm: Any, ids: list[int], block: int) -> BranchShares:
 
         return hook
 
-    with lm.lock:
-        handles = [
-            attn.register_forward_hook(keep("attention", m_attn)),
-            mamba.register_forward_hook(keep("mamba2", m_ssm)),
-        ]
-        try:
-            with torch.inference_mode():
-                lm.model(input_ids=torch.tensor([list(ids)], device=lm.device), use_cache=False)
-        finally:
-            for h in handles:
-                h.remove()
+    hooks = [Hook(attn, keep("attention", m_attn)), Hook(mamba, keep("mamba2", m_ssm))]
+    lm.forward(list(ids), hooks=hooks, logits_at="none")
     if set(seen) != {"attention", "mamba2"}:
         raise BadIndex(f"block {block}: the forward did not run both branches (saw {sorted(seen)})")
     total = float(sum(v.sum() for v in seen.values())) or 1.0
