@@ -26,7 +26,15 @@ from .errors import (
     OutOfMemory,
     UnsafeWeights,
 )
-from .explain import ablate_heads, information_flow, logit_attribution, logit_lens, rotary_bands
+from .explain import (
+    ablate_heads,
+    information_flow,
+    logit_attribution,
+    logit_lens,
+    qk_attribution,
+    qk_row,
+    rotary_bands,
+)
 from .explain.attribution_patching import attribution_patch
 from .explain.patching import patch
 from .export import load_npz, save_npz
@@ -40,6 +48,7 @@ from .figures.explain import (
 )
 from .figures.notebook import head_view, model_view
 from .figures.patching import head_search_view, patching_comparison_view, patching_view
+from .figures.qk import qk_view
 from .inputs import tokenize
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
@@ -89,6 +98,9 @@ __all__ = [
     "patch",
     "patching_comparison_view",
     "patching_view",
+    "qk_attribution",
+    "qk_row",
+    "qk_view",
     "rotary_bands",
     "rotary_view",
     "save_npz",

@@ -30,6 +30,7 @@ from .cli_args import (
     verify_layer,
     writable_file,
 )
+from .envflags import log_level, text
 from .errors import AttnvizError
 from .export import FORMATS
 from .extract import DEFAULT_MAX_TOKENS
@@ -157,14 +158,25 @@ def _extract(args) -> int:
     except OSError as err:
         raise AttnvizError(f"cannot write {str(args.out)!r}: {err.strerror or err}") from None
     n = len(res.tokens)
-    how = (
-        "compact: queries, keys and values; read it with attnviz.load_npz"
-        if saved == ["compact"]
-        else "dense"
-    )
-    sys.stdout.write(
-        f"wrote {args.out}: {n} tokens, {res.n_layers()} layers x {res.n_heads} heads ({res.path}; {how})\n"
-    )
+    if not res.layout.n_layers:  # Mamba, RWKV: the file holds the mixers alone
+        what = (
+            "the token mixers' kernel inputs; read it with attnviz.load_npz"
+            if saved == ["compact"]
+            else "each block's mixer matrix as mixer_<block>_<kind> (heads, N, N) and the mixers' "
+            "kernel inputs (attnviz.load_npz)"
+        )
+        sys.stdout.write(
+            f"wrote {args.out}: {n} tokens; {res.layout.model_type} has no softmax attention layer, "
+            f"so there is no 'attentions' array: the file holds {what}\n"
+        )
+    else:
+        how = (
+            "compact: queries, keys and values; read it with attnviz.load_npz"
+            if saved == ["compact"]
+            else "dense"
+        )
+        shape = f"{res.n_layers()} layers x {res.n_heads} heads"
+        sys.stdout.write(f"wrote {args.out}: {n} tokens, {shape} ({res.path}; {how})\n")
     if res.layout.mixer_summary():  # the file holds every mixer too (attnviz.load_npz)
         sys.stdout.write(f"token mixers: {res.layout.mixer_summary()}\n")
     if res.checks:  # one figure per stack (encoder, decoder, cross)
@@ -202,13 +214,13 @@ def _config_layers(spec: str, revision: str | None) -> int | None:
 
 def _preflight(args, error) -> None:
     """The checks that need more than one argument or the model's config, before it loads."""
-    from .server.env import integer
+    from .server.env import number
 
     if args.command != "extract":
         return
     if args.max_tokens is None:
         try:
-            args.max_tokens = integer("ATTNVIZ_MAX_TOKENS", DEFAULT_MAX_TOKENS, lo=1, hi=1_000_000)
+            args.max_tokens = number("ATTNVIZ_MAX_TOKENS", DEFAULT_MAX_TOKENS)
         except AttnvizError as err:
             error(str(err))
     if isinstance(args.verify, int):
@@ -243,7 +255,9 @@ def _info(args) -> int:
         ("device / dtype", f"{lm.device} / {str(lm.dtype).removeprefix('torch.')}"),
         (
             "fast path",
-            "fast exact (SDPA + captured Q/K/V)"
+            "no softmax attention: one forward captures the token mixers' kernel inputs"
+            if not lay.n_layers
+            else "fast exact (SDPA + captured Q/K/V)"
             if lm.fast_exact
             else "eager exact, one layer at a time"
             + (f" ({lm.probe.why_not_fast})" if lm.probe and lm.probe.why_not_fast else ""),
@@ -286,7 +300,7 @@ def _app(args) -> int:
             '(in a checkout: pip install ".[app]")'
         )
     script = app_script()
-    status = os.environ.get(STATUS_FILE_ENV, "").strip()
+    status = text(STATUS_FILE_ENV)
     if status:  # a previous server's queue status would read as a stuck queue until a visitor came
         Path(status).unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "streamlit", "run", str(script), *streamlit_flags(script.parent)]
@@ -300,10 +314,7 @@ def _app(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    level = os.environ.get("ATTNVIZ_LOG_LEVEL", "WARNING").strip().upper()
-    if level not in logging.getLevelNamesMapping():
-        level = "WARNING"
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level("WARNING"), format="%(levelname)s %(name)s: %(message)s")
     parser = _parser()
     args = parser.parse_args(argv)
     _preflight(args, parser.error)

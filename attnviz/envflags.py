@@ -3,12 +3,14 @@
 A boolean flag is true for ``1/true/yes/on`` and false for ``0/false/no/off`` (any case, spaces
 around ignored, unset or empty = the default); anything else raises `BadSetting` with the flag's
 name and the accepted spellings, so a typo stops with a one-line message instead of being read as
-"off". Integers likewise, with their range. This module sits below `attnviz.loading` and
-`attnviz.server` (it imports only `attnviz.errors`), so both read their flags here.
+"off". Integers likewise, with their range; text values (a folder, an address) are read stripped.
+This module sits below `attnviz.loading` and `attnviz.server` (it imports only `attnviz.errors`),
+so both read their flags here. The table of every flag is `attnviz.server.env`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from .errors import AttnvizError
@@ -52,3 +54,14 @@ def integer(name: str, default: int, *, lo: int = 1, hi: int = 1 << 31) -> int:
     if not lo <= value <= hi:
         raise BadSetting(f"{name}={value} is out of range; use {lo}..{hi}")
     return value
+
+
+def text(name: str, default: str = "") -> str:
+    """A text environment setting (a folder, an address, a list), stripped; unset or empty = ``default``."""
+    return _raw(name) or default
+
+
+def log_level(default: str) -> str:
+    """ATTNVIZ_LOG_LEVEL as a `logging` level name (any case), ``default`` when unset or unknown."""
+    level = text("ATTNVIZ_LOG_LEVEL", default).upper()
+    return level if level in logging.getLevelNamesMapping() else default

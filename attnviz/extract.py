@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (attention layers done, attention layers in all)
 FAST_METHOD = "fast exact"
+# A model without softmax attention (Mamba, RWKV): on either path only its mixers are captured.
+MIXERS_ONLY_METHOD = "no softmax attention: the token mixers' captured kernel inputs"
 AUTO_VERIFY_TOKENS = 1024  # verify="auto": one layer's (heads, N, N) in eager is cheap up to here
 
 
@@ -243,8 +245,11 @@ def _extract(
         if path == "fast" and not captured:
             used, method = "eager", layerwise.METHOD
             layers = _record_layers(lm, inputs)
-        elif path == "eager":
+        elif path == "eager" and lm.layout.n_layers:
             eager = _run_eager(lm, inputs)
+        if not lm.layout.n_layers:  # nothing for the eager path to ask transformers for
+            method, eager, layers = MIXERS_ONLY_METHOD, {}, {}
+            captured = {s: [] for s in lm.layout.stacks}
         if lm.mixer_sites and not mixer_calls:  # generated, eager or layer-at-a-time: one more forward
             with recording(lm.module_names) as rec:
                 lm.forward(inputs=inputs)

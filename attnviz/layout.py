@@ -37,7 +37,7 @@ class AttentionLayout:
     # own block index of each attention layer, in order (empty: attention layer i is block i).
     attention_layers: tuple[int, ...] = ()
     n_blocks: int = 0  # all blocks of the (decoder) stack, attention or not (0: same as n_layers)
-    # Each block's token mixers (`attnviz.mixers.MixerKind`), e.g. ("attention",), ("gated_delta",),
+    # Each block's token mixers (keys of `attnviz.mixers.MIXERS`), e.g. ("attention",), ("gated_delta",),
     # ("attention", "mamba2") for a block with two branches (Falcon-H1, Zamba2's hybrid blocks).
     mixers: tuple[tuple[str, ...], ...] = ()
 

@@ -1,8 +1,11 @@
-"""What one attention call saw: the record the capture keeps and the exact math reads."""
+"""What one attention call saw: the record the capture keeps and the exact math reads.
+
+Shapes use the one vocabulary of dimension names, the glossary of `attnviz.reference.attention`
+(heads, kv_heads, group, query_pos, key_pos, d_head, d_model)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,9 +14,9 @@ import torch
 class ForwardStats:
     """What one layer's forward left for the statistics (float32, query heads)."""
 
-    lse: torch.Tensor  # (heads, q_pos) L_i
-    cross: torch.Tensor  # (heads, group, q_pos): [a, b] = scale · q_{b-th head of a's group}·E_{p_a}[k]
-    e_pos: torch.Tensor  # (heads, q_pos) E_p[key_pos]
+    lse: torch.Tensor  # (heads, query_pos) L_i
+    cross: torch.Tensor  # (heads, group, query_pos): [a, b] = scale · q_{b-th head of a's group}·E_{p_a}[k]
+    e_pos: torch.Tensor  # (heads, query_pos) E_p[key_pos]
 
     @property
     def nbytes(self) -> int:
@@ -25,13 +28,13 @@ class CapturedAttention:
     """What one attention call saw; enough to recompute its probabilities exactly."""
 
     module_name: str
-    query: torch.Tensor  # (1, heads, q_pos, d_head), post-RoPE / post-norm, model dtype
+    query: torch.Tensor  # (1, heads, query_pos, d_head), post-RoPE / post-norm, model dtype
     key: torch.Tensor  # (1, kv_heads, key_pos, d_head), before GQA repetition
-    mask: torch.Tensor | None  # bool (True = attend) or additive float, (1, 1|heads, q_pos, key_pos)
+    mask: torch.Tensor | None  # bool (True = attend) or additive float, (1, 1|heads, query_pos, key_pos)
     is_causal: bool  # applies when mask is None
     scaling: float
     softcap: float | None = None
-    position_bias: torch.Tensor | None = None  # T5-style additive bias (1, heads, q_pos, key_pos)
+    position_bias: torch.Tensor | None = None  # T5-style additive bias (1, heads, query_pos, key_pos)
     value: torch.Tensor | None = None  # (1, kv_heads, key_pos, d_head), before GQA repetition
     sinks: torch.Tensor | None = None  # (heads,) learned sink logits in the softmax (GPT-OSS `s_aux`)
     forward: ForwardStats | None = None  # L and expectations from the forward (statistics=True)
@@ -53,24 +56,28 @@ class CapturedMixer:
     ``mamba2_chunk_scan``: hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, dt_limit);
     ``output`` its output; for a per-channel mixer, ``out_out`` what its output projection
     returned and that projection's weight and bias (the token-contribution view and its check).
-    Never an N×N matrix.
+    Never a (query_pos, key_pos) matrix.
     """
 
-    kind: str  # attnviz.mixers.MixerKind
+    kind: str  # a key of attnviz.mixers.MIXERS
     module_name: str  # the mixer module (model.layers.3.linear_attn)
     block: int  # the model's own block index
     function: str  # the core function's global name
     inputs: dict  # argument name -> tensor / number, detached
     output: torch.Tensor
-    out_out: torch.Tensor | None = None  # (1, rows, hidden): the mixer's output at output_rows
+    out_out: torch.Tensor | None = None  # (1, rows, d_model): the mixer's output at output_rows
     # per head: the output path's frozen channel scales, out_proj's input over the core output
-    # (1, N, heads × d): gates and per-token norm scales at their forward values
+    # (1, query_pos, heads × d_head): gates and per-token norm scales at their forward values
     scale: torch.Tensor | None = None
     full_output: torch.Tensor | None = None  # transient: the whole core output until out_proj runs
-    n_tokens: int = 0  # N (0: read it from ``output``, which then has every row)
+    n_tokens: int = 0  # query_pos count (0: read it from ``output``, which then has every row)
     output_rows: tuple[int, ...] = ()  # the rows of ``output`` / ``out_out`` kept (`check_rows`)
     out_weight: torch.Tensor | None = None  # the output projection's weight (a reference)
     out_bias: torch.Tensor | None = None
+    # a block with parallel branches (Falcon-H1, Zamba2): kind -> (S,) float64 ‖o_t‖ of what each
+    # branch wrote in this forward (multipliers applied), and one sentence saying what was measured
+    branches: dict[str, torch.Tensor] = field(default_factory=dict)
+    branch_how: str = ""
 
     @property
     def nbytes(self) -> int:

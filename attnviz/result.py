@@ -38,7 +38,8 @@ class AttentionResult:
     key_pos). Self-attention models have the single stack ``"self"``; encoder-decoder models
     have ``"encoder"``, ``"decoder"`` and ``"cross"`` (queries: decoder tokens, keys: encoder
     tokens). The fast path keeps only the captured queries and keys and computes probabilities
-    for what is asked; the eager path holds the full tensors the model returned.
+    for what is asked; the eager path holds the full tensors the model returned. Dimension names:
+    the glossary of `attnviz.reference.attention`.
     """
 
     model_name: str
@@ -178,7 +179,7 @@ class AttentionResult:
     ) -> np.ndarray:
         """float32 (heads, query_pos, key_pos) for one layer.
 
-        ``mixer`` (a `attnviz.mixers.MixerKind`) reads ``layer`` as the model's own block index and
+        ``mixer`` (a key of `attnviz.mixers.MIXERS`) reads ``layer`` as the model's own block index and
         returns that block's mixer: "attention" its softmax probabilities, another kind its exact
         effective attention (signed, not probabilities; see `mixer_meaning`). Without ``mixer``,
         ``layer`` is the i-th attention layer as always; a model with no attention at all (Mamba)
@@ -265,7 +266,7 @@ class AttentionResult:
 
     def mixer_pooled(self, block: int, mixer: str, head: int, cells: int = 256):
         """One mixer head's pooled view (`attnviz.mixers.pooling.MixerPooled`: signed mean and
-        max |A| per block of tokens), computed without the N×N matrix."""
+        max |A| per block of tokens), computed without the (query_pos, key_pos) matrix."""
         from .mixers.pooling import mixer_pooled
 
         if self._mixers is None:
@@ -273,6 +274,14 @@ class AttentionResult:
         if not 0 <= int(head) < self._mixers.n_heads(block, mixer):
             raise BadIndex(f"head {head} is out of range for block {block}'s {mixer} mixer")
         return mixer_pooled(self._mixers, block, mixer, int(head), cells)
+
+    def branch_shares(self, block: int):
+        """Each parallel branch's share of block ``block``'s token-mixing output (Falcon-H1,
+        Zamba2: `attnviz.mixers.branches.BranchShares`), measured in the forward this result
+        came from; `BadIndex` for a block without measured branches."""
+        if self._mixers is None:
+            raise BadIndex("this result kept no captured mixers")
+        return self._mixers.branch_shares(int(block))
 
     @staticmethod
     def mixer_meaning(mixer: str) -> str:
@@ -291,9 +300,12 @@ class AttentionResult:
         `OutOfMemory` saying what it needs, not a crash."""
         from .limits import require
 
+        n = self.layout.layers_in(self.resolve_stack(stack))
+        if n == 0:  # no softmax layer (Mamba, RWKV): an empty stack, its mixers are `layer(b, mixer=)`
+            queries, keys = self.axes(stack)
+            return np.zeros((0, self.n_heads, len(queries), len(keys)), dtype=np.float32)
         layers = self.iter_layers(stack)
         _, first = next(layers)
-        n = self.layout.layers_in(self.resolve_stack(stack))
         need = n * first.numel() * 4
         require(
             need,
@@ -309,7 +321,7 @@ class AttentionResult:
         return out
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        """A notebook cell shows a summary and the head view (attnviz/notebook.py)."""
+        """A notebook cell shows a summary and the head view (attnviz/figures/notebook.py)."""
         from .figures.notebook import mimebundle
 
         return mimebundle(self)

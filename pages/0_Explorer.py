@@ -116,11 +116,12 @@ def main() -> None:
     """The model and the result stay locals of this run; the fragment gets the ref."""
     _, res, ref = shell.load_and_extract(frame)
     summary(res)
-    st.caption(READING)
     block = mixers.block_picker(res) if mixers.applies(res.layout) else None  # hybrids: every block
     if block is not None:
+        st.caption(mixers.reading(res, block))  # signed maps: rows do not sum to 1
         mixers.draw(ref, res, block)
         return
+    st.caption(READING)
     layer_view(ref)
 
 

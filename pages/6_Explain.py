@@ -6,7 +6,7 @@ import streamlit as st
 
 from attnviz import AttnvizError
 from ui import explain as E
-from ui import models, patching, shell, sidebar, state
+from ui import models, patching, qk, shell, sidebar, state
 from ui.params import EXPLAIN_VIEWS, ExplainParams
 from ui.text import md
 
@@ -48,6 +48,8 @@ def main() -> None:
             E.lens(lm, tr, key)
         elif view == "attribution":
             E.attribution(lm, tr, key, p, pos)
+        elif view == qk.VIEW:
+            qk.why(lm, tr, key, p, pos)
         else:
             E.ablation(lm, tr, key, p, pos)
     except AttnvizError as err:

@@ -160,6 +160,9 @@ def visit(url: str, v: Visit, deadline: float, rng: random.Random) -> None:
                 v.status = _ask(ws, {"text": text + " edited"}, "", v, deadline)["status"]
             elif v.kind == "explain":
                 v.status = _ask(ws, {"text": text}, "Explain", v, deadline)["status"]
+            elif v.kind == "patching":  # Explain's patching view: an estimate over the blocks
+                query = {"text": text, "view": "patching", "corrupt": text_of(v.index + 1), "over": "blocks"}
+                v.status = _ask(ws, {**query, "pest": "1"}, "Explain", v, deadline)["status"]
             elif v.kind == "compare":
                 v.status = _ask(ws, {"text": text, "text2": text + " too"}, "Compare", v, deadline)["status"]
             elif v.kind == "atlas":  # opens the atlas on some texts and presses Run (or Resume)

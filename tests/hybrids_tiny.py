@@ -28,14 +28,20 @@ SHAPES: dict[str, dict] = {
     "falcon_mamba": {},
     "rwkv": {},  # RWKV-4 WKV, per channel
     "zaya": {},  # softmax attention with a short conv on q/k (the Explorer says so)
+    "qwen3_next": {},  # gated delta + attention, MoE MLPs
+    "zamba2": {},  # Mamba-2 blocks and a shared attention block
+    "kimi_linear": {},  # Kimi delta attention + attention
+    "lfm2": {"layer_types": ("conv", "full_attention")},  # short conv + attention
 }
 
 
 @functools.cache
-def model(model_type: str) -> tf.PreTrainedModel:
+def model(model_type: str, **overrides) -> tf.PreTrainedModel:
+    """The tiny model of ``model_type`` (``overrides``: config fields, e.g. Falcon-H1's μP
+    multipliers; lists given as tuples)."""
     cfg = archs.tiny_config(model_type)
-    for k, v in SHAPES[model_type].items():
-        setattr(cfg, k, v)
+    for k, v in {**SHAPES[model_type], **overrides}.items():
+        setattr(cfg, k, list(v) if isinstance(v, tuple) else v)
     cfg.vocab_size = max(int(getattr(cfg, "vocab_size", 0) or 0), tiny.VOCAB)
     if hasattr(cfg, "initializer_range"):
         cfg.initializer_range = 0.2  # activations O(1)
@@ -43,10 +49,10 @@ def model(model_type: str) -> tf.PreTrainedModel:
     return tf.AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def loaded(model_type: str):
+def loaded(model_type: str, **overrides):
     import attnviz
 
-    return attnviz.wrap_model(model(model_type), tiny.tokenizer(), spec=f"hybrid-{model_type}")
+    return attnviz.wrap_model(model(model_type, **overrides), tiny.tokenizer(), spec=f"hybrid-{model_type}")
 
 
 def register() -> None:

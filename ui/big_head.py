@@ -19,7 +19,7 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import clicks, export, models, pickers, shown, state
+from ui import clicks, export, models, pickers, qk, shown, state
 from ui.shown import Drawing
 from ui.text import guarded
 
@@ -126,7 +126,8 @@ def draw(ref: models.ResultRef, d: Drawing, head: int, zmax: float | None) -> No
         return fig.update_layout(title_xref="container", title_x=0, title_pad_l=10)
 
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}", f"H{head}")
-    export.chart(figure(probs), name, key="head_chart")
+    event = export.chart(figure(probs), name, key="head_chart", on_select=True)
+    qk.big_head_link(event, d.layer, head)  # "why does it attend here?" for the clicked cell
     _notes(d, reg, made)
     _downloads(ref, d, head, reg, name, figure, (q_lab, k_lab))
 

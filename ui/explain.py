@@ -39,15 +39,17 @@ def computed(
     what: str,
     build: Callable[[Callable[[int, int], None]], Any],
     store: models.ResultCache | None = None,
+    unit: str = "layer",
 ) -> Any:
     """``build(progress)`` once per key (bounded cache: ``store``, else the shared derived
-    values); while it runs a bar and Cancel show. None when this work was cancelled."""
+    values); while it runs a bar ("``unit`` 3 of 12") and Cancel show. None when this work was
+    cancelled."""
     full = (name, *key)
     if progress.cancelled(full):
         return None
 
     def run() -> Any:
-        with gate.turn() as check, progress.steps(what, full, unit="layer", keeps=False) as report:
+        with gate.turn() as check, progress.steps(what, full, unit=unit, keeps=False) as report:
             return build(gate.checked(report, check))  # demo: the one queue
 
     if store is None:
@@ -316,8 +318,12 @@ def ablation(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: in
     m = st.columns(4)
     m[0].metric(f"p(“{ab.target_token}”)", f"{ab.prob_after:.3f}", f"{ab.prob_after - ab.prob_before:+.3f}")
     m[1].metric("KL(before ‖ after)", f"{ab.kl:.4f}")
-    m[2].metric(
-        f"logit(“{ab.target_token}”): total effect", f"{ab.logit_after:.3f}", f"{ab.total_effect:+.3f}"
+    m[2].metric(  # the effect is the number, the new logit its note (20.289 read as the effect)
+        f"logit(“{ab.target_token}”): total effect",
+        f"{ab.total_effect:+.3f}",
+        f"{ab.logit_before:.3f} → {ab.logit_after:.3f}",
+        delta_color="off",
+        delta_arrow="off",
     )
     m[3].metric("direct effect", f"{ab.direct_effect:+.3f}" if ab.direct else "n/a")
     export.chart(FX.ablation_view(ab), figure_name(lm.spec, "ablation", pos), key="ablation_chart")

@@ -43,7 +43,7 @@ def draw(res: AttentionResult) -> DeltaGenerator:
     c1, c2, c3 = st.columns([4, 3, 3])
     with c1:
         if mixers.applies(res.layout):  # the block picker above chose the layer
-            st.caption(f"Softmax attention layer {state.get('layer')} (of 0–{n_layers - 1})")
+            st.caption(mixers.attention_block_line(res.layout, int(state.get("layer"))))
         elif n_layers > 1:
             st.slider("Layer", 0, n_layers - 1, key="layer")
         else:

@@ -5,8 +5,9 @@ UI scrubs the token from unexpected errors before logging them."""
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from attnviz.server import env
 
 _MARK = "_attnviz_ui_handler"
 
@@ -20,5 +21,4 @@ def configure() -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     setattr(handler, _MARK, True)
     logger.addHandler(handler)
-    level = os.environ.get("ATTNVIZ_LOG_LEVEL", "INFO").upper()
-    logger.setLevel(level if level in logging.getLevelNamesMapping() else logging.INFO)
+    logger.setLevel(env.log_level("INFO"))

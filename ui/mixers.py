@@ -5,7 +5,9 @@ A model with any non-softmax mixer gets a block picker listing every block with 
 writes its attention layer into ``layer``, the URL's parameter); any other block draws its exact
 effective attention with `attnviz.figures.mixers` (signed, diverging scale centred at 0), the
 per-head token-contribution bars of one query, a parallel block's branches side by side with
-their shares, and the block's self-check line from ``res.checks`` / ``res.mixer_check``.
+their shares (``res.branch_shares``, measured during the extract's own forward), and the block's
+self-check line from ``res.checks`` / ``res.mixer_check``. The chosen block is in the share link
+(``block``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import streamlit as st
 
 from attnviz import AttentionResult, AttnvizError
 from attnviz.figures import mixers as M
-from attnviz.figures.branches import BranchShares, branch_shares
 from attnviz.figures.labels import bin_labels
 from attnviz.layout import AttentionLayout
+from attnviz.mixers import BranchShares
 from ui import export, models, state
 
 BLOCK_KEY = "block"  # a parameter of the link (ui.params.ExplorerParams.block)
@@ -43,12 +45,42 @@ def applies(layout: AttentionLayout) -> bool:
     return any(tuple(kinds) != ("attention",) for kinds in layout.mixers)
 
 
+def attention_block_line(layout: AttentionLayout, layer: int) -> str:
+    """Which block an attention layer of a hybrid is: the picker and the maps' titles count blocks,
+    the engine counts attention layers ("layer 0 (of 0–0)" beside "Layer 3" read as a bug)."""
+    block = layout.model_layer(layer)
+    blocks = ", ".join(map(str, layout.attention_layers))
+    return (
+        f"Block {block} is softmax attention: the maps below are its probabilities (titled layer "
+        f"{block}, by block). The engine counts only the attention blocks ({blocks}): this is their "
+        f"attention layer {layer}."
+    )
+
+
 def attention_note(layout: AttentionLayout, stack: str, layer: int) -> None:
     """Under an attention layer's maps: what else its block does to mix tokens that they do not
     show (zaya / inkling: a short conv on k/v; `AttentionLayout.mixer_note`)."""
     note = layout.mixer_note(layout.model_layer(layer)) if stack == "self" else ""
     if note:
         st.caption(f"Block {layout.model_layer(layer)}: {note}.")
+
+
+SIGNED_READING = (
+    "How to read this block's maps: **row = query**, **column = source token**. They are signed, not "
+    "probabilities: **red** = a positive weight (the source's value is added), **blue** = negative "
+    "(subtracted), white = 0; rows do not sum to 1."
+)
+NORMS_READING = (
+    "How to read this block's maps: **row = query**, **column = source token**; the colour is the size "
+    "‖c‖ of what the source adds to the query's output (0 = nothing), not a probability."
+)
+
+
+def reading(res: AttentionResult, block: int) -> str:
+    """The heatmap reading line for a non-softmax block (the explorer's softmax line says rows sum
+    to 1, which a signed map does not)."""
+    kinds = [k for k in res.mixers(block) if k != "attention"]
+    return NORMS_READING if all(M.is_norms(k) for k in kinds) else SIGNED_READING
 
 
 def block_label(layout: AttentionLayout, block: int) -> str:
@@ -140,14 +172,9 @@ def _pooled_note(res: AttentionResult, shown: list[str]) -> str:
     )
 
 
-def _shares(ref: models.ResultRef, res: AttentionResult, block: int) -> BranchShares | None:
-    lm = models.load(ref.spec, ref.token)
-    if lm is None:
-        return None
+def _shares(res: AttentionResult, block: int) -> BranchShares | None:
     try:
-        return models.cached(
-            "branch-shares", (*ref.key, block), lambda: branch_shares(lm, list(res.tokens.ids), block)
-        )
+        return res.branch_shares(block)
     except AttnvizError as err:
         st.caption(f"Branch shares are not available here: {err}.")
         return None
@@ -175,7 +202,7 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
     labels = list(res.tokens.labels)
     where = f"{ref.name} · block {block}"
     if len(res.mixers(block)) > 1:
-        shares = _shares(ref, res, block)
+        shares = _shares(res, block)
         rows = _rows(res.n_tokens)  # a window of exact query rows past MAX_ROWS tokens
         q_labels = labels[rows]
         branches = [
@@ -221,12 +248,12 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
     else:
         q = int(st.number_input("Query position", 0, res.n_tokens - 1, res.n_tokens - 1, key=QUERY_KEY))
     norms = (
-        kind in M.NORM_KINDS
+        M.is_norms(kind)
         or st.radio("Bars show", [WEIGHT, CONTRIBUTION], key=BARS_KEY, horizontal=True, help=BARS_HELP)
         == CONTRIBUTION
     )
     one = slice(q, q + 1)  # one exact row, on demand
-    if norms and kind not in M.NORM_KINDS:
+    if norms and not M.is_norms(kind):
         row = res.mixer_contributions(block, kind, heads=[h], rows=one)[0, 0]
     else:
         row = res.head(block, h, mixer=kind, rows=one)[0]
@@ -234,9 +261,7 @@ def draw(ref: models.ResultRef, res: AttentionResult, block: int) -> None:
         row, labels, kind=kind, query_label=labels[q], title=f"{where} · head {h}", norms=norms
     )
     export.chart(bars, f"attnviz_{ref.name}_B{block}_H{h}_q{q}", key="mixer_bars")
-    state.share_box(
-        note="The link opens this text and model; pick the block again (blocks are not in the link)."
-    )
+    state.share_box()
 
 
 STAT_NAMES = {
@@ -294,7 +319,7 @@ def overview(ref: models.ResultRef, res: AttentionResult) -> None:
             for h, row in enumerate(stats):
                 table["block"].append(block)
                 table["mixer"].append(M.kind_name(kind))
-                table["head"].append(str(h) if kind not in M.NORM_KINDS else "all channels")
+                table["head"].append(str(h) if not M.is_norms(kind) else "all channels")
                 table["exact"].append(f"max |Δ| {check.max_abs_diff:.1e} (scale {check.scale or 0:.1e})")
                 for s, v in zip(STATISTICS, row, strict=True):
                     table[STAT_NAMES[s]].append(float(v))

@@ -58,7 +58,7 @@ def _freeze_imports() -> None:
 _freeze_imports()
 
 MAX_MODELS = 2
-RESULT_CACHE_BYTES = env.integer("ATTNVIZ_RESULT_CACHE_MB", 1536) * 2**20
+RESULT_CACHE_BYTES = env.number("ATTNVIZ_RESULT_CACHE_MB") * 2**20
 RESULT_CACHE_ENTRIES = 16
 _SECRET = secrets.token_bytes(32)  # per process; never leaves memory
 
@@ -119,16 +119,20 @@ def describe_layout(lay: AttentionLayout) -> str:
     if not lay.n_layers:  # a pure recurrent / state-space model (Mamba, RWKV, ...): no heads
         blocks = f"{len(lay.mixers)} blocks, no softmax attention ({mixers})"
         return f"{kind} · {lay.kind} · {blocks} · d_model {lay.d_model}"
-    text = f"{kind} · {lay.kind} · {lay.n_layers} layers × {lay.n_heads} heads"
+    layers = f"{lay.n_layers} layer{'s' * (lay.n_layers != 1)}"
+    text = f"{kind} · {lay.kind} · {layers} × {lay.n_heads} heads"
+    if mixers:  # a hybrid: blocks first, the softmax layers are some of them ("1 layers" of 4 blocks)
+        blocks = f"{max(lay.n_blocks, len(lay.mixers))} blocks: {mixers}"
+        text = f"{kind} · {lay.kind} · {blocks} · softmax attention: {layers} × {lay.n_heads} heads"
     if lay.kind == "encoder-decoder":
         text = (
             f"{kind} · encoder {lay.n_layers} + decoder {lay.n_decoder_layers} layers × {lay.n_heads} heads"
         )
     if lay.group_size > 1:
         text += f" · {lay.n_kv_heads} KV heads (each shared by {lay.group_size} query heads)"
-    if mixers:  # a hybrid: which mixer runs in which block (the explorer's block picker shows each)
-        text += f" · {max(lay.n_blocks, len(lay.mixers))} blocks: {mixers}"
-    elif lay.attention_layers:  # mixers not listed: say where the attention is, the rest has none
+    if (
+        not mixers and lay.attention_layers
+    ):  # mixers not listed: say where the attention is, the rest has none
         blocks = ", ".join(map(str, lay.attention_layers))
         text += (
             f" · attention in blocks {blocks} of {lay.n_blocks}; the other blocks are recurrent / "
@@ -188,6 +192,7 @@ class ResultCache:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self.evictions = 0  # entries dropped to stay within the bounds (the demo soak reads it)
 
     def get(self, key: Hashable) -> Any | None:
         with self._lock:
@@ -205,6 +210,7 @@ class ResultCache:
                 len(self._items) > self.max_entries or self.total_bytes > self.max_bytes
             ):
                 self._items.popitem(last=False)
+                self.evictions += 1
 
     @property
     def total_bytes(self) -> int:

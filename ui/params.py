@@ -42,7 +42,9 @@ Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
 CHANGES: tuple[str, ...] = get_args(Change)
 TokenView = Literal["lines", "text"]  # the explorer's token view: lines between tokens or coloured text
 TOKEN_VIEWS: tuple[str, ...] = get_args(TokenView)
-ExplainView = Literal["routes", "logit lens", "attribution", "ablation", "patching"]
+ExplainView = Literal["routes", "logit lens", "attribution", "ablation", "patching", "why this head attends"]
+QKBy = Literal["part", "layer"]  # why a head attends: the split by part or by layer of origin
+QK_BY_CHOICES: tuple[str, ...] = get_args(QKBy)
 EXPLAIN_VIEWS: tuple[str, ...] = get_args(ExplainView)
 PATCH_OVER_CHOICES: tuple[str, ...] = attnviz.explain.OVERS  # the Patching view (issue 33)
 PATCH_DIRECTION_CHOICES: tuple[str, ...] = attnviz.explain.DIRECTIONS
@@ -385,7 +387,13 @@ class ExplainParams(Params):
     answer: str = p("", _short_text)  # "" = the clean prompt's prediction
     wrong: str = p("", _short_text)  # "" = the corrupted prompt's prediction
     sq: int = p(-1, _int(-1))  # head search: the query position (-1: the last token)
-    sk: int = p(0, _int())  # head search: the key position
+    sk: int = p(-1, _int(-1))  # head search: the key position (-1: the query token's previous
+    # occurrence, else the token before it; key 0 is the sink column every head fills)
+    # why this head attends (ui/qk.py): the head, the key (-1: the one it attends to most), the split
+    wl: int = p(0, _int())
+    wh: int = p(0, _int())
+    wk: int = p(-1, _int(-1))
+    wby: str = p("part", _choice(QK_BY_CHOICES))
 
     def ablated(self) -> list[tuple[int, int]]:
         return [(int(a), int(b)) for a, _, b in (x.partition(".") for x in self.abl.split(",") if x)]

@@ -6,8 +6,10 @@ and head search on the clean text. The engine does the work (`attnviz.explain.pa
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
+import numpy as np
 import streamlit as st
 
 from attnviz import LoadedModel, Tokens, tokenize
@@ -34,8 +36,8 @@ def _marked(tokens: Tokens, differing: set[int]) -> str:
     return " · ".join(shown)
 
 
-def _prompts(lm: LoadedModel, p: ExplainParams, chat: bool) -> tuple[int, int] | None:
-    """Both prompts side by side with the differing tokens marked; (clean, corrupted) lengths."""
+def _prompts(lm: LoadedModel, p: ExplainParams, chat: bool) -> tuple[Tokens, Tokens]:
+    """Both prompts side by side with the differing tokens marked; (clean, corrupted) tokens."""
     clean = Tokens.build(lm.tokenizer, tokenize(lm, p.text, chat=chat)[0])
     corrupt = Tokens.build(lm.tokenizer, tokenize(lm, p.corrupt, chat=chat)[0])
     paired = pair(corrupt, clean)
@@ -49,7 +51,7 @@ def _prompts(lm: LoadedModel, p: ExplainParams, chat: bool) -> tuple[int, int] |
             f"Positions {', '.join(map(str, paired.unpatched))} have no partner in the clean prompt "
             "(the token alignment): they are never patched."
         )
-    return len(clean), len(corrupt)
+    return clean, corrupt
 
 
 def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> None:
@@ -70,24 +72,28 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
         )
         return
     p = p.replace(corrupt=corrupt)
-    lengths = None
+    prompts = None
     with guarded("reading the two prompts", None, (p.text, corrupt)):
-        lengths = _prompts(lm, p, chat)
-    if lengths is None:
+        prompts = _prompts(lm, p, chat)
+    if prompts is None:
         return
     c1, c2 = st.columns([3.0, 1.3])
     over = c1.segmented_control("Patch", list(X.OVERS), key="over", required=True)
     direction = c2.segmented_control("Direction", list(X.DIRECTIONS), key="pdir", required=True)
-    a1, a2, a3 = st.columns([1.6, 1.6, 1.5])
+    a1, a2 = st.columns(2)
     answer = a1.text_input("Answer token (empty: the clean prediction)", key="answer", max_chars=64)
     wrong = a2.text_input("Wrong token (empty: the corrupted prediction)", key="wrong", max_chars=64)
-    estimate = a3.toggle(
+    estimate = st.toggle(  # its own row: in a third column its label was cut ("Attribution patching (es…")
         "Attribution patching (estimate)",
         key="pest",
         help="Every cell from two forwards and one backward (first order); its top cells are then "
         f"patched for real ({VERIFY}) and shown beside it.",
     )
-    n_cells = _cells(lm, str(over), max(lengths))
+    n_cells = None
+    with guarded("counting the cells", None, (p.text, corrupt)):  # the grid the engine will run
+        n_cells = math.prod(X.patching.planned_grid(lm, *prompts, str(over), str(direction)))
+    if n_cells is None:
+        return
     if not estimate and n_cells > MAX_UI_CELLS:
         st.warning(
             f"{n_cells:,} cells would be {n_cells:,} forwards; the page runs at most {MAX_UI_CELLS:,}. "
@@ -117,6 +123,7 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
                     chat=chat,
                     progress=report,
                 ),
+                unit="step",  # three passes, then the verification's batches
             )
         else:
             res = computed(
@@ -134,18 +141,13 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
                     chat=chat,
                     progress=report,
                 ),
+                unit="cell",  # one forward per cell ("layer 32 of 270" counted cells)
             )
     if res is None:
         return
     _show(lm, p, res)
     with st.expander("Head search on the clean text"):
         _search(lm, p, token, chat)
-
-
-def _cells(lm: LoadedModel, over: str, n: int) -> int:
-    lay = lm.layout
-    per = {"heads": lay.n_heads, "heads_by_position": lay.n_heads * n, "residual": n, "blocks": 2 * n}
-    return lay.n_layers * per[over]
 
 
 def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
@@ -161,6 +163,7 @@ def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
         )
         + (f" {res.notes[0]}." if res.notes else "")
     )
+    st.markdown(strongest(res))
     fig = FP.patching_comparison_view(res) if res.estimate and res.verified else FP.patching_view(res)
     name = figure_name(lm.spec, "patching-estimate" if res.estimate else "patching")
     event = export.chart(fig, name, key="patch_chart", on_select=True)
@@ -180,6 +183,44 @@ def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
         st.download_button("⬇ CSV", df.to_csv(index=False), file_name=f"{name}.csv")
 
 
+def default_key(ids: list[int], query: int) -> int:
+    """The head search's key when none is chosen: the query token's latest earlier occurrence,
+    else the token before the query (never the sink at 0 unless the query is token 0 or 1)."""
+    earlier = [j for j in range(query) if ids[j] == ids[query]]
+    return earlier[-1] if earlier else max(query - 1, 0)
+
+
+def _cell_name(res: X.Patching, index: tuple[int, ...]) -> str:
+    """ "L1 H2", "L0 at (3) 'fox'", "L2 mlp at (4) 'river'": a cell as the grid labels it."""
+    cell = res.cell(index)
+    name = f"L{cell['layer']}" + (f" H{cell['head']}" if "head" in cell else "")
+    name += f" {cell['part']}" if "part" in cell else ""
+    if "position" in cell:
+        pos = cell["position"]
+        name += f" at ({pos}) “{md(FP.res_token(res, pos))}”"
+    return name
+
+
+def strongest(res: X.Patching, k: int = 3) -> str:
+    """One sentence naming the ``k`` cells that move the answer most, with their values on the
+    grid's scale (0 = the corrupted run, 1 = the clean run): the farthest from the run patched
+    into (0 when denoising the corrupted run, 1 when noising the clean one)."""
+    base = 0.0 if res.direction == "denoise" else 1.0
+    flat = np.nan_to_num(np.abs(res.values - base), nan=-1.0).ravel()
+    top = [np.unravel_index(i, res.values.shape) for i in np.argsort(-flat, kind="stable")[:k]]
+    top = [tuple(int(j) for j in t) for t in top if np.isfinite(res.values[t])]
+    if not top:
+        return "No cell has a value."
+    parts = [f"**{_cell_name(res, t)}** ({float(res.values[t]):+.2f})" for t in top]
+    what = "are estimated to move" if res.estimate else "move"
+    run = "corrupted" if res.direction == "denoise" else "clean"
+    return (
+        f"Strongest {'cell' if len(parts) == 1 else 'cells'}: " + ", ".join(parts) + f" — patched into "
+        f"the {run} run, these {what} the answer most (0 = the corrupted run's logit difference, "
+        "1 = the clean run's)."
+    )
+
+
 def _search(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> None:
     res, _ = models.extract(lm, p.text, token=token, chat=chat)
     if res is None:
@@ -188,14 +229,23 @@ def _search(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) ->
     labels = res.tokens.display
     if not -1 <= int(state.get("sq")) < n:
         state.put("sq", -1)
-    if not 0 <= int(state.get("sk")) < n:
-        state.put("sk", 0)
+    if not -1 <= int(state.get("sk")) < n:
+        state.put("sk", -1)
     c1, c2 = st.columns(2)
     q = c1.selectbox("Query token", [-1, *range(n)], key="sq", format_func=lambda i: f"({i % n}) {labels[i]}")
-    k = c2.selectbox("Key token", list(range(n)), key="sk", format_func=lambda i: f"({i}) {labels[i]}")
+    auto = default_key(list(res.tokens.ids), int(q) % n)
+    k = c2.selectbox(
+        "Key token",
+        [-1, *range(n)],
+        key="sk",
+        format_func=lambda i: f"({i}) {labels[i]}" if i >= 0 else f"({auto}) {labels[auto]} · auto",
+        help="Auto: the query token's previous occurrence, else the token before it (key 0 is the "
+        "sink most heads park attention on: it ranks sink heads, not a pattern).",
+    )
+    k = auto if int(k) < 0 else int(k)
     found = None
     with guarded("searching the heads", None, ()):
-        found = X.search_heads(res, int(q), int(k))
+        found = X.search_heads(res, int(q), k)
     if found is not None:
         event = export.chart(
             FP.head_search_view(found),

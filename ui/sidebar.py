@@ -29,6 +29,17 @@ def _describe(option: str) -> str:
     return f"{option} — {desc.split(' (')[0]}" if desc else option
 
 
+def _choices() -> list[str]:
+    """The picker's options: the server's models (built-ins first), and "Other" off the demo."""
+    cfg = settings()
+    return (list(cfg.model_choices) or list(attnviz.BUILTIN_MODELS)) + ([] if cfg.demo else [OTHER])
+
+
+def typed(choice: str | None) -> bool:
+    """Whether the picker holds a model the user typed (a Hub id, a folder), not one it offers."""
+    return bool(choice) and (choice == OTHER or choice not in _choices())
+
+
 def _seed_model_widgets(param: str, key: str, custom_key: str, choices: Sequence[str]) -> None:
     """Point a picker at the stored spec (first run, a new link, or arriving from another page)."""
     ss = st.session_state
@@ -56,16 +67,18 @@ def model_picker(
     """The model selectbox (built-ins first) and, for "Other", the free field. Returns the spec
     and stores it as ``param``."""
     cfg = settings()
-    choices = list(cfg.model_choices) or list(attnviz.BUILTIN_MODELS)
-    if not cfg.demo:
-        choices.append(OTHER)
+    choices = _choices()
     _seed_model_widgets(param, key, custom_key, choices)
     choice = st.selectbox(
         label,
         choices,
         key=key,
         format_func=_describe,
-        help="The built-in models run offline. Choose 'Other' for any Hugging Face Hub id or a local folder.",
+        # a Hub id or a folder typed into the box is taken as it is ("No results" until "Other"
+        # was picked first tripped newcomers); the demo serves its list only
+        accept_new_options=not cfg.demo,
+        help="The built-in models run offline. Type any Hugging Face Hub id or a local folder into the "
+        "box, or choose 'Other' for a field to type it in.",
     )
     spec = choice
     if choice == OTHER:
@@ -91,7 +104,7 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
         st.caption("Real attention weights of a transformer, per layer and head.")
         model_picker()
         token = None
-        if st.session_state.get("model_choice") == OTHER and cfg.allow_token_field:
+        if typed(st.session_state.get("model_choice")) and cfg.allow_token_field:
             if _TOKEN in st.session_state and ("hf_token" not in st.session_state or state.page_changed()):
                 st.session_state["hf_token"] = st.session_state[_TOKEN]  # kept across pages
             st.text_input(

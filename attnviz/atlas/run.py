@@ -12,7 +12,6 @@ assembled in corpus order from the entries, whichever engine and however many wo
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
+from ..envflags import text
 from ..errors import AttnvizError
 from ..layout import Stack
 from ..loading import LoadedModel, classify_spec
@@ -84,7 +84,7 @@ def ref_of(lm: LoadedModel, revision: str | None = None) -> ModelRef:
 
 def cluster_address() -> str | None:
     """The Ray cluster the app sends atlas runs to ($ATTNVIZ_RAY_ADDRESS), or None."""
-    return os.environ.get("ATTNVIZ_RAY_ADDRESS", "").strip() or None
+    return text("ATTNVIZ_RAY_ADDRESS") or None
 
 
 def cached_count(

@@ -91,22 +91,33 @@ class _PeakRSS:
         return self.peak - self.base
 
 
+def cuda_run(fn: Callable[[], Any], device: torch.device) -> tuple[float, int, Any]:
+    """One run of ``fn()`` on a CUDA device, the timing protocol every benchmark uses: garbage
+    collected first, the device synchronised and its peak counter reset, then (wall seconds to the
+    synchronised end, peak bytes allocated above the start, fn's output)."""
+    gc.collect()
+    cuda = backend.backend()
+    backend.synchronize(device)
+    cuda.reset_peak_memory_stats(device)
+    base = cuda.memory_allocated(device)
+    t0 = time.perf_counter()
+    out = fn()
+    backend.synchronize(device)
+    seconds = time.perf_counter() - t0
+    return seconds, cuda.max_memory_allocated(device) - base, out
+
+
 def measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tuple[float, int]:
-    """(median seconds, peak extra bytes) of fn()."""
+    """(median seconds, peak extra bytes) of fn(): `cuda_run` on CUDA, the resident-set high-water
+    mark on the CPU (garbage collected first likewise)."""
     times, peaks = [], []
     for _ in range(repeats):
-        gc.collect()
         if backend.on_cuda(device):
-            cuda = backend.backend()
-            backend.synchronize(device)
-            cuda.reset_peak_memory_stats(device)
-            base = cuda.memory_allocated(device)
-            t0 = time.perf_counter()
-            out = fn()
-            backend.synchronize(device)
-            times.append(time.perf_counter() - t0)
-            peaks.append(cuda.max_memory_allocated(device) - base)
+            seconds, peak, out = cuda_run(fn, device)
+            times.append(seconds)
+            peaks.append(peak)
         else:
+            gc.collect()
             with _PeakRSS() as mem:
                 t0 = time.perf_counter()
                 out = fn()

@@ -21,7 +21,6 @@ targets of issue 20 marked met or not.
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from ..limits import token_budget
 from ..loading import LoadedModel
 from ..metrics import head_metrics
 from . import drift
-from .common import floor, ids_of_length, machine_line
+from .common import cuda_run, floor, ids_of_length, machine_line
 
 SIZES = (1024, 8192, 32768, 131072)
 VIEW_AT = 32768
@@ -76,20 +75,14 @@ class GpuReport:
 
 
 def timed(fn: Callable[[], Any], device, repeats: int) -> tuple[Timed, Any]:
-    """(median seconds and the largest peak over ``repeats`` runs, the last run's output)."""
-    cuda = backend.backend()
+    """(median seconds and the largest peak over ``repeats`` runs of `common.cuda_run`, the last
+    run's output; the previous output is dropped before each run)."""
     times, peaks, out = [], [], None
     for _ in range(max(1, repeats)):
         out = None
-        gc.collect()
-        backend.synchronize(device)
-        cuda.reset_peak_memory_stats(device)
-        base = cuda.memory_allocated(device)
-        t0 = time.perf_counter()
-        out = fn()
-        backend.synchronize(device)
-        times.append(time.perf_counter() - t0)
-        peaks.append(cuda.max_memory_allocated(device) - base)
+        seconds, peak, out = cuda_run(fn, device)
+        times.append(seconds)
+        peaks.append(peak)
     return Timed(statistics.median(times), max(peaks)), out
 
 

@@ -65,6 +65,8 @@ class Recorder:
     # and the mixer modules this forward is inside (innermost last).
     mixers: list[CapturedMixer] = field(default_factory=list)
     mixer_stack: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, name, block)
+    # parallel branches' output norms by block until the block's mixer record takes them
+    branch_norms: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     def record(
         self, module, query, key, mask, scaling, is_causal, softcap, position_bias, value=None, sinks=None

@@ -6,6 +6,11 @@ replacing that name with a wrapper sees the kernel's arguments and output whiche
 implementation runs (hub kernel, ``fla`` / ``mamba_ssm``, or the torch body). The wrapper and the
 mixer modules' hooks record only while this thread's `Recorder` is active (a ContextVar, as the
 attention hook): outside a `recording` block, and in every other thread, they pass through.
+What to wrap and hook for each kind comes from its record in `attnviz.mixers.kinds.MIXERS`.
+
+A block whose token mixing runs in parallel branches (Falcon-H1, Zamba2's hybrid blocks) also
+gets a hook on each branch: the size of what each branch writes per token is kept on the block's
+mixer record during this same forward (`attnviz.mixers.branches`: their shares).
 """
 
 from __future__ import annotations
@@ -20,15 +25,7 @@ from typing import Any
 
 import torch
 
-from ..mixers.kinds import (
-    CHANNELS_FIRST,
-    CORE_FUNCTIONS,
-    CORE_METHODS,
-    MODULE_TAPS,
-    PER_HEAD,
-    check_rows,
-    mixer_kind,
-)
+from ..mixers.kinds import MIXERS, check_rows, mixer_kind
 from ..records import CapturedMixer
 from .hook import active_recorder
 
@@ -63,24 +60,32 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
     sites = find_mixers(model)
     modules = dict(model.named_modules())
     for site in sites:
-        module = modules[site.module_name]
-        _wrap_core_functions(sys.modules[type(module).__module__], site.kind)
-        if site.kind in CORE_METHODS:  # a method of a submodule's class (RG-LRU's _rnn_scan)
-            attr, method = CORE_METHODS[site.kind]
+        module, spec = modules[site.module_name], MIXERS[site.kind]
+        _wrap_core_functions(sys.modules[type(module).__module__], spec.core_functions)
+        if spec.core_method is not None:  # a method of a submodule's class (RG-LRU's _rnn_scan)
+            attr, method = spec.core_method
             sub = getattr(module, attr, None)
             if sub is not None:
-                _wrap_core_functions(type(sub), site.kind, (method,))
+                _wrap_core_functions(type(sub), (method,))
         if getattr(module, _HOOKED, False):
             continue
         module.register_forward_pre_hook(_enter(site))
         module.register_forward_hook(_leave(site))
+        parallel = _parallel_block(modules, site)
+        if parallel is not None:  # what each branch writes, for their shares
+            owner, block = parallel
+            module.register_forward_hook(_branch(site, site.kind, owner, block, block.mixer_multiplier))
+            attention = getattr(owner, block.attention)
+            attention.register_forward_hook(
+                _branch(site, "attention", owner, block, block.attention_multiplier)
+            )
         out = next(
             (getattr(module, n) for n in _OUT_PROJ if isinstance(getattr(module, n, None), torch.nn.Linear)),
             None,
         )
         if out is not None:  # the token-contribution view through the output projection
             out.register_forward_hook(_projection(site))
-        for attr, where, key in MODULE_TAPS.get(site.kind, ()):
+        for attr, where, key in spec.taps:
             sub = getattr(module, attr, None)
             if isinstance(sub, torch.nn.Module):
                 sub.register_forward_hook(_tap(site, where, key))
@@ -88,8 +93,8 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
     return sites
 
 
-def _wrap_core_functions(modeling: Any, kind: str, names: tuple[str, ...] | None = None) -> None:
-    for fname in CORE_FUNCTIONS.get(kind, ()) if names is None else names:
+def _wrap_core_functions(modeling: Any, names: tuple[str, ...]) -> None:
+    for fname in names:
         fn = getattr(modeling, fname, None)
         if fn is not None and not getattr(fn, "_attnviz_core", False):
             setattr(modeling, fname, _recording_core(fn, fname))
@@ -127,12 +132,13 @@ _EMPTY = torch.empty(0)
 
 def _keep_output(record: CapturedMixer, output: torch.Tensor) -> None:
     """Keep the core output only at the self-check's rows (never the whole (N, ...) tensor)."""
-    axis = 2 if record.kind in CHANNELS_FIRST else 1
+    spec = MIXERS[record.kind]
+    axis = 2 if spec.channels_first else 1
     n = int(output.shape[axis])
     rows = check_rows(n)
     record.output = output.index_select(axis, torch.tensor(rows, device=output.device))
     record.n_tokens, record.output_rows = n, tuple(rows)
-    if record.kind in PER_HEAD:  # until out_proj runs: its input over this gives the scales
+    if spec.per_head:  # until out_proj runs: its input over this gives the scales
         record.full_output = output
 
 
@@ -151,7 +157,7 @@ def _enter(site: MixerSite):
         if rec is not None:
             rec.mixer_stack.append((site.kind, site.module_name, site.block))
             # the record this call fills: the core function's arguments, the taps, the projection
-            no_core = site.kind not in CORE_FUNCTIONS  # named by its module; its taps fill it
+            no_core = not MIXERS[site.kind].core_functions  # named by its module; its taps fill it
             inputs = {k: _detach(v) for k, v in module.named_buffers(recurse=False)} if no_core else {}
             name = type(module).__name__ if no_core else ""
             rec.mixers.append(CapturedMixer(site.kind, site.module_name, site.block, name, inputs, _EMPTY))
@@ -201,5 +207,66 @@ def _projection(site: MixerSite):
                 if full.numel() == inner.numel():
                     core = full.detach().float().reshape(inner.shape)
                     last.scale = torch.where(core != 0, inner / core.where(core != 0, 1.0), 0.0)
+
+    return hook
+
+
+@dataclass(frozen=True)
+class ParallelBlock:
+    """A block module whose token mixing runs in two branches added into the stream."""
+
+    marks: tuple[str, ...]  # attributes that identify the block module
+    attention: str  # the attention branch's submodule (its output is that branch's write)
+    attention_multiplier: str  # the block's attribute scaling that write ("": 1)
+    mixer_multiplier: str  # the same for the non-softmax mixer's output
+    how: str  # what is measured, for the shares' caption
+
+
+PARALLEL_BLOCKS = (
+    ParallelBlock(  # Falcon-H1: attention and Mamba-2 side by side on the same normed input
+        ("self_attn", "ssm_out_multiplier"),
+        "self_attn",
+        "attn_out_multiplier",
+        "ssm_out_multiplier",
+        "each branch's output times its multiplier, as the block adds them",
+    ),
+    ParallelBlock(  # Zamba2's hybrid block: the shared attention block's write, then Mamba-2
+        ("shared_transformer", "linear"),
+        "linear",
+        "",
+        "",
+        "the shared attention block's write (through its linear) and the Mamba-2 mixer's output",
+    ),
+)
+
+
+def _parallel_block(modules: dict[str, torch.nn.Module], site: MixerSite):
+    """(the block module, its `ParallelBlock`) when the site's block runs parallel branches."""
+    parts = site.module_name.split(".")
+    owner = next(
+        (modules[".".join(parts[: i + 1])] for i in range(len(parts) - 1, 0, -1) if parts[i - 1] == "layers"),
+        None,
+    )
+    if owner is None:
+        return None
+    found = next((p for p in PARALLEL_BLOCKS if all(hasattr(owner, m) for m in p.marks)), None)
+    return None if found is None else (owner, found)
+
+
+def _branch(site: MixerSite, kind: str, owner: torch.nn.Module, block: ParallelBlock, multiplier: str):
+    """Keep ‖o_t‖ of one branch's output (times the block's multiplier, read at that forward)."""
+
+    def hook(_module, _args, output):
+        rec = active_recorder()
+        if rec is None:
+            return
+        out = output[0] if isinstance(output, tuple) else output
+        mult = float(getattr(owner, multiplier, 1.0)) if multiplier else 1.0
+        pending = rec.branch_norms.setdefault(site.block, {})
+        pending[kind] = (out.detach().double()[0] * mult).norm(dim=-1).cpu()
+        last = _record_of(rec, site.module_name)
+        if len(pending) == 2 and last is not None:  # both branches ran: the block's record keeps them
+            last.branches, last.branch_how = rec.branch_norms.pop(site.block), block.how
+        # (Zamba2's attention writes before its Mamba-2 record exists: the mixer's hook settles it)
 
     return hook

@@ -6,6 +6,7 @@ ablation and rotary frequency bands, all readable from one traced forward pass (
     attnviz.logit_lens(lm, tr)                   # what each layer would predict
     attnviz.logit_attribution(lm, tr)            # every head's and MLP's share of the logit
     attnviz.ablate_heads(lm, tr, [(3, 1)])       # the prediction without head 1 of layer 3
+    attnviz.qk_attribution(lm, tr, layer=2, head=3, query=-1, key=5)  # why it attends there
 
 Every function also takes the text itself (and then runs its own forward).
 """
@@ -15,6 +16,7 @@ from .attribution import Attribution, logit_attribution
 from .attribution_patching import attribution_patch
 from .lens import LogitLens, logit_lens
 from .patching import DIRECTIONS, OVERS, Patching, patch
+from .qk import QKAttribution, QKRow, qk_attribution, qk_row
 from .residual import Trace, Unsupported, trace
 from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
 from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
@@ -36,6 +38,8 @@ __all__ = [
     "Node",
     "NodeWrites",
     "Patching",
+    "QKAttribution",
+    "QKRow",
     "RotaryBands",
     "RotarySpec",
     "Trace",
@@ -49,6 +53,8 @@ __all__ = [
     "node_writes",
     "patch",
     "previous_occurrence_heads",
+    "qk_attribution",
+    "qk_row",
     "rotary_bands",
     "search_heads",
     "trace",

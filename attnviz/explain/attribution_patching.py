@@ -26,7 +26,7 @@ import torch
 from ..limits import forward_bytes, require
 from ..loading import LoadedModel
 from .blocks import Unsupported
-from .patch_sites import PARTS, Activations, Direction, Over, Progress, Site, Sites, hooked, run_ids
+from .patch_sites import Activations, Direction, Over, Progress, Site, Sites, hooked, run_ids
 from .patching import DIMS, Patching, Setup, patch_at, result, run_cells, setup
 
 ESTIMATE_LABEL = "estimate (attribution patching, first order)"
@@ -53,7 +53,7 @@ class _GradRun:
         )
 
         def add_leaf(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
-            acts.of(site).append(x[0].detach().clone())
+            acts.put(site, layer, x[0].detach().clone())
             leaf = torch.zeros_like(x.detach(), requires_grad=True)
             self.leaves[(site, layer)] = leaf
             return x + leaf
@@ -132,13 +132,15 @@ def attribution_patch(
     elif over == "residual":
         est = np.stack([effects[("residual", la)] for la in range(L)])  # (layers, positions)
     else:
-        est = np.stack([np.stack([effects[(part, la)] for part in PARTS]) for la in range(L)])
+        none = np.full(len(s.pairing.target), np.nan)  # a part this block does not have
+        est = np.stack([np.stack([effects.get((part, la), none) for part in s.st.parts]) for la in range(L)])
     target_diff = s.corrupted_diff if direction == "denoise" else s.clean_diff
     res = result(lm, s, over, direction, DIMS[over], target_diff + est, estimate=True, method=ESTIMATE_LABEL)
     top = [idx for idx, _ in res.ranking(verify)] if verify > 0 else []
     if top:
         sub = None if progress is None else (lambda d, t: progress(3 + d * len(top) // max(t, 1), 3 + verify))
-        real = run_cells(lm, s, [patch_at(over, idx, s.pairing) for idx in top], batch=batch, progress=sub)
+        cells = [patch_at(over, idx, s.pairing, s.st.parts) for idx in top]
+        real = run_cells(lm, s, cells, batch=batch, progress=sub)
         verified = {
             idx: (float(res.values[idx]), float(res.normalise(r))) for idx, r in zip(top, real, strict=True)
         }

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from ..errors import AttnvizError
+from ..inputs import tokenize
 from ..loading import LoadedModel
 from ..tokens import Tokens, displays
 from .residual import Trace, trace, unembed
+from .stream import Stream, has_mixers, read_stream
 
 DEFAULT_POSITIONS = 16
 DEFAULT_K = 5
@@ -78,14 +80,21 @@ def default_positions(n_tokens: int, count: int = DEFAULT_POSITIONS) -> list[int
 
 def logit_lens(
     lm: LoadedModel,
-    text: str | Trace,
+    text: str | list[int] | Trace | Stream,
     positions: Sequence[int] | None = None,
     k: int = DEFAULT_K,
     *,
     chat: bool = False,
 ) -> LogitLens:
-    """The logit lens at ``positions`` (default: the last 16; negative counts from the end)."""
-    tr = text if isinstance(text, Trace) else trace(lm, text, chat=chat)
+    """The logit lens at ``positions`` (default: the last 16; negative counts from the end). On a
+    hybrid or recurrent model the rows are block boundaries read by `attnviz.explain.stream`."""
+    if isinstance(text, Trace | Stream):
+        tr: Trace | Stream = text
+    elif has_mixers(lm.layout) or lm.layout.attention_layers or not lm.layout.n_layers:
+        # a hybrid or a recurrent model: the stream at block boundaries is all the lens reads
+        tr = read_stream(lm, tokenize(lm, text, chat=chat)[0] if isinstance(text, str) else list(text))
+    else:
+        tr = trace(lm, text, chat=chat)
     if tr.unembed_problem:
         raise AttnvizError(tr.unembed_problem)
     pos = [tr.position(p) for p in (default_positions(tr.n_tokens) if positions is None else positions)]

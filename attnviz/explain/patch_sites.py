@@ -21,12 +21,13 @@ from ..loading.forward import grad_mode
 from ..tokens import Tokens
 from .blocks import MLP_NAMES, Unsupported
 from .residual import _decoder_layers
+from .stream import block_sites, has_mixers
 
 Over = Literal["heads", "heads_by_position", "residual", "blocks"]
 OVERS: tuple[str, ...] = get_args(Over)
 Direction = Literal["denoise", "noise"]
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
-Site = Literal["head", "residual", "attention", "mlp"]
+Site = str  # "head", "residual", or a "blocks" part: "attention", "mlp", a mixer kind
 PARTS: tuple[Site, ...] = ("attention", "mlp")  # the "blocks" sites, in this order
 Progress = Callable[[int, int], None]  # (cells done, cells in all); raising cancels
 
@@ -81,6 +82,11 @@ def pair(target: Tokens, source: Tokens) -> Pairing:
     )
 
 
+def pairing_of(clean: Tokens, corrupted: Tokens, direction: str) -> Pairing:
+    """The pairing of a run: "denoise" patches the corrupted run (target) from the clean one."""
+    return pair(corrupted, clean) if direction == "denoise" else pair(clean, corrupted)
+
+
 @dataclass(frozen=True)
 class Patch:
     """One patched component: ``site`` of ``layer`` (``head`` for a head), at ``position`` of the
@@ -97,28 +103,45 @@ class Patch:
 
 @dataclass(frozen=True)
 class Sites:
-    """The modules patching hooks: each block, its attention module (and name) and its MLP."""
+    """The modules patching hooks: each block, its attention module (and name) and its MLP; and
+    the "blocks" parts in order with each part's module per block (None: that block has none).
+    A hybrid's parts name its mixers ("attention", "gated_delta", "mamba2", ..., "mlp")."""
 
     blocks: list[Any]
     attn: list[Any]
     names: list[str]
     mlps: list[Any]
+    parts: tuple[str, ...] = PARTS
+    modules: dict[str, list[Any]] = field(default_factory=dict)
+    cacheable: bool = True  # a shared prefix may run once into the model's KV cache
 
     @property
     def n_layers(self) -> int:
         return len(self.blocks)
 
+    def module(self, part: str, layer: int) -> Any:
+        """The module of ``part`` in block ``layer`` (None where the block has no such part)."""
+        if part in self.modules:
+            return self.modules[part][layer]
+        return (self.attn if part == "attention" else self.mlps)[layer]
+
 
 def sites(lm: LoadedModel, over: str) -> Sites:
     """The patching sites of ``lm``, or `Unsupported` with the reason."""
-    if lm.layout.attention_layers:
-        # Hybrid mixers (issue 30, attnviz.mixers) are patched here once their outputs have a
-        # hook: add a "mixer" site next to "attention" / "mlp" reading the mixer module's output.
-        raise Unsupported(
-            f"{lm.spec!r} is a hybrid (blocks {', '.join(map(str, lm.layout.blocks_without_attention))} "
-            "are recurrent / state-space mixers); patching their outputs is not supported yet, only "
-            "models whose every block is attention + MLP"
-        )
+    lay = lm.layout
+    if has_mixers(lay) or lay.attention_layers or not lay.n_layers:  # hybrids, Mamba, RWKV
+        if over.startswith("heads"):
+            raise Unsupported(
+                f"{lm.spec!r} mixes tokens with {lay.mixer_summary() or 'non-attention blocks'}; the "
+                "per-head outputs of these mixers are not patchable yet: use over='residual' or "
+                "'blocks' (each block's mixers and MLP, every branch on its own)"
+            )
+        bs = block_sites(lm)
+        attn = bs.modules.get("attention", [None] * bs.n_blocks)
+        names = [lm.module_names.get(id(m), "") if m is not None else "" for m in attn]
+        mlps = bs.modules.get("mlp", [None] * bs.n_blocks)
+        # the recurrent state is not one the patched rows can share as a KV cache
+        return Sites(bs.blocks, attn, names, mlps, parts=bs.parts, modules=bs.modules, cacheable=False)
     blocks, attn, names = _decoder_layers(lm)
     if over.startswith("heads") and not lm.supports_capture:
         raise Unsupported(
@@ -147,23 +170,23 @@ def _with_first(x: Any, new: torch.Tensor) -> Any:
 
 @dataclass
 class Activations:
-    """What one forward kept per layer (batch row 0): the stream entering each block (N, d_model),
-    the attention module's and the MLP's outputs (N, d_model), each head's output (N, heads,
-    d_head); only the sites asked for."""
+    """What one forward kept per site and layer (batch row 0): the stream entering each block
+    (N, d_model), each part's output (N, d_model), each head's output (N, heads, d_head); only the
+    sites asked for, and only the layers that have them."""
 
-    residual: list[torch.Tensor] = field(default_factory=list)
-    attention: list[torch.Tensor] = field(default_factory=list)
-    mlp: list[torch.Tensor] = field(default_factory=list)
-    head: list[torch.Tensor] = field(default_factory=list)
+    kept: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
 
-    def of(self, site: Site) -> list[torch.Tensor]:
-        return getattr(self, site)
+    def of(self, site: Site) -> dict[int, torch.Tensor]:
+        return self.kept.setdefault(site, {})
+
+    def put(self, site: Site, layer: int, x: torch.Tensor) -> None:
+        self.of(site)[layer] = x
 
 
-def site_names(over: str) -> tuple[Site, ...]:
+def site_names(over: str, parts: tuple[str, ...] = PARTS) -> tuple[Site, ...]:
     if over in ("heads", "heads_by_position"):
         return ("head",)
-    return ("residual",) if over == "residual" else ("attention", "mlp")
+    return ("residual",) if over == "residual" else parts
 
 
 @contextlib.contextmanager
@@ -201,10 +224,9 @@ def hooked(
     for i in range(st.n_layers):
         if "residual" in wanted:
             hooks.append(Hook(st.blocks[i], pre(i), "before", with_kwargs=True))
-        if "attention" in wanted:
-            hooks.append(Hook(st.attn[i], post("attention", i)))
-        if "mlp" in wanted:
-            hooks.append(Hook(st.mlps[i], post("mlp", i)))
+        for part in wanted:
+            if part not in ("residual", "head") and st.module(part, i) is not None:
+                hooks.append(Hook(st.module(part, i), post(part, i)))
     with editing(edit) if "head" in wanted else contextlib.nullcontext():
         yield hooks
 
@@ -226,7 +248,7 @@ def capture(
     acts = Activations()
 
     def keep(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
-        acts.of(site).append(x[0].detach().clone())
+        acts.put(site, layer, x[0].detach().clone())
         return x
 
     with hooked(lm, st, keep, wanted) as hooks:

@@ -14,17 +14,16 @@ The sites, per layer l (the same hook points for every residual layout: pre-norm
 post-norm between the heads and the stream):
 
 - ``heads``: head h's output z^h = Σ_j α v_j at every patched position, read and replaced inside
-  attnviz's attention function (`attnviz.capture.editing`) before the output projection;
+  attnviz's attention function (`attnviz.capture.hook.editing`) before the output projection;
 - ``heads_by_position``: the same at one position;
 - ``residual``: the stream entering block l at one position (l = 0: the embedding);
 - ``blocks``: what the attention module or the MLP returns at one position (before a norm that
   sits between them and the stream: that norm is per token, so it follows the patch).
 
-Every cell is one forward of the patched run (cells are batched: row b of a batch carries cell b's
-patch only), the model's own code, in its own dtype. Prompts of different lengths are aligned with
-`attnviz.analysis.align.align_tokens` (`patch_sites.pair`: ids; a gap of equal length on both sides is paired
-position by position, since those are the tokens that differ); positions without a partner are not
-patched and listed in ``unpatched``.
+Every cell is one forward of the patched run (cells batched: row b carries cell b's patch only),
+the model's own code and dtype. Prompts of different lengths are aligned (`patch_sites.pair`: the
+token alignment by ids, a gap of equal length on both sides paired position by position, since
+those are the tokens that differ); positions without a partner are listed in ``unpatched``.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ from .patch_sites import (
     Progress,
     Sites,
     capture,
-    pair,
+    pairing_of,
     patched_run,
     site_names,
     sites,
@@ -96,6 +95,9 @@ class Patching:
     # attribution patching: the top cells patched for real, {cell index: (estimate, real)} normalised
     verified: dict[tuple[int, ...], tuple[float, float]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # the "part" axis of over="blocks": ("attention", "mlp"), or a hybrid's mixers and its MLP
+    # (a cell of a part its block does not have is NaN)
+    parts: tuple[str, ...] = PARTS
 
     @property
     def nbytes(self) -> int:
@@ -124,7 +126,7 @@ class Patching:
                 out["position"] = self.pairing.target[i]
                 out["source_position"] = self.pairing.source[i]
             elif dim == "part":
-                out["part"] = PARTS[i]
+                out["part"] = self.parts[i]
             else:
                 out[dim] = int(i)
         return out
@@ -150,6 +152,7 @@ class Patching:
         most (baseline 0 for denoising, 1 for noising)."""
         base = 0.0 if self.direction == "denoise" else 1.0
         flat = [(idx, float(self.values[idx])) for idx in np.ndindex(*self.values.shape)]
+        flat = [c for c in flat if not np.isnan(c[1])]  # a part its block does not have
         flat.sort(key=lambda c: -abs(c[1] - base))
         return flat if top is None else flat[:top]
 
@@ -167,6 +170,7 @@ class Patching:
 # -- the grid -------------------------------------------------------------------------------------
 
 
+Shape = tuple[int, ...]  # one size per entry of DIMS[over]
 DIMS: dict[str, tuple[str, ...]] = {
     "heads": ("layer", "head"),
     "heads_by_position": ("layer", "head", "position"),
@@ -175,13 +179,23 @@ DIMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def grid_shape(over: str, n_layers: int, n_heads: int, pairing: Pairing) -> tuple[int, ...]:
+def grid_shape(
+    over: str, n_layers: int, n_heads: int, pairing: Pairing, parts: tuple[str, ...] = PARTS
+) -> Shape:
     """The grid of ``over``: one axis per entry of ``DIMS[over]``."""
-    size = {"layer": n_layers, "head": n_heads, "position": len(pairing.target), "part": len(PARTS)}
+    size = {"layer": n_layers, "head": n_heads, "position": len(pairing.target), "part": len(parts)}
     return tuple(size[d] for d in DIMS[over])
 
 
-def patch_at(over: str, index: tuple[int, ...], pairing: Pairing) -> Patch:
+def planned_grid(lm: LoadedModel, clean: Tokens, corrupted: Tokens, over: str, direction: str) -> Shape:
+    """The grid `patch` runs on these prompts, before it runs (a page counts its forwards here):
+    `grid_shape` of the same sites and pairing. `Unsupported` where `patch` would refuse."""
+    pairing = pairing_of(clean, corrupted, direction)
+    st = sites(lm, over)
+    return grid_shape(over, st.n_layers, lm.layout.n_heads, pairing, st.parts)
+
+
+def patch_at(over: str, index: tuple[int, ...], pairing: Pairing, parts: tuple[str, ...] = PARTS) -> Patch:
     """The patch of the grid cell ``index`` (a position axis indexes ``pairing.target``)."""
     if over == "heads":
         return Patch("head", index[0], index[1])
@@ -189,7 +203,7 @@ def patch_at(over: str, index: tuple[int, ...], pairing: Pairing) -> Patch:
         return Patch("head", index[0], index[1], pairing.target[index[2]])
     if over == "residual":
         return Patch("residual", index[0], -1, pairing.target[index[1]])
-    return Patch(PARTS[index[1]], index[0], -1, pairing.target[index[2]])  # type: ignore[arg-type]
+    return Patch(parts[index[1]], index[0], -1, pairing.target[index[2]])
 
 
 def batch_size(lm: LoadedModel, n_tokens: int, batch: int | None) -> int:
@@ -261,7 +275,7 @@ def setup(
         what=f"patching two prompts of up to {n} tokens",
         hint="shorter prompts",
     )
-    wanted = site_names(over)
+    wanted = site_names(over, st.parts)
     denoise = direction == "denoise"
     src_ids, tgt_ids = (c_ids, x_ids) if denoise else (x_ids, c_ids)
     src_acts, src_logits = capture(lm, st, src_ids, wanted)
@@ -290,7 +304,6 @@ def setup(
             "(0 = corrupted, 1 = clean) is undefined: pick other answer / wrong tokens or prompts"
         )
     tc, tx = Tokens.build(lm.tokenizer, c_ids), Tokens.build(lm.tokenizer, x_ids)
-    target, source = (tx, tc) if denoise else (tc, tx)
     return Setup(
         st=st,
         clean=tc,
@@ -298,7 +311,7 @@ def setup(
         target_ids=tgt_ids,
         source=src_acts,
         target_acts=tgt_acts if keep_target else Activations(),
-        pairing=pair(target, source),
+        pairing=pairing_of(tc, tx, direction),
         answer=ans,
         wrong=wr,
         clean_diff=c_diff,
@@ -334,6 +347,7 @@ def result(
         raw=raw,
         pairing=s.pairing,
         notes=s.notes,
+        parts=s.st.parts,
         **extra,
     )
 
@@ -360,7 +374,7 @@ def run_cells(
             progress(start, len(todo))  # may raise to cancel
         rows = order[start : start + size]
         prefix = min(first[i] for i in rows)
-        prefix = prefix if prefix >= PREFIX_MIN and len(s.target_ids) > prefix else 0
+        prefix = prefix if prefix >= PREFIX_MIN and len(s.target_ids) > prefix and s.st.cacheable else 0
         batch_cells = [[todo[i]] for i in rows]
         logits = patched_run(lm, s.st, s.target_ids, s.source, s.pairing, batch_cells, prefix=prefix)
         out[rows] = (logits[:, s.answer] - logits[:, s.wrong]).double().cpu().numpy()
@@ -388,7 +402,13 @@ def patch(
     position, normalised (0 = corrupted run, 1 = clean run). ``progress(done, cells)`` hears each
     batch of patched forwards (raising cancels)."""
     s = setup(lm, clean, corrupted, answer, wrong, over, direction, chat=chat, keep_target=False)
-    shape = grid_shape(over, s.st.n_layers, lm.layout.n_heads, s.pairing)
-    todo = [patch_at(over, idx, s.pairing) for idx in np.ndindex(*shape)]
-    raw = run_cells(lm, s, todo, batch=batch, progress=progress).reshape(shape)
-    return result(lm, s, over, direction, DIMS[over], raw)
+    shape = grid_shape(over, s.st.n_layers, lm.layout.n_heads, s.pairing, s.st.parts)
+    cells = [patch_at(over, idx, s.pairing, s.st.parts) for idx in np.ndindex(*shape)]
+    real = [
+        i
+        for i, p in enumerate(cells)
+        if p.site in ("head", "residual") or s.st.module(p.site, p.layer) is not None
+    ]
+    raw = np.full(len(cells), np.nan)  # NaN: a part its block does not have (a hybrid's blocks differ)
+    raw[real] = run_cells(lm, s, [cells[i] for i in real], batch=batch, progress=progress)
+    return result(lm, s, over, direction, DIMS[over], raw.reshape(shape))

@@ -39,10 +39,15 @@ from ..records import CapturedAttention
 from ..tokens import Tokens
 from .blocks import Block, BlockHooks, Residual, Unsupported
 from .norms import FrozenNorm, close
+from .stream import has_mixers
 
 log = logging.getLogger(__name__)
 
-FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm")
+# (LFM2 names its final norm "embedding_norm"; RWKV "ln_out")
+FINAL_NORM_NAMES = (
+    *("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "final_norm"),
+    *("ln_out", "embedding_norm"),
+)
 DEFAULT_TRACE_TOKENS = 8192
 
 
@@ -168,17 +173,22 @@ def _decoder_layers(lm: LoadedModel) -> tuple[list[Any], list[Any], list[str]]:
             "decoder's next-token prediction through its residual stream (encoders normalise the "
             "stream after each block and predict no next token)"
         )
-    if not lay.n_layers:  # a pure recurrent / state-space model (Mamba, RWKV, ...)
-        raise Unsupported(
-            f"{lm.spec!r} has no softmax attention: its token mixers are {lay.mixer_summary()}. The "
-            "explanations (routes, logit lens, attribution, ablation) read each attention layer's "
-            "captured heads; through these mixer blocks they are not built, so nothing is shown "
-            "rather than a partial decomposition"
+    if not lay.n_layers or lay.attention_layers or has_mixers(lay):  # hybrids, Mamba, RWKV, ...
+        what = (
+            lay.mixer_summary()
+            or f"other mixers in blocks {', '.join(map(str, lay.blocks_without_attention))}"
         )
-    if lay.attention_layers:
         raise Unsupported(
-            f"{lm.spec!r} is a hybrid: blocks {', '.join(map(str, lay.blocks_without_attention))} are "
-            "recurrent / state-space, whose mixing of tokens is not a sum of per-token parts"
+            f"{lm.spec!r} "
+            + (
+                f"has no softmax attention: its token mixers are {what}"
+                if not lay.n_layers
+                else f"mixes tokens with {what}"
+            )
+            + ". Routes, attribution and ablation "
+            "split each block into softmax heads, and the per-head parts of these mixers are not "
+            "built yet, so they are not shown rather than shown in part; the logit lens and "
+            "patching over 'residual' and 'blocks' read the stream at block boundaries and run"
         )
     if not lm.fast_exact or lm.probe is None:
         raise Unsupported(
@@ -208,7 +218,14 @@ def unembed(lm: LoadedModel, x: torch.Tensor) -> torch.Tensor:
     if head is None:
         raise Unsupported(f"{lm.spec!r} has no output embedding (LM head) to read the stream with")
     logits = head(final_norm(lm)[1](x[None]))[0].float()
-    cap = getattr(lm.model.config.get_text_config(), "final_logit_softcapping", None)
+    config = lm.model.config.get_text_config()
+    multiplier = getattr(config, "lm_head_multiplier", None)  # μP (Falcon-H1): logits = head(x) · m
+    if multiplier is not None:
+        logits = logits * float(multiplier)
+    scaling = getattr(config, "logits_scaling", None)  # Granite: logits = head(x) / s
+    if scaling:
+        logits = logits / float(scaling)
+    cap = getattr(config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits

@@ -19,10 +19,12 @@ import numpy as np
 
 from ..errors import AttnvizError
 from ..layout import Stack
+from ..metrics.definitions import previous_occurrences
 from ..result import AttentionResult
 from ..tokens import Tokens
 
 ROW_SPAN = 64  # query rows computed together at most (previous-occurrence search)
+__all__ = ["HeadScores", "previous_occurrence_heads", "previous_occurrences", "search_heads"]
 
 
 @dataclass(frozen=True)
@@ -79,24 +81,13 @@ def search_heads(res: AttentionResult, query: int, key: int, *, stack: Stack | N
     )
 
 
-def previous_occurrences(ids: tuple[int, ...] | list[int], offset: int = 0) -> list[tuple[int, int]]:
-    """(t, j + offset) for every position t whose token occurred before, j its latest earlier
-    occurrence (offset 1: the token after it, what an induction head attends to)."""
-    last: dict[int, int] = {}
-    out = []
-    for t, tok in enumerate(ids):
-        if tok in last and last[tok] + offset < t:
-            out.append((t, last[tok] + offset))
-        last[tok] = t
-    return out
-
-
 def previous_occurrence_heads(
     res: AttentionResult, *, offset: int = 0, stack: Stack | None = None
 ) -> HeadScores:
     """Every head scored by its mean exact α from each token to the previous occurrence of the
     same token (``offset=1``: to the token after that occurrence, induction heads), over every
-    position whose token occurred before. Rows are computed at most ``ROW_SPAN`` at a time."""
+    position whose token occurred before (`attnviz.metrics.definitions.previous_occurrences`, the
+    one definition). Rows are computed at most ``ROW_SPAN`` at a time."""
     pairs = previous_occurrences(list(res.tokens.ids), offset)
     if not pairs:
         raise AttnvizError("no token of this text occurs twice; use a text that repeats some tokens")

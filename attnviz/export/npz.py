@@ -2,7 +2,8 @@
 
 ``dense``    every layer's probabilities, float32: ``attentions`` (layers, heads, N, N), or
              ``encoder_attentions``, ``decoder_attentions`` and ``cross_attentions`` for
-             encoder-decoder models. Read with numpy alone; grows as layers × heads × N² × 4 bytes
+             encoder-decoder models (none for a model without softmax layers: Mamba, RWKV).
+             Read with numpy alone; grows as layers × heads × N² × 4 bytes
              (smollm2-135m, 8192 tokens: 30 × 9 × 8192² × 4 B = 72 GB).
 ``compact``  what the fast path keeps: each layer's captured queries, keys and values (and the
              mask, position bias, sinks where the call had them), in the model's dtype; grows as
@@ -101,7 +102,9 @@ def save_npz(result: AttentionResult, file: FileLike, *, format: str = "auto") -
         "decoder_tokens": None if result.decoder_tokens is None else asdict(result.decoder_tokens),
     }
     arrays = _token_arrays(result)
-    if fmt == "dense":
+    if fmt == "dense" and not result.layout.n_layers:
+        pass  # no softmax layer (Mamba, RWKV): no attentions array, only the mixers' below
+    elif fmt == "dense":
         if result.layout.kind == "encoder-decoder":
             for stack in result.stacks:
                 arrays[f"{stack}_attentions"] = result.all_layers(stack)
@@ -269,7 +272,11 @@ def load_npz(file: FileLike, *, device: str | torch.device = "cpu") -> Attention
         if meta["format"] == "dense":
             eager: dict[str, list[torch.Tensor]] = {}
             for stack in layout.stacks:
-                stored = data["attentions" if layout.kind != "encoder-decoder" else f"{stack}_attentions"]
+                name = "attentions" if layout.kind != "encoder-decoder" else f"{stack}_attentions"
+                if name not in data.files and not layout.layers_in(stack):  # a mixers-only file
+                    eager[stack] = []
+                    continue
+                stored = data[name]
                 eager[stack] = [torch.from_numpy(stored[i]).to(dev) for i in range(stored.shape[0])]
             return AttentionResult(**common, _eager=eager, _mixers=_mixers_from(data, meta, dev))
         cache: dict[str, torch.Tensor] = {}

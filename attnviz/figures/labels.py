@@ -71,9 +71,12 @@ def index_ticks(values: Sequence[str], max_labels: int = 16) -> tuple[list[str],
 
 
 def _title(text: str, size: int = 14) -> dict:
-    """A left-aligned title just above the plot area (clear of the mode bar on the right)."""
+    """A left-aligned title just above the plot area (clear of the mode bar on the right).
+    ``automargin``: Plotly sets the lines after a ``<br>`` below the anchor, over the plot (the
+    patching map's second line hid row L0); with it the top margin grows to keep them clear."""
     return dict(
         text=text,
+        automargin=True,
         x=0,
         xref="paper",
         xanchor="left",

@@ -13,6 +13,8 @@ labelled as such (non-negative, not probabilities either).
   token-contribution view of every mixer).
 - `parallel_block`: a block with parallel branches (Falcon-H1, Zamba2: attention + Mamba-2) drawn
   side by side, each titled with its share of the block's token-mixing output.
+
+A kind's display name and how it is drawn come from its record (`attnviz.mixers.MIXERS`).
 """
 
 from __future__ import annotations
@@ -28,37 +30,33 @@ from plotly.subplots import make_subplots
 from attnviz.figures.bins import SINGLE_MAX_CELLS, SINGLE_MAX_KEYS, downsample
 from attnviz.figures.colour import DIVERGING
 from attnviz.figures.labels import TITLE_MARGIN, _title, bin_labels, escape, token_ticks
-from attnviz.mixers import MIXER_KINDS, PER_HEAD
+from attnviz.mixers.kinds import MIXERS, SIGNED_MEANING, Picture
 
-SIGNED = "effective attention (signed, not probabilities)"
+SIGNED = SIGNED_MEANING
 NORMS = "token contribution norms ‖c_{t,s}‖ (not probabilities)"
-KIND_NAMES = {
-    "attention": "softmax attention",
-    "mamba": "Mamba-1",
-    "mamba2": "Mamba-2 (SSD)",
-    "gated_delta": "Gated DeltaNet",
-    "kimi_delta": "Kimi delta attention",
-    "lightning": "lightning attention",
-    "short_conv": "gated short conv",
-    "rwkv": "RWKV-4",
-    "mlstm": "mLSTM",
-    "rglru": "RG-LRU",
-}
-# The kinds whose one "head" is a non-negative contribution norm, not a signed matrix: every
-# mixer the engine does not show per head (`attnviz.mixers.PER_HEAD`).
-NORM_KINDS = frozenset(MIXER_KINDS) - PER_HEAD - {"attention"}
 
 
 def kind_name(kind: str) -> str:
     """ "Gated DeltaNet" for "gated_delta" (the kind itself when unknown)."""
-    return KIND_NAMES.get(kind, kind)
+    spec = MIXERS.get(kind)
+    return kind if spec is None else spec.display
+
+
+def picture(kind: str) -> Picture:
+    """How a kind's matrix is drawn: "probabilities", "signed" (diverging at 0) or "norms"
+    (a per-channel kind's contribution norms, sequential from 0); "signed" when unknown."""
+    spec = MIXERS.get(kind)
+    return "signed" if spec is None else spec.drawn_as
+
+
+def is_norms(kind: str) -> bool:
+    """Whether a kind's one "head" is a non-negative contribution norm, not a signed matrix."""
+    return picture(kind) == "norms"
 
 
 def what_it_is(kind: str) -> str:
     """What a mixer's matrix is, for titles: the signed label, or the contribution-norm label."""
-    if kind == "attention":
-        return "probabilities"
-    return NORMS if kind in NORM_KINDS else SIGNED
+    return {"probabilities": "probabilities", "norms": NORMS, "signed": SIGNED}[picture(kind)]
 
 
 def colour_axis(kind: str, z: np.ndarray) -> dict:
@@ -68,7 +66,7 @@ def colour_axis(kind: str, z: np.ndarray) -> dict:
     finite = finite[np.isfinite(finite)]
     reach = float(np.abs(finite).max()) if finite.size else 0.0
     reach = reach or 1.0
-    if kind in NORM_KINDS:
+    if is_norms(kind):
         return dict(colorscale="Viridis", cmin=0.0, cmax=reach, colorbar=dict(title=dict(text="‖c‖")))
     return dict(
         colorscale=DIVERGING, cmid=0.0, cmin=-reach, cmax=reach, colorbar=dict(title=dict(text="A (signed)"))
@@ -90,7 +88,7 @@ def _top(text: str) -> dict:
 
 
 def _hover(kind: str) -> str:
-    name = "‖c‖" if kind in NORM_KINDS else "A"
+    name = "‖c‖" if is_norms(kind) else "A"
     return f"query %{{y}}<br>key %{{x}}<br>{name} = %{{z:.4g}}<extra></extra>"
 
 
@@ -187,7 +185,7 @@ def token_contributions(
     if len(row) > max_keys:
         pooled, _, ce = downsample(row[None], 1, max_keys, "mean")
         row, labels, note = pooled[0], bin_labels(labels, ce), f" (keys mean-pooled to {max_keys})"
-    signed = not (kind in NORM_KINDS if norms is None else norms)
+    signed = not (is_norms(kind) if norms is None else norms)
     colour = ["#b2182b" if v > 0 else "#2166ac" for v in row] if signed else "#440154"
     name = "A[t,s] (signed)" if signed else "‖c_{t,s}‖"
     x = [escape(s) for s in labels]
@@ -236,7 +234,7 @@ def parallel_block(
         name = "coloraxis" if i == 0 else f"coloraxis{i + 1}"
         x, y = [escape(s) for s in cols], [escape(s) for s in rows]
         fig.add_trace(go.Heatmap(z=z, x=x, y=y, coloraxis=name, hovertemplate=_hover(kind)), 1, i + 1)
-        if kind == "attention":
+        if picture(kind) == "probabilities":
             top = float(np.nanmax(z)) if z.size else 1.0
             ax: dict[str, Any] = dict(
                 colorscale="Viridis", cmin=0.0, cmax=top or 1.0, colorbar=dict(title=dict(text="p"))
@@ -269,7 +267,7 @@ def block_view(
     """Block ``block`` of ``result`` (an `attnviz.AttentionResult`) drawn by its mixers: a block
     with one non-softmax mixer as a grid of its heads (`mixer_grid`), a block with parallel
     branches as the branches side by side (`parallel_block`, head ``head`` of each; ``shares``
-    from `attnviz.figures.branches.branch_shares`). Raises for a block of softmax attention only
+    from ``result.branch_shares(block).shares``). Raises for a block of softmax attention only
     (draw it with `head_view`)."""
     kinds = tuple(result.mixers(block))
     labels = list(result.tokens.labels)
@@ -281,7 +279,7 @@ def block_view(
             branches.append((kind, result.head(block, min(head, n - 1), mixer=kind)))
         return parallel_block(branches, labels, shares=shares, title=f"{where} · head {head}")
     (kind,) = kinds
-    if kind == "attention":
+    if picture(kind) == "probabilities":
         raise ValueError(
             f"block {block} is softmax attention only; draw it as attention layer "
             f"{result.layout.attention_layer_of(block)}"
@@ -289,6 +287,6 @@ def block_view(
     n = result.mixer_heads(block, kind)
     chosen = list(range(n)) if heads is None else [int(h) for h in heads]
     stack = np.stack([result.head(block, h, mixer=kind) for h in chosen])
-    if kind in NORM_KINDS:
+    if is_norms(kind):
         return mixer_heatmap(stack[0], labels, kind=kind, title=f"{where} · per-channel mixer, all channels")
     return mixer_grid(stack, labels, kind=kind, heads=chosen, title=where)

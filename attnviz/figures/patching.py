@@ -43,7 +43,7 @@ def _patch_grid(res: Patching, values: np.ndarray) -> tuple[np.ndarray, list[str
         rows = [f"L{la} H{h}" for la in range(n_l) for h in range(inner)]
         data = [[[la, h] for _ in cols] for la in range(n_l) for h in range(inner)]
     else:
-        names = ("attn", "mlp")
+        names = ("attn", "mlp") if res.parts == ("attention", "mlp") else res.parts  # a hybrid's mixers
         rows = [f"L{la} {names[k]}" for la in range(n_l) for k in range(inner)]
         data = [[[la, -1] for _ in cols] for la in range(n_l) for _k in range(inner)]
     return z, rows, cols, data

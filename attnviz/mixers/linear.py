@@ -43,3 +43,14 @@ def lightning_outputs(parts: dict, matrix: torch.Tensor, heads: Sequence[int]) -
     """Σ_s A[t,s] v_s: (R, H', d)."""
     v = parts["v"][:, list(heads)].transpose(0, 1)
     return (matrix @ v).transpose(0, 1)
+
+
+def n_heads(inputs: dict) -> int:
+    """nh of a lightning attention layer (one decay rate per head)."""
+    return int(inputs["slope_rate"].numel())
+
+
+def core_output(parts: dict, rows: torch.Tensor) -> torch.Tensor:
+    """The attention's output before its norm at query ``rows``, rebuilt from every head's A."""
+    heads = list(range(parts["slope"].shape[0]))
+    return lightning_outputs(parts, lightning_rows(parts, heads, rows), heads)

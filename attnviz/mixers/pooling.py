@@ -3,7 +3,8 @@
 The grid is (bins, bins) for `cells` bins a side (block = ceil(N / cells) tokens), like
 `attnviz.analysis.pooling.pooled` for softmax heads; the mean counts every cell of a block (zeros
 above the diagonal included) and is signed, the max is of |A|. Rows come in tiles of the
-per-head formulas; the delta rule streams its chunked scan straight into the grid.
+per-head formulas; a kind with ``stream_rows`` (the delta rule's chunked scan) streams them
+straight into the grid.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import delta
+from .kinds import MIXERS
 from .store import MixerStore
 
 TILE_ROWS = 256
@@ -26,12 +27,13 @@ class MixerPooled:
     kind: str
     head: int
     tokens_per_bin: int
-    mean: np.ndarray  # float32 (bins, bins), signed
+    mean: np.ndarray  # float32 (bins, bins) over (T, S), signed
     absmax: np.ndarray  # float32 (bins, bins), max |A|
 
 
 def mixer_pooled(store: MixerStore, block: int, kind: str, head: int, cells: int = 256) -> MixerPooled:
-    """The pooled view of head ``head`` of block ``block``'s ``kind`` mixer (after its self-check)."""
+    """The pooled view of head ``head`` of block ``block``'s ``kind`` mixer (after its self-check);
+    never holds the (T, S) matrix."""
     n = store.n_tokens
     width = max(1, math.ceil(n / cells))
     bins = math.ceil(n / width)
@@ -47,8 +49,9 @@ def mixer_pooled(store: MixerStore, block: int, kind: str, head: int, cells: int
         sums.view(-1).index_add_(0, flat, v)
         maxes.view(-1).scatter_reduce_(0, flat, v.abs(), "amax")
 
-    if kind in ("gated_delta", "kimi_delta"):
-        delta.chunked_rows(
+    stream = MIXERS[kind].stream_rows
+    if stream is not None:
+        stream(
             store.parts(block, kind), [head], torch.arange(n), emit=lambda r, lo, hi, b: add(r, lo, hi, b[0])
         )
     else:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from . import channels
+
 
 def rglru_parts(inputs: dict) -> dict[str, torch.Tensor]:
     """x̃ (N, D), cumulative log a (N, D), gate g (N, D; ones when not tapped): float64."""
@@ -35,14 +37,12 @@ def rglru_output(parts: dict, t: int) -> torch.Tensor:
 
 
 def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
-    w = weight.double()
-    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
-    for i, t in enumerate(rows):
-        vec = channel_rows(parts, t).T * parts["x"][: t + 1] * parts["gate"][t]
-        out[i, : t + 1] = torch.linalg.vector_norm(vec @ w.T, dim=-1)
-    return out
+    """float64 (len(rows), S): ‖W_out (g_t ⊙ A[:, t, s] ⊙ x̃_s)‖ (0 for s > t)."""
+    return channels.contribution_rows(
+        lambda t: channel_rows(parts, t), parts["x"], parts["gate"], weight, rows, n
+    )
 
 
 def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
-    out = weight.double() @ (rglru_output(parts, t) * parts["gate"][t])
-    return out if bias is None else out + bias.double()
+    """Σ_s c_{t,s} (+ bias): (hidden,), vs the block's mixer output at t."""
+    return channels.through_projection(rglru_output(parts, t) * parts["gate"][t], weight, bias)

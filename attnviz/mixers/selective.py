@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import channels
+
 
 def selective_parts(inputs: dict) -> dict:
     """x, Δ, cum ΣΔ, gate silu(z) (N, d_inner); A (d_inner, n); B, C (N, n); D (d_inner,): float64.
@@ -73,18 +75,11 @@ def core_output(parts: dict, t: int) -> torch.Tensor:
 
 
 def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
-    """float64 (len(rows), N): ‖c_{t,s}‖ for each row t (0 for s > t)."""
-    w = weight.double()
+    """float64 (len(rows), S): ‖c_{t,s}‖ for each query row t (0 for s > t)."""
     x, gate = _cat(parts, "x"), _cat(parts, "gate")
-    out = torch.zeros(len(rows), n, dtype=torch.float64, device=x.device)
-    for i, t in enumerate(rows):
-        m = channel_rows(parts, t)  # (d, t+1)
-        vec = m.T * x[: t + 1] * gate[t]  # (s, d)
-        out[i, : t + 1] = torch.linalg.vector_norm(vec @ w.T, dim=-1)
-    return out
+    return channels.contribution_rows(lambda t: channel_rows(parts, t), x, gate, weight, rows, n)
 
 
 def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
     """Σ_s c_{t,s} + the skip term + bias: (hidden,), to compare with the mixer's output at t."""
-    out = weight.double() @ core_output(parts, t)
-    return out if bias is None else out + bias.double()
+    return channels.through_projection(core_output(parts, t), weight, bias)

@@ -64,3 +64,14 @@ def ssd_outputs(parts: dict, matrix: torch.Tensor, heads: Sequence[int], rows: t
     y = matrix @ x  # (H', R, P)
     y = y + parts["D"][hs][:, None, None] * x[:, rows]
     return y.transpose(0, 1)
+
+
+def n_heads(inputs: dict) -> int:
+    """nh of a captured ``mamba2_chunk_scan`` call (hidden_states: (B, S, nh, hs))."""
+    return int(inputs["hidden_states"].shape[2])
+
+
+def core_output(parts: dict, rows: torch.Tensor) -> torch.Tensor:
+    """The scan's output at query ``rows`` rebuilt from every head's M (the self-check's side)."""
+    heads = list(range(parts["x"].shape[1]))
+    return ssd_outputs(parts, ssd_rows(parts, heads, rows), heads, rows)

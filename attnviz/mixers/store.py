@@ -1,9 +1,11 @@
 """The captured mixers of one forward, and their exact matrices on demand (rows and tiles).
 
-`MixerStore` keeps only what each core function received (never an N×N matrix) and computes
+`MixerStore` keeps only what each core function received (never a (T, S) matrix) and computes
 rows of a block's effective attention when asked, after that block's self-check passed: Σ_s A[t,s]
 v_s (+ the skip term) must equal the kernel's own output on a few rows, within a tolerance relative
-to the output's scale; otherwise `MixerCheckFailed` says why and nothing is shown.
+to the output's scale; otherwise `MixerCheckFailed` says why and nothing is shown. Everything
+about a kind (its parts, rows, contributions, the check's reference) comes from its record in
+`attnviz.mixers.kinds.MIXERS`; nothing here branches on a kind's name.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import torch
 from ..checks import Check
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
 from ..records import CapturedMixer
-from . import conv, delta, linear, rglru, selective, ssd, wkv
-from .kinds import CHANNELS_FIRST, MEANING, NOT_YET, PER_HEAD, SHOWN, check_rows
+from .branches import BranchShares, branch_shares
+from .kinds import MIXERS, MixerKind, check_rows
 
 # Allowed max |Δ| relative to the output's scale: the kernels compute in float32 (the model's
 # own rounding dominates, measured 1e-7 of scale); a bf16 / fp16 model rounds its output.
@@ -39,7 +41,8 @@ class MixerStore:
             groups.setdefault((r.block, r.kind), []).append(r)
         for key, group in groups.items():
             # Zamba's Mamba-1 scans each channel group ("mamba head") with its own B and C
-            merge = len(group) > 1 and key[1] == "mamba"
+            spec = _spec(key[1])
+            merge = len(group) > 1 and spec is not None and spec.channel_groups
             self._records[key] = _channel_groups(group) if merge else group[0]
             self._calls[key] = 1 if merge else len(group)
         self.dtype = dtype
@@ -66,9 +69,17 @@ class MixerStore:
     def kinds(self) -> list[str]:
         return sorted({k for _, k in self._records})
 
+    def spec(self, block: int, kind: str) -> MixerKind:
+        """The record of a kind this store can show (`MixerNotShown` says why not)."""
+        found = _spec(kind)
+        if found is None or not found.shown:
+            raise MixerNotShown(
+                f"block {block}'s {kind} mixer {found.not_shown if found else 'is not shown'}"
+            )
+        return found
+
     def record(self, block: int, kind: str) -> CapturedMixer:
-        if kind not in SHOWN:
-            raise MixerNotShown(f"block {block}'s {kind} mixer {NOT_YET.get(kind, 'is not shown')}")
+        self.spec(block, kind)
         calls = self._calls.get((block, kind), 0)
         if calls > 1:  # Zamba's Mamba-1 runs one scan per "mamba head", each with its own B and C
             raise MixerNotShown(
@@ -83,31 +94,20 @@ class MixerStore:
 
     def checkable(self, block: int, kind: str) -> bool:
         """Whether the block's mixer can be shown and checked (one core call, a shown kind)."""
-        return kind in SHOWN and self._calls.get((block, kind), 0) == 1
+        spec = _spec(kind)
+        return spec is not None and spec.shown and self._calls.get((block, kind), 0) == 1
 
     def n_heads(self, block: int, kind: str) -> int:
         """Heads of a per-head mixer; 1 for a per-channel one (its contribution view)."""
         rec = self.record(block, kind)
-        if kind == "mamba2":
-            return int(rec.inputs["hidden_states"].shape[2])
-        if kind in ("gated_delta", "kimi_delta"):
-            return int(rec.inputs["value"].shape[2])
-        if kind == "lightning":
-            return int(rec.inputs["slope_rate"].numel())
-        return 1
+        return self.spec(block, kind).heads(rec.inputs)
 
     def parts(self, block: int, kind: str) -> dict:
         key = (block, kind)
         if key not in self._parts:
             inputs = self.record(block, kind).inputs
-            build = {
-                "mamba2": ssd.ssd_parts,
-                "mamba": selective.selective_parts,
-                "lightning": linear.lightning_parts,
-                "short_conv": conv.conv_parts,
-                "rwkv": wkv.wkv_parts,
-                "rglru": rglru.rglru_parts,
-            }.get(kind, delta.delta_parts)
+            build = self.spec(block, kind).parts
+            assert build is not None  # a shown kind has parts
             while len(self._parts) >= PARTS_KEPT:  # float64 copies of a block's inputs: a few at most
                 self._parts.pop(next(iter(self._parts)))
             self._parts[key] = build(inputs)
@@ -141,24 +141,15 @@ class MixerStore:
         return self._rows(block, kind, heads, idx).float()
 
     def _rows(self, block: int, kind: str, heads: list[int], idx: torch.Tensor) -> torch.Tensor:
-        parts = self.parts(block, kind)
-        if kind == "mamba2":
-            return ssd.ssd_rows(parts, heads, idx)
-        if kind == "lightning":
-            return linear.lightning_rows(parts, heads, idx)
-        if kind in ("mamba", "short_conv", "rwkv", "rglru"):
-            rec = self.record(block, kind)
-            if rec.out_weight is None:
-                raise MixerNotShown(
-                    f"block {block}'s {kind} mixer has no output projection to push contributions through"
-                )
-            if kind == "short_conv":
-                return conv.contribution_rows(parts, rec.out_weight, idx.tolist())[None]
-            if kind in ("rwkv", "rglru"):
-                mod = wkv if kind == "rwkv" else rglru
-                return mod.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
-            return selective.contribution_rows(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
-        return delta.delta_rows(parts, heads, idx)
+        spec, parts = self.spec(block, kind), self.parts(block, kind)
+        if spec.rows is not None:  # per head: the effective attention itself
+            return spec.rows(parts, heads, idx)
+        rec = self.record(block, kind)
+        if rec.out_weight is None or spec.contributions is None:
+            raise MixerNotShown(
+                f"block {block}'s {kind} mixer has no output projection to push contributions through"
+            )
+        return spec.contributions(parts, rec.out_weight, idx.tolist(), self.n_tokens)[None]
 
     def contributions(
         self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
@@ -167,7 +158,8 @@ class MixerStore:
         mixer's output at t through its output projection (per head: that head's channels),
         gates and norm scales frozen at their forward values; SSD's D·x_t counts as token t's own.
         Per-channel kinds: the same as `tensor`."""
-        if kind not in PER_HEAD:
+        spec = self.spec(block, kind)
+        if not spec.per_head:
             return self.tensor(block, kind, heads, rows)
         rec = self.record(block, kind)
         if rec.scale is None or rec.out_weight is None:
@@ -179,9 +171,9 @@ class MixerStore:
         matrix = self.tensor(block, kind, heads, rows).double()  # checked, bounded
         idx = torch.arange(self.n_tokens)[rows or slice(None)]
         parts = self.parts(block, kind)
-        v = parts["x"] if kind == "mamba2" else parts["v"]  # (N, H, d)
+        v = parts[spec.values]  # (S, nh, hs)
         d = v.shape[-1]
-        scale = rec.scale[0].double().reshape(self.n_tokens, -1, d)  # (N, H, d)
+        scale = rec.scale[0].double().reshape(self.n_tokens, -1, d)  # (T, nh, hs)
         weight = rec.out_weight.double()
         out = torch.empty_like(matrix)
         for j, h in enumerate(heads):
@@ -189,10 +181,10 @@ class MixerStore:
             gram = w_h.T @ w_h  # ‖W_h (σ ⊙ v)‖² = (σ ⊙ v)ᵀ G (σ ⊙ v)
             vh = v[:, h].to(gram.device)
             a = matrix[j]
-            if kind == "mamba2":  # D_h x_t joins token t's own contribution
+            if spec.skip:  # SSD's D_h x_t joins token t's own contribution
                 a = a.clone()
                 own = idx.to(a.device)
-                a[torch.arange(len(idx)), own] += parts["D"][h]
+                a[torch.arange(len(idx)), own] += parts[spec.skip][h]
             for r0 in range(0, len(idx), 16):
                 sig = scale[idx[r0 : r0 + 16].to(scale.device), h]  # (r, d)
                 sv = vh[None] * sig[:, None]  # (r, N, d)
@@ -211,73 +203,31 @@ class MixerStore:
         return got
 
     def _check(self, block: int, kind: str):
-        rec = self.record(block, kind)
+        spec, rec = self.spec(block, kind), self.record(block, kind)
         parts = self.parts(block, kind)
         n = self.n_tokens
         idx = torch.tensor(check_rows(n))
-        extra: tuple[torch.Tensor, torch.Tensor] | None = None  # a second comparison (the mixer output)
         out = rec.output[0].double()
         if rec.output_rows:  # the capture kept only these rows: read them in place
             if list(rec.output_rows) != idx.tolist():
                 return MixerCheckFailed(
                     f"block {block}'s {kind} record kept rows {rec.output_rows}, not {idx.tolist()}"
                 )
-            out = out[..., : len(idx)] if kind in CHANNELS_FIRST else out[: len(idx)]
-            out = _spread(out, idx, n, kind)
-        # the projection's output is always kept at the check's rows only
-        out_out = None if rec.out_out is None else _spread(rec.out_out[0].double(), idx, n, None)
-        if kind == "mamba2":
-            heads = list(range(self.n_heads(block, kind)))
-            got = ssd.ssd_outputs(parts, ssd.ssd_rows(parts, heads, idx), heads, idx)
-            want = out[idx]
-            against = f"the {rec.function} output (Σ_s A[t,s]·x_s + D·x_t)"
-        elif kind == "mamba":
-            got = torch.stack([selective.core_output(parts, int(t)) for t in idx])
-            want = out.T[idx]
-            against = f"the {rec.function} output (per channel, gate frozen)"
-            if rec.out_weight is not None and out_out is not None:
-                sums = torch.stack(
-                    [selective.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
-                )
-                extra = (sums, out_out[idx])
-                against += " and the mixer output (Σ_s contributions + skip + bias)"
-        elif kind == "lightning":
-            heads = list(range(self.n_heads(block, kind)))
-            got = linear.lightning_outputs(parts, linear.lightning_rows(parts, heads, idx), heads)
-            want = out.reshape(out.shape[0], len(heads), -1)[idx]
-            against = "the lightning attention's output before its norm (Σ_s A[t,s]·v_s)"
-        elif kind in ("rwkv", "rglru"):
-            mod = wkv if kind == "rwkv" else rglru
-            each = wkv.wkv_output if kind == "rwkv" else rglru.rglru_output
-            got = torch.stack([each(parts, int(t)) for t in idx])
-            want = out[idx]
-            against = f"the {rec.function} output (per channel)"
-            if rec.out_weight is not None and out_out is not None:
-                total = [mod.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
-                extra = (torch.stack(total), out_out[idx])
-                against += " and the block's mixer output (Σ_s contributions)"
-        elif kind == "short_conv":
-            got = torch.stack([conv.conv_output(parts, int(t)) for t in idx])
-            want = out.T[idx]
-            against = f"the {rec.function} output (per channel)"
-            if rec.out_weight is not None and out_out is not None:
-                total = [conv.contribution_sum(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx]
-                extra = (torch.stack(total), out_out[idx])
-                against += " and the mixer output (Σ_s contributions + bias)"
-        else:
-            heads = list(range(self.n_heads(block, kind)))
-            got = delta.delta_outputs(parts, delta.delta_rows(parts, heads, idx), heads)
-            want = out[idx]
-            against = f"the {rec.function} output (Σ_s A[t,s]·v_s)"
-        if kind in PER_HEAD and rec.scale is not None and rec.out_weight is not None and out_out is not None:
-            sig = rec.scale[0].double()[idx.to(rec.scale.device)]  # (R, inner)
-            summed = (sig * got.reshape(len(idx), -1).to(sig.device)) @ rec.out_weight.double().T
-            if rec.out_bias is not None:
-                summed = summed + rec.out_bias.double()
-            extra = (summed, out_out[idx].to(summed.device))
-            against += " and the mixer output (Σ_s contributions through out_proj)"
+            out = out[..., : len(idx)] if spec.channels_first else out[: len(idx)]
+            out = _spread(out, idx, n, spec.channels_first)
+        assert spec.reference is not None  # a shown kind has one
+        got = spec.reference(parts, idx).reshape(len(idx), -1)  # (T, ...): the core output rebuilt
+        want = (out.T if spec.channels_first else out)[idx].reshape(len(idx), -1)
+        against = spec.against.format(function=rec.function)
+        pairs = [(got, want)]
+        if rec.out_weight is not None and rec.out_out is not None:  # and the mixer's output
+            # the projection's output is always kept at the check's rows only
+            out_out = _spread(rec.out_out[0].double(), idx, n, False)
+            summed = self._mixer_output(spec, rec, parts, got, idx)
+            if summed is not None:
+                pairs.append((summed, out_out[idx].to(summed.device)))
+                against += spec.against_mixer
         # each comparison against its own scale (the mixer output may be far larger than the core's)
-        pairs = [(got, want)] + ([extra] if extra is not None else [])
         figures = [(float((g - w).abs().max()), float(w.abs().max())) for g, w in pairs]
         diff, scale = max(figures, key=lambda f: f[0] / max(f[1], 1e-6) if f[0] == f[0] else float("inf"))
         rel = RELATIVE_TOLERANCE.get(self.dtype, HALF_RELATIVE_TOLERANCE)
@@ -299,6 +249,30 @@ class MixerStore:
             scale=scale,
         )
 
+    @staticmethod
+    def _mixer_output(spec: MixerKind, rec: CapturedMixer, parts: dict, got: torch.Tensor, idx: torch.Tensor):
+        """Σ_s c_{t,s} (+ skip, biases) at the check's rows, or None where the record kept no
+        frozen output path: per head, the rebuilt core output through the frozen scales and
+        out_proj; per channel, the kind's own sum of contributions."""
+        assert rec.out_weight is not None
+        if spec.per_head:
+            if rec.scale is None:
+                return None
+            sig = rec.scale[0].double()[idx.to(rec.scale.device)]  # (T, nh × hs)
+            summed = (sig * got.to(sig.device)) @ rec.out_weight.double().T
+            return summed if rec.out_bias is None else summed + rec.out_bias.double()
+        assert spec.mixer_output is not None
+        return torch.stack([spec.mixer_output(parts, rec.out_weight, rec.out_bias, int(t)) for t in idx])
+
+    def branch_shares(self, block: int) -> BranchShares:
+        """Each parallel branch's share of block ``block``'s token-mixing output, measured during
+        the forward that captured it (`attnviz.mixers.branches`)."""
+        return branch_shares(self._all, block)
+
+
+def _spec(kind: str) -> MixerKind | None:
+    return MIXERS.get(kind)
+
 
 def _channel_groups(group: list[CapturedMixer]) -> CapturedMixer:
     """One record for scans over consecutive channel groups of one mixer (concatenated in order,
@@ -308,18 +282,20 @@ def _channel_groups(group: list[CapturedMixer]) -> CapturedMixer:
         last.kind, last.module_name, last.block, last.function, {"groups": [r.inputs for r in group]},
         torch.cat([r.output for r in group], dim=1), out_out=last.out_out, out_weight=last.out_weight,
         out_bias=last.out_bias, n_tokens=last.n_tokens, output_rows=last.output_rows,
+        branches=last.branches, branch_how=last.branch_how,
     )  # fmt: skip
 
 
 def _n_tokens(rec: CapturedMixer) -> int:
     """N of a record: kept, or read from a whole output ((1, N, ...); (1, D, N) channels first)."""
-    return rec.n_tokens or int(rec.output.shape[2 if rec.kind in CHANNELS_FIRST else 1])
+    spec = _spec(rec.kind)
+    return rec.n_tokens or int(rec.output.shape[2 if spec is not None and spec.channels_first else 1])
 
 
-def _spread(kept: torch.Tensor, idx: torch.Tensor, n: int, kind: str | None) -> torch.Tensor:
-    """Rows kept at ``idx`` placed back on a length-N axis (zeros elsewhere, never read), so that
+def _spread(kept: torch.Tensor, idx: torch.Tensor, n: int, channels_first: bool) -> torch.Tensor:
+    """Rows kept at ``idx`` placed back on a length-S axis (zeros elsewhere, never read), so that
     the check indexes every record the same way."""
-    if kind in CHANNELS_FIRST:
+    if channels_first:
         out = kept.new_zeros(*kept.shape[:-1], n)
         out[..., idx.to(kept.device)] = kept
         return out
@@ -330,4 +306,5 @@ def _spread(kept: torch.Tensor, idx: torch.Tensor, n: int, kind: str | None) -> 
 
 def meaning(kind: str) -> str:
     """What a mixer kind's matrix is, for a label ("effective attention (signed, not probabilities) ...")."""
-    return MEANING.get(kind, NOT_YET.get(kind, kind))
+    spec = _spec(kind)
+    return kind if spec is None else spec.label

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from . import channels
+
 
 def wkv_parts(inputs: dict) -> dict[str, torch.Tensor]:
     """k, v (N, D), decay e^{w} and bonus u (D,), gate σ(r) (N, D) when tapped: float64."""
@@ -42,16 +44,12 @@ def wkv_output(parts: dict, t: int) -> torch.Tensor:
 
 
 def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int) -> torch.Tensor:
-    """float64 (len(rows), N): ‖W_out (σ(r_t) ⊙ A[:, t, s] ⊙ v_s)‖ (0 for s > t)."""
-    w = weight.double()
-    out = torch.zeros(len(rows), n, dtype=torch.float64, device=parts["x" if "x" in parts else "k"].device)
-    for i, t in enumerate(rows):
-        vec = channel_rows(parts, t).T * parts["v"][: t + 1] * parts["gate"][t]
-        out[i, : t + 1] = torch.linalg.vector_norm(vec @ w.T, dim=-1)
-    return out
+    """float64 (len(rows), S): ‖W_out (σ(r_t) ⊙ A[:, t, s] ⊙ v_s)‖ (0 for s > t)."""
+    return channels.contribution_rows(
+        lambda t: channel_rows(parts, t), parts["v"], parts["gate"], weight, rows, n
+    )
 
 
 def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
     """Σ_s c_{t,s} (+ bias): (hidden,), vs the block's attention output at t."""
-    out = weight.double() @ (wkv_output(parts, t) * parts["gate"][t])
-    return out if bias is None else out + bias.double()
+    return channels.through_projection(wkv_output(parts, t) * parts["gate"][t], weight, bias)

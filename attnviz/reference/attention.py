@@ -11,10 +11,17 @@ optimised path each form takes.
     p = attention_probabilities(q, k, scaling=hs ** -0.5)                 # causal decoder
     p = attention_probabilities(q, k, scaling=s, padding=pad, causal=False)  # padded encoder
 
-Dimension names in every shape comment:
-    B  batch        nh  query heads      nkv  key/value heads (nh with GQA: nkv < nh)
-    T  query positions                   S    key positions (T == S without a KV cache)
-    hs head size
+Dimension names: the one vocabulary of the package, in shape comments, docstrings and figure
+labels (`attnviz.records`, `attnviz.result` and the mixers use it; an axis over many is plural):
+    layer      an attention layer of a stack (axis: layers)
+    head       a query head (axis: heads; nh here)
+    kv_head    a key/value head (axis: kv_heads; nkv here); with GQA kv_heads < heads, and each
+               serves a group of heads / kv_heads consecutive query heads (axis: group)
+    query_pos  a query position (T of them here)
+    key_pos    a key position (S of them here; S == T without a KV cache)
+    d_head     the head size (hs here)
+    d_model    the residual stream's width
+This file's formulas keep transformers' short forms: B (batch), nh, nkv, T, S, hs.
 
 The steps, in transformers' eager order (`eager_attention_forward` in modeling_llama.py):
 1. GQA: each KV head serves nh / nkv consecutive query heads (`attnviz.layout.repeat_kv`,

@@ -45,7 +45,11 @@ from .queue_status import GateStatus, write_status
 
 log = logging.getLogger(__name__)
 
-RECENT_RUNS = 20  # run times kept for the wait estimate
+RECENT_RUNS = 20  # run times kept for the wait estimate, per kind of hold
+# What holds the gate: a page's run (a model run: `acquire`'s default) or engine code's `lm.lock`
+# taken outside one (a self-check, a short read: milliseconds). Their times are kept apart: mixed,
+# the short holds made the median "typical run 0.0 s" and a 17 s wait read "about 1 s".
+RUN, LOCK = "run", "lock"
 
 
 # (on_wait, done, visitor) of a wait that engine code starts: ``done()`` once the turn starts
@@ -71,6 +75,7 @@ class _Ticket:
     thread: threading.Thread
     joined: float
     started: float | None = None
+    kind: str = RUN  # RUN or LOCK: whose recent times estimate this ticket's hold
     depth: int = 0  # nested turns of the holder's own thread
     superseded: bool = False
 
@@ -121,7 +126,7 @@ class InferenceGate:
         self._cond = threading.Condition()
         self._queue: list[_Ticket] = []  # [0] holds the gate once started
         self._numbers = itertools.count()
-        self._recent: deque[float] = deque(maxlen=RECENT_RUNS)
+        self._recent: dict[str, deque[float]] = {k: deque(maxlen=RECENT_RUNS) for k in (RUN, LOCK)}
         self._released_stuck = 0
         self._removed_dead = 0
         self._watchdog: threading.Thread | None = None
@@ -147,23 +152,36 @@ class InferenceGate:
                 waiting=max(len(self._queue) - 1, 0),
                 running_for=running,
                 oldest_wait=max((now - t.joined for t in waiters), default=0.0),
-                typical_run=statistics.median(self._recent) if self._recent else None,
+                typical_run=self._typical(RUN),
                 max_queue=self.max_queue,
                 run_limit=self.run_limit,
                 released_stuck=self._released_stuck,
                 removed_dead=self._removed_dead,
             )
 
+    def _typical(self, kind: str) -> float | None:
+        """The median of the recent holds of ``kind`` (caller holds the lock or reads once)."""
+        recent = self._recent[kind]
+        return statistics.median(recent) if recent else None
+
     def estimate(self, position: int) -> float | None:
-        """Seconds until a request at ``position`` (1 = next) starts, from the recent run times;
-        None before any run finished."""
+        """Seconds until a request at ``position`` (1 = next) starts: what the holder has left of
+        its kind's typical hold, plus the typical hold of each ticket ahead by its kind (a run's,
+        or an engine lock's); positions past the queue count as runs. None before a run finished."""
         with self._cond:
-            if not self._recent:
+            run = self._typical(RUN)
+            if run is None:
                 return None
-            typical = statistics.median(self._recent)
-            head = self._queue[0] if self._queue else None
-            spent = 0.0 if head is None or head.started is None else self.clock() - head.started
-            return max(typical - spent, 0.0) + max(position - 1, 0) * typical
+            now = self.clock()
+            wait = 0.0
+            for i in range(max(position, 1)):
+                ticket = self._queue[i] if i < len(self._queue) else None
+                kind = RUN if ticket is None else ticket.kind
+                typical = self._typical(kind) or (0.0 if kind == LOCK else run)
+                if ticket is not None and ticket.started is not None:
+                    typical = max(typical - (now - ticket.started), 0.0)  # the holder: what is left
+                wait += typical
+            return wait
 
     # -- taking a turn ------------------------------------------------------------------------
 
@@ -190,8 +208,10 @@ class InferenceGate:
         *,
         visitor: Hashable | None = None,
         poll_seconds: float = 0.5,
+        kind: str = RUN,
     ) -> Turn:
-        """`turn` without the ``with``: every `acquire` needs one `release` of what it returned."""
+        """`turn` without the ``with``: every `acquire` needs one `release` of what it returned.
+        ``kind``: RUN (a page's model run) or LOCK (engine code's ``lm.lock``), for the estimate."""
         me = threading.current_thread()
         with self._cond:
             head = self._queue[0] if self._queue else None
@@ -204,7 +224,7 @@ class InferenceGate:
             if shown is not None:
                 on_wait, done, visitor = shown
         with self._cond:
-            ticket = self._enqueue(me, visitor)
+            ticket = self._enqueue(me, visitor, kind)
         try:
             while True:
                 with self._cond:
@@ -235,10 +255,10 @@ class InferenceGate:
                 return
         self._remove(ticket)
 
-    def _enqueue(self, me: threading.Thread, visitor: Hashable | None) -> _Ticket:
+    def _enqueue(self, me: threading.Thread, visitor: Hashable | None, kind: str = RUN) -> _Ticket:
         """A new ticket (caller holds the lock): in the place of this visitor's waiting request,
         else at the end if the queue has room."""
-        ticket = _Ticket(next(self._numbers), visitor, me, self.clock())
+        ticket = _Ticket(next(self._numbers), visitor, me, self.clock(), kind=kind)
         if visitor is not None:
             for i, old in enumerate(self._queue):
                 if old.visitor == visitor and old.started is None and not old.superseded:
@@ -259,7 +279,7 @@ class InferenceGate:
             if ticket in self._queue:
                 self._queue.remove(ticket)
                 if ticket.started is not None:
-                    self._recent.append(self.clock() - ticket.started)
+                    self._recent[ticket.kind].append(self.clock() - ticket.started)
             self._cond.notify_all()
 
     # -- the watchdog -------------------------------------------------------------------------
@@ -348,7 +368,7 @@ class GatedLock:
         self._held = threading.local()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        turn = self.gate.acquire()
+        turn = self.gate.acquire(kind=LOCK)
         try:
             ok = self.inner.acquire(blocking, timeout)
         except BaseException:

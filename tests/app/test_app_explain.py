@@ -170,7 +170,10 @@ def test_ablation_shows_direct_beside_total_effect_and_the_attribution(env):
     metrics = {m.label: m for m in at.metric}
     assert float(metrics["direct effect"].value) == pytest.approx(-attribution, abs=2e-3)
     total = next(m for label, m in metrics.items() if label.endswith("total effect"))
-    assert float(total.delta) != 0.0  # the rerun moved the logit
+    assert float(total.value) != 0.0  # the rerun moved the logit
+    before, after = (float(x) for x in total.delta.split(" → "))
+    # the big number is the effect, the logits its note (caught: it showed the new logit, 20.289)
+    assert float(total.value) == pytest.approx(after - before, abs=2e-3)
     at.text_input(key="target").set_value("river").run()  # another token's logit, same heads
     ok(at)
     assert any(m.label == "p(“river”)" for m in at.metric), [m.label for m in at.metric]

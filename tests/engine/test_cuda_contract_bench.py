@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from cuda_emulation import emulate
 from sharp_models import sharp
 
@@ -125,3 +126,36 @@ def test_cli_bench_parses_llama_sizes():
     args = build_parser().parse_args(["bench", "--llama-sizes", "1024, 8192"])
     assert isinstance(args, argparse.Namespace) and args.llama_sizes == "1024,8192"
     assert sys.modules["attnviz.bench.stats"].CUDA_SIZES == [1024, 8192, 32768, 131072]
+
+
+def test_every_benchmark_times_cuda_by_one_protocol(monkeypatch):
+    """`common.measure` (extraction, families, hybrid benches) and `gpu.timed` (make gpu-check) time
+    a CUDA run the one way, `common.cuda_run`: garbage collected, synchronised, peak counter reset,
+    the run, synchronised again; the peak is what the run allocated above the start. Guards the two
+    written-out copies drifting apart (only one of them collected garbage first)."""
+    import gc
+
+    from attnviz.bench import common
+
+    events: list[str] = []
+    monkeypatch.setattr(gc, "collect", lambda *a: events.append("gc") or 0)
+    with emulate() as cuda:
+        memory = cuda.allocator
+        monkeypatch.setattr(cuda, "synchronize", lambda device: events.append("sync"))
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device: events.append("reset"))
+        monkeypatch.setattr(
+            cuda, "memory_allocated", lambda device: events.append("base") or memory.allocated
+        )
+        monkeypatch.setattr(cuda, "max_memory_allocated", lambda device: events.append("peak") or memory.peak)
+
+        def run() -> str:
+            events.append("run")
+            memory.peak = memory.allocated + 100
+            return "output"
+
+        memory.allocated = 7
+        one = ["gc", "sync", "reset", "base", "run", "sync", "peak"]
+        assert common.measure(run, torch.device("cpu"), 2)[1] == 100 and events == one * 2
+        events.clear()
+        timed, out = gpu.timed(run, torch.device("cpu"), 2)
+        assert (timed.peak, out) == (100, "output") and events == one * 2

@@ -4,6 +4,9 @@ never a silent "off"."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from attnviz import loading
@@ -54,11 +57,11 @@ def test_every_boolean_flag_is_read_through_the_one_parser(monkeypatch):
 
 
 def test_no_flag_is_read_by_hand():
-    """Every ATTNVIZ_* yes/no or number, and HF_HUB_OFFLINE, goes through the one parser
-    (attnviz.envflags, re-exported by attnviz.server.env): no other module of the package reads
-    one of them from the environment by hand (the ATTNVIZ_ strings named below are not flags).
-    The scan covers the whole package, not only attnviz/server. Caught: load.hub_reachable
-    comparing HF_HUB_OFFLINE with its own set of spellings."""
+    """Every ATTNVIZ_* variable, and HF_HUB_OFFLINE, goes through the one parser
+    (attnviz.envflags, re-exported by attnviz.server.env): no other module of the package or the
+    UI reads one of them from the environment by hand. Caught: load.hub_reachable comparing
+    HF_HUB_OFFLINE with its own set of spellings; ATTNVIZ_CACHE, ALLOWED_MODELS, LOG_LEVEL (twice,
+    with two defaults) and RAY_ADDRESS read by hand."""
     import re
     from pathlib import Path
 
@@ -68,13 +71,10 @@ def test_no_flag_is_read_by_hand():
     assert env.flag is envflags.flag and env.integer is envflags.integer  # one parser, re-exported
     assert env.BadSetting is envflags.BadSetting
     root = Path(attnviz.__file__).parent
-    by_hand = re.compile(
-        r"(environ\.get\(|getenv\(|environ\[)\s*[\"']"
-        r"(ATTNVIZ_(?!CACHE|ALLOWED_MODELS|LOG_LEVEL|RAY_ADDRESS)|HF_HUB_OFFLINE)"
-    )
+    by_hand = re.compile(r"(environ\.get\(|getenv\(|environ\[)\s*[\"'](ATTNVIZ_|HF_HUB_OFFLINE)")
     offenders = [
         f"{p.relative_to(root)}:{i}"
-        for p in root.rglob("*.py")
+        for p in [*root.rglob("*.py"), *(root.parent / "ui").rglob("*.py")]
         if p.name != "envflags.py"
         for i, line in enumerate(p.read_text().splitlines(), 1)
         if by_hand.search(line)
@@ -134,3 +134,63 @@ def test_integers_are_checked(monkeypatch, raw, why):
     monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", raw)
     with pytest.raises(env.BadSetting, match=why):
         settings()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = re.compile(r"ATTNVIZ_[A-Z][A-Z0-9_]*")
+# set by a script for the server it starts, read by that script's own hook: not a setting
+SCRIPT_ONLY = {"ATTNVIZ_SOAK_DIAG": "scripts/demo_soak.py"}
+
+
+def test_every_attnviz_variable_is_in_the_one_table():
+    """Every ATTNVIZ_* name the code, the scripts, the Docker files and the docs mention is a row
+    of attnviz.server.env's table, and every row is mentioned somewhere (caught: ATTNVIZ_CACHE,
+    RAY_ADDRESS, LOG_LEVEL, STATUS_FILE and ALLOWED_MODELS were read outside it; the Compose
+    variables were in no table)."""
+    files = [ROOT / "app.py", ROOT / "Dockerfile", ROOT / "Makefile", ROOT / "README.md"]
+    files += [*ROOT.glob("compose*.yaml"), *(ROOT / "docs").glob("*.md"), *(ROOT / "scripts").glob("*")]
+    for folder in ("attnviz", "ui", "pages"):
+        files += (ROOT / folder).rglob("*.py")
+    seen: dict[str, str] = {}
+    for path in files:
+        if path.is_file():
+            for name in NAME.findall(path.read_text(errors="replace")):
+                seen.setdefault(name, str(path.relative_to(ROOT)))
+    assert {n: f for n, f in seen.items() if n not in env.FLAGS and n not in SCRIPT_ONLY} == {}
+    assert set(env.FLAGS) - set(seen) == set()
+    assert len(env.FLAGS) == len(set(env.FLAGS))  # one row per name across the three tables
+
+
+def test_the_readme_and_the_settings_list_are_the_table():
+    """The README's configuration table and settings.py's list name exactly the table's variables
+    (caught: settings.py's list lacked FETCH_BUILTINS, RESULT_CACHE_MB, LOG_LEVEL and RAY_ADDRESS;
+    the README lacked STATUS_FILE)."""
+    from attnviz.server import settings as settings_module
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    assert sorted(NAME.findall(" ".join(rows))) == sorted(env.FLAGS)
+    listed = [line.split("=")[0] for line in (settings_module.__doc__ or "").splitlines()]
+    assert sorted(n for n in listed if NAME.fullmatch(n)) == sorted(env.FLAGS)
+
+
+def test_integers_read_by_the_app_and_the_cli_have_one_range(monkeypatch):
+    """Startup's check and every reader use the table's range: a token cap the settings refuse
+    no longer passes the startup check."""
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "2000000")
+    for read in (env.check_all, settings):
+        with pytest.raises(env.BadSetting, match=re.escape("out of range; use 1..1000000")):
+            read()
+    monkeypatch.setenv("ATTNVIZ_MAX_TOKENS", "1000000")
+    env.check_all()
+    assert settings().max_tokens == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("raw", "app", "cli"),
+    [("", "INFO", "WARNING"), (" debug ", "DEBUG", "DEBUG"), ("loud", "INFO", "WARNING")],
+)
+def test_the_log_level_is_read_by_one_rule(monkeypatch, raw, app, cli):
+    monkeypatch.setenv("ATTNVIZ_LOG_LEVEL", raw)
+    assert (env.log_level("INFO"), env.log_level("WARNING")) == (app, cli)

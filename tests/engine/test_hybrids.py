@@ -75,8 +75,10 @@ def test_the_app_says_which_blocks_have_no_attention_map():
 
     lm, _ = _loaded("jamba")
     line = models.describe_layout(lm.layout)
-    assert "2 layers × 4 heads" in line
-    assert "4 blocks: Mamba-1 in blocks 0, 2; softmax attention in blocks 1, 3" in line
+    assert (
+        "4 blocks: Mamba-1 in blocks 0, 2; softmax attention in blocks 1, 3 · "
+        "softmax attention: 2 layers × 4 heads" in line
+    )
     assert "recurrent / state-space" not in line  # each block's mixer named, not a catch-all
 
 

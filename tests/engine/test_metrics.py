@@ -295,6 +295,25 @@ def test_induction_probe_builds_repeated_ids():
     assert np.array_equal(hm.induction, scores) and "induction" in hm.to_rows()[0]
 
 
+def test_one_induction_definition_for_the_probe_and_the_head_search():
+    """The head search's induction heads (`previous_occurrence_heads(offset=1)`, any text) and the
+    probe's induction score (`head_induction`, by index) are one definition: on a probe they read
+    the same (query_pos, key_pos) cells, the second copy's i -> i - length + 1, and score every head
+    the same. Guards a drift of either (an offset or a copy boundary changed in one of them)."""
+    from attnviz.explain.search import previous_occurrence_heads
+
+    probe = M.induction_probe(tiny.loaded("llama-gqa"), length=12, seed=3)
+    ids = probe.result.tokens.ids  # <s>, copy, copy
+    pairs = M.definitions.previous_occurrences(ids, offset=1)
+    assert pairs == [(i, i - 12 + 1) for i in range(13, 25)]
+    found = previous_occurrence_heads(probe.result, offset=1)
+    assert found.rows == tuple(pairs)
+    assert found.scores == pytest.approx(M.head_induction(probe), abs=1e-6)
+    assert found.scores == pytest.approx(
+        M.induction_score(_full(probe.result, "self"), 12, start=1), abs=1e-6
+    )
+
+
 def test_induction_probe_on_encoder_decoder_stacks():
     probe = M.induction_probe(tiny.loaded("bart"), length=8)
     for stack in ("encoder", "decoder"):

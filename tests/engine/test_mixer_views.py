@@ -10,7 +10,6 @@ import pytest
 
 import attnviz
 from attnviz.figures import mixers as M
-from attnviz.figures.branches import branch_shares
 
 TEXT = "the bank of the river"
 
@@ -77,7 +76,7 @@ def test_pure_mamba_block_view_is_its_contribution_norms():
 def test_parallel_block_shows_both_branches_with_their_shares():
     lm = hybrids_tiny.loaded("falcon_h1")
     res = attnviz.extract(lm, TEXT)
-    shares = branch_shares(lm, list(res.tokens.ids), 0)
+    shares = res.branch_shares(0)
     assert set(shares.shares) == {"attention", "mamba2"}
     assert abs(sum(shares.shares.values()) - 1) < 1e-9 and min(shares.shares.values()) > 0
     fig = M.block_view(res, 0, shares=shares.shares)
@@ -98,7 +97,7 @@ def test_branch_shares_apply_the_blocks_multipliers():
     before = layer.attn_out_multiplier
     try:
         layer.attn_out_multiplier = 0.0
-        shares = branch_shares(lm, [1, 5, 9, 12], 0)
+        shares = attnviz.extract_ids(lm, [1, 5, 9, 12]).branch_shares(0)
     finally:
         layer.attn_out_multiplier = before
     assert shares.shares["attention"] == 0 and shares.shares["mamba2"] == 1
@@ -140,14 +139,55 @@ def test_zamba2_shares_measure_the_shared_attentions_write_through_its_linear():
     lm = attnviz.wrap_model(tf.AutoModelForCausalLM.from_config(cfg).eval(), tiny.tokenizer(), spec="zamba2")
     block = next(b for b, kinds in enumerate(lm.layout.mixers) if len(kinds) == 2)
     ids = [1, 5, 9, 12, 30, 7]
-    shares = branch_shares(lm, ids, block)
+    shares = attnviz.extract_ids(lm, ids).branch_shares(block)
     assert abs(sum(shares.shares.values()) - 1) < 1e-9 and min(shares.shares.values()) > 0
     linear = lm.model.model.layers[block].linear
     with torch.no_grad():
         saved = linear.weight.clone()
         linear.weight.zero_()
     try:
-        assert branch_shares(lm, ids, block).shares["attention"] == 0
+        assert attnviz.extract_ids(lm, ids).branch_shares(block).shares["attention"] == 0
     finally:
         with torch.no_grad():
             linear.weight.copy_(saved)
+
+
+def test_branch_shares_come_from_the_extracts_own_forward():
+    """The shares are measured while extract runs (no forward once the result exists) and equal
+    what each branch writes in a plain forward of the same tokens, multipliers applied."""
+    import torch
+
+    lm = hybrids_tiny.loaded("falcon_h1")
+    forwards: list[int] = []
+    counting = lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        res = attnviz.extract(lm, TEXT)
+        before = len(forwards)
+        shares = res.branch_shares(1)
+        assert len(forwards) == before  # nothing ran again
+    finally:
+        counting.remove()
+    layer = lm.model.model.layers[1]
+    seen = {}
+
+    def keep(kind, mult):
+        return lambda _m, _a, out: seen.__setitem__(
+            kind, ((out[0] if isinstance(out, tuple) else out).double()[0] * mult).norm(dim=-1)
+        )
+
+    hooks = [
+        layer.self_attn.register_forward_hook(keep("attention", layer.attn_out_multiplier)),
+        layer.mamba.register_forward_hook(keep("mamba2", layer.ssm_out_multiplier)),
+    ]
+    try:
+        with torch.inference_mode():
+            lm.model(input_ids=torch.tensor([list(res.tokens.ids)]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    for kind, norms in seen.items():
+        np.testing.assert_allclose(shares.per_token[kind], norms.numpy(), rtol=1e-12)
+    total = sum(float(v.sum()) for v in seen.values())
+    assert shares.shares == pytest.approx({k: float(v.sum()) / total for k, v in seen.items()}, rel=1e-12)
+    with pytest.raises(attnviz.errors.BadIndex, match="no parallel branches were measured"):
+        attnviz.extract(hybrids_tiny.loaded("bamba"), TEXT).branch_shares(0)

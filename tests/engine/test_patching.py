@@ -15,7 +15,8 @@ import torch
 import attnviz
 from attnviz import AttnvizError
 from attnviz.explain.patch_sites import Patch, pair, patched_run
-from attnviz.explain.patching import patch, setup
+from attnviz.explain.patching import patch, planned_grid, setup
+from attnviz.tokens import Tokens
 
 CLEAN = "the financial bank is located on river bank"
 CORRUPT = "the financial fox is located on river bank"  # one token differs (position 3)
@@ -229,6 +230,13 @@ def test_prompts_of_different_lengths_patch_aligned_positions():
     H = lm.layout.n_heads
     cells = [("head", la, h, [t], [s]) for la in range(2) for h in range(H) for t, s in res.pairing.pairs()]
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, longer, cells), atol=ATOL)
+    # the grid a page counts before running (its forward guard) is the grid that ran
+    tokens = (Tokens.build(lm.tokenizer, clean), Tokens.build(lm.tokenizer, longer))
+    assert planned_grid(lm, *tokens, "heads_by_position", "denoise") == res.values.shape == (2, H, 9)
+    assert (
+        planned_grid(lm, *tokens, "blocks", "noise")
+        == patch(lm, CLEAN, LONGER, over="blocks", direction="noise").values.shape
+    )
 
 
 def test_ranking_orders_cells_by_their_distance_from_the_unpatched_run():
@@ -274,15 +282,16 @@ def test_progress_hears_every_batch_and_cancels():
         patch(lm, CLEAN, CORRUPT, over="heads", batch=3, progress=cancel)
 
 
-def test_patching_needs_no_decomposition_but_hybrids_wait_for_their_mixers():
+def test_patching_needs_no_decomposition_and_hybrid_heads_wait_for_their_mixers():
     """A residual multiplier (Granite) breaks the explanations' sums, not patching: its grid still
-    equals the hand-written runs. A hybrid is refused with the reason."""
+    equals the hand-written runs. A hybrid's heads are refused with the reason (its residual and
+    blocks are patched: tests/engine/test_hybrid_stream.py)."""
     lm = TE.build("granite", residual_multiplier=0.5)
     clean, corrupt = ids_of(lm, CLEAN), ids_of(lm, CORRUPT)
     res = patch(lm, CLEAN, CORRUPT, over="residual")
     cells = [("residual", la, -1, [p], [p]) for la in range(lm.layout.n_layers) for p in range(len(clean))]
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
-    with pytest.raises(AttnvizError, match="hybrid"):
+    with pytest.raises(AttnvizError, match="per-head outputs of these mixers are not patchable yet"):
         patch(TE.build("qwen3_next"), CLEAN, CORRUPT)
 
 

@@ -178,3 +178,25 @@ def test_every_source_of_a_layer_equals_the_reference(name):
             assert tiles is not None and why == "fused"
             got = torch.exp(tiles.scores(1, 5, 0, n) - tiles.lse[:, 1:6, None])
             torch.testing.assert_close(got, ref[heads, 1:6], **close)
+
+
+def test_records_and_results_name_dimensions_by_the_glossary():
+    """attnviz.records and attnviz.result write shapes in the glossary's names (reference/attention:
+    heads, kv_heads, group, query_pos, key_pos, d_head, d_model), never a synonym. Caught: records
+    wrote q_pos and hidden, result N×N, beside result's query_pos."""
+    import re
+    from pathlib import Path
+
+    import attnviz.reference.attention as glossary
+
+    for name in ("query_pos", "key_pos", "kv_head", "d_head", "d_model", "group"):
+        assert name in (glossary.__doc__ or "")
+    synonyms = re.compile(r"\b(q_pos|k_pos|kv_pos|seq_len|head_dim|hidden|n_ctx|N×N)\b")
+    root = Path(attnviz.__file__).parent
+    found = [
+        f"{name}:{i}: {m.group(0)}"
+        for name in ("records.py", "result.py")
+        for i, line in enumerate((root / name).read_text().splitlines(), 1)
+        if (m := synonyms.search(line))
+    ]
+    assert not found, found

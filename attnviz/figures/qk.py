@@ -1,0 +1,168 @@
+"""Why a head attends: the figure of one score's split (`attnviz.explain.qk_attribution`).
+
+`qk_view` draws the query-part x key-part matrix T on a diverging scale centred at 0, with each
+side's marginal as bars beside it (above: each key part with the whole query; right: each query
+part with the whole key). ``by="layer"`` sums the parts per layer of origin (a 30-layer model has
+~300 parts a side). Every mark carries ``customdata`` whose first two entries are the (layer, head)
+of the part it names (-1, -1: not a head), so a page can open the clicked head in the explorer.
+`term_sentences` says the largest terms in words.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from attnviz.figures.labels import TITLE_MARGIN, escape
+
+if TYPE_CHECKING:
+    from attnviz.explain import QKAttribution
+
+_HEAD = re.compile(r"^L(\d+)H(\d+)$")
+_LAYER = re.compile(r"^L(\d+)")
+
+
+def part_head(name: str) -> tuple[int, int]:
+    """(layer, head) of a head's part ``L{l}H{h}``; (layer, -1) for ``L{l}.mlp`` / ``L{l}``; else (-1, -1)."""
+    m = _HEAD.match(name)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    m = _LAYER.match(name)
+    return (int(m.group(1)), -1) if m else (-1, -1)
+
+
+def part_words(name: str) -> str:
+    """A part in words: "L1H4's output", "L0's MLP output", "the token embedding" ..."""
+    if _HEAD.match(name):
+        return f"{name}'s output"
+    if name.endswith(".mlp"):
+        return f"{name[:-4]}'s MLP output"
+    if _LAYER.fullmatch(name):
+        return f"what layer {name[1:]} wrote"
+    return {
+        "embed": "the token embedding",
+        "pos": "the position embedding",
+        "bias": "the biases",
+        "position_bias": "the position bias",
+    }.get(name, name)
+
+
+def term_sentences(cell: QKAttribution, top: int = 10) -> list[str]:
+    """The ``top`` largest terms in words: "L1H4's output at 'bank' (query) with L0H2's output at
+    'river' (key): +2.3 of 7.1"."""
+    q_tok, k_tok = cell.tokens.display[cell.query], cell.tokens.display[cell.key]
+    out = []
+    for a, b, value in cell.top(top):
+        out.append(
+            f"{part_words(a)} at '{q_tok}' (query) with {part_words(b)} at '{k_tok}' (key): "
+            f"{value:+.3g} of {cell.score:.3g}"
+        )
+    return out
+
+
+def _matrix(cell: QKAttribution, by: str) -> tuple[tuple[str, ...], np.ndarray]:
+    return cell.by_origin() if by == "layer" else (cell.components, cell.terms)
+
+
+def qk_view(cell: QKAttribution, *, by: str = "part", height: int | None = None) -> go.Figure:
+    """The split of one score: T (rows: query parts, columns: key parts; red raises the score,
+    blue lowers it), the key side's marginal as bars above, the query side's on the right."""
+    names, terms = _matrix(cell, by)
+    n = len(names)
+    lim = float(np.abs(terms).max()) or 1.0
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        row_heights=[0.22, 0.78],
+        column_widths=[0.8, 0.2],
+        horizontal_spacing=0.02,
+        vertical_spacing=0.02,
+        shared_xaxes=True,
+        shared_yaxes=True,
+    )
+    heads = [part_head(x) for x in names]
+    labels = [escape(x) for x in names]
+    data = [[[*heads[a], *heads[b]] for b in range(n)] for a in range(n)]
+    fig.add_trace(
+        go.Heatmap(
+            z=terms,
+            x=labels,
+            y=labels,
+            zmid=0,
+            zmin=-lim,
+            zmax=lim,
+            colorscale="RdBu_r",
+            customdata=data,
+            colorbar=dict(title=dict(text="term", side="right"), thickness=10, len=0.6, y=0.35),
+            hovertemplate="query part %{y} × key part %{x}: %{z:.4g}<br>click: open the query part's head"
+            "<extra></extra>",
+        ),
+        row=2,
+        col=1,
+    )
+    for side, values, row, col in (
+        ("key", terms.sum(0), 1, 1),
+        ("query", terms.sum(1), 2, 2),
+    ):
+        vertical = side == "key"
+        fig.add_trace(
+            go.Bar(
+                x=labels if vertical else values,
+                y=values if vertical else labels,
+                orientation="v" if vertical else "h",
+                customdata=[list(h) for h in heads],
+                marker_color=["#d62728" if v > 0 else "#1f77b4" for v in values],
+                hovertemplate=f"{side} part %{{{'x' if vertical else 'y'}}}: "
+                f"%{{{'y' if vertical else 'x'}:.4g}}<br>click: open its head<extra></extra>",
+                name=f"{side} side",
+            ),
+            row=row,
+            col=col,
+        )
+    q_tok = escape(cell.tokens.display[cell.query])
+    k_tok = escape(cell.tokens.display[cell.key])
+    extra = f" + position bias {cell.position_bias:.3g}" if cell.position_bias else ""
+    capped = f" (after the soft-cap {cell.capped:.3g})" if cell.softcap else ""
+    fig.update_layout(
+        title=dict(
+            text=(
+                f"Why L{cell.layer}H{cell.head} attends from ({cell.query}) {q_tok} to ({cell.key}) "
+                f"{k_tok}: score {cell.score:.4g}{capped} = Σ terms{extra}"
+            ),
+            x=0.01,
+            xref="container",
+            y=0.985,
+            yref="container",
+            yanchor="top",
+        ),
+        height=height or int(min(1400, max(520, 14 * n + 260))),
+        margin=dict(l=90, r=20, t=TITLE_MARGIN + 10, b=90),
+        showlegend=False,
+    )
+    fig.update_yaxes(autorange="reversed", row=2, col=1, title_text="query part")
+    fig.update_xaxes(title_text="key part", row=2, col=1, tickangle=-60)
+    fig.update_yaxes(title_text="key side", row=1, col=1)
+    fig.update_xaxes(title_text="query side", row=2, col=2)
+    return fig
+
+
+def key_side_table(
+    row_labels: list[str], key_terms: np.ndarray, parts: tuple[str, ...], top: int = 3
+) -> dict:
+    """The key side of a whole query row as a table: for each key, its score and its ``top``
+    key parts (name, value), largest |value| first. ``key_terms`` (keys, parts)."""
+    order = np.argsort(-np.abs(key_terms), axis=1)[:, :top]
+    return {
+        "key": row_labels,
+        "score": [round(float(s), 4) for s in key_terms.sum(1)],
+        **{
+            f"part {r + 1}": [
+                f"{parts[order[k, r]]} {key_terms[k, order[k, r]]:+.3g}" for k in range(len(row_labels))
+            ]
+            for r in range(min(top, key_terms.shape[1]))
+        },
+    }

@@ -1,0 +1,150 @@
+"""The Explain page's "why this head attends" view (`attnviz.explain.qk_attribution`).
+
+One head's pre-softmax score for (query, key), split exactly into what wrote the query and what
+wrote the key, read from the page's cached trace (no new forward). The query is the page's
+position; the head and key come from the link (``wl``, ``wh``, ``wk``), so the explorer's big head
+opens it with a click's settings. A clicked part that is a head opens that head in the explorer.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from attnviz import LoadedModel
+from attnviz import explain as X
+from attnviz.figures import figure_name
+from attnviz.figures import qk as FQ
+from ui import clicks, export, shell, state
+from ui.explain import PICKER_OPTIONS, computed, open_in_explorer
+from ui.params import QK_BY_CHOICES, ExplainParams, ExplorerParams
+from ui.text import md
+
+VIEW = "why this head attends"
+
+
+def _key_picker(tr: X.Trace, pos: int) -> int:
+    """The key (-1: the one the head attends to most), among the keys up to the query."""
+    if not -1 <= int(state.get("wk")) <= pos:
+        state.put("wk", -1)
+    if pos + 1 > PICKER_OPTIONS:
+        return int(
+            st.number_input(f"Key (0 .. {pos}; -1: the one it attends to most)", -1, pos, key="wk", step=1)
+        )
+    return int(
+        st.selectbox(
+            "Key",
+            [-1, *range(pos, -1, -1)],
+            key="wk",
+            format_func=lambda j: (
+                "the one it attends to most" if j == -1 else f"({j}) {tr.tokens.display[j]}"
+            ),
+        )
+    )
+
+
+def why(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
+    """The split of one score, the top terms in words, and the query's whole row on request."""
+    state.clamp("wl", 0, tr.n_layers - 1, "layer")
+    state.clamp("wh", 0, tr.n_heads - 1, "head")
+    c1, c2, c3, c4 = st.columns([1, 1, 2, 1.4])
+    layer = int(c1.number_input("Layer", 0, tr.n_layers - 1, key="wl", step=1))
+    head = int(c2.number_input("Head", 0, tr.n_heads - 1, key="wh", step=1))
+    with c3:
+        wk = _key_picker(tr, pos)
+    by = c4.segmented_control("Parts", list(QK_BY_CHOICES), key="wby", required=True)
+    cell = computed(
+        "explain_qk",
+        (*key, layer, head, pos, wk),
+        "Splitting the score",
+        lambda _r: X.qk_attribution(lm, tr, layer=layer, head=head, query=pos, key=None if wk < 0 else wk),
+    )
+    if cell is None:
+        return
+    name = figure_name(lm.spec, "why", f"L{layer}", f"H{head}", pos, cell.key)
+    event = export.chart(FQ.qk_view(cell, by=str(by)), name, key="qk_chart", on_select=True)
+    st.caption(
+        f"The score of query ({cell.query}) {md(tr.tokens.display[cell.query])} and key ({cell.key}) "
+        f"{md(tr.tokens.display[cell.key])} is exactly the sum of the {cell.terms.size} terms"
+        + (" and the position bias" if cell.position_bias else "")
+        + f" (rounding {abs(cell.error):.1e}): each term is one part of the query's residual stream "
+        "times one part of the key's, through the layer's norm (its scale frozen at this forward), "
+        "W_Q / W_K, the q/k norms and the rotary turn. Red raises the score, blue lowers it; the bars "
+        "are each part with the whole other side. Click a head's part to open it in the explorer. "
+        + " ".join(cell.notes)
+    )
+    st.markdown("**The largest terms**")
+    st.markdown("\n".join(f"{n + 1}. {md(s)}" for n, s in enumerate(FQ.term_sentences(cell, 10))))
+    picked = clicks.clicked(event, "qk_chart")
+    if picked and len(picked) >= 2 and int(picked[1]) >= 0:
+        st.session_state["explain_qk_head"] = (int(picked[0]), int(picked[1]))
+    chosen = st.session_state.get("explain_qk_head")
+    if chosen and chosen[0] < layer and chosen[1] < tr.n_heads:
+        open_in_explorer(
+            p,
+            chosen[0],
+            chosen[1],
+            pos,
+            f"Open layer {chosen[0]}, head {chosen[1]} in the explorer",
+            "qk_open",
+        )
+    if st.toggle("The whole query row (every key's key side)", key="qk_row_on"):
+        row = computed(
+            "explain_qk_row",
+            (*key, layer, head, pos),
+            "Splitting every key's score",
+            lambda _r: X.qk_row(lm, tr, layer=layer, head=head, query=pos),
+        )
+        if row is not None:
+            labels = [tr.tokens.labels[int(j)] for j in row.keys]
+            st.dataframe(
+                FQ.key_side_table(labels, row.key_terms, row.components), hide_index=True, height=300
+            )
+            st.caption(
+                "Each key's score with the whole query, and the key parts that add most to it. "
+                "The same split per layer of origin is `attnviz.qk_row(...).by_origin()`."
+            )
+
+
+def explain_link(p: ExplorerParams, layer: int, head: int, query: int, key: int) -> None:
+    """A link from the explorer's big head to this view for (query, key) of ``layer``/``head``."""
+    target = ExplainParams(
+        model=p.model, text=p.text, chat=p.chat, view=VIEW, pos=query, wl=layer, wh=head, wk=key
+    )
+    st.page_link(
+        shell.entry(ExplainParams).file,
+        label=f"Why does head {head} attend from {query} to {key}?",
+        icon=":material/help:",
+        query_params=target.to_query().params,
+    )
+
+
+def _position(label: object) -> int | None:
+    """The position of a ``"(i) token"`` axis label; None for a pooled bin ``"(i–j) …"``."""
+    text = str(label)
+    if not text.startswith("(") or ") " not in text:
+        return None
+    head = text[1:].split(") ", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def big_head_link(event: object, layer: int, head: int) -> None:
+    """Under the explorer's big head: after a click on one cell, a link to why the head attends
+    there (the explorer's model, text and template, the cell's query and key)."""
+    try:
+        points = list(event["selection"]["points"]) if event else []  # type: ignore[index]
+    except (KeyError, TypeError):
+        points = []
+    if points:
+        q, k = _position(points[0].get("y")), _position(points[0].get("x"))
+        st.session_state["qk_cell"] = (layer, head, q, k)
+    kept = st.session_state.get("qk_cell")
+    if not kept or kept[:2] != (layer, head):
+        st.caption("Click a cell of the head to ask why it attends there.")
+        return
+    _, _, q, k = kept
+    if q is None or k is None:
+        st.caption("That cell pools several tokens: zoom in to pick one query and one key, then ask why.")
+        return
+    p = state.current(ExplorerParams)
+    assert isinstance(p, ExplorerParams)
+    explain_link(p, layer, head, q, k)
