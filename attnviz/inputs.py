@@ -204,7 +204,9 @@ def _refusal(lm: LoadedModel, n: int, generate: int, limit: Limit, size: int, fr
             f"{lm.spec!r} reads at most {size:,} positions (its position table) and this text has "
             f"{n:,} tokens{gen}; {advice}"
         )
-    return f"the text has {n:,} tokens{gen}; the limit is {size:,} tokens; {advice}"
+    gen = f" (+{generate} to generate)" if generate else ""
+    advice = f"use its first {room} tokens" if room >= 1 else f"ask for fewer than {size} tokens to generate"
+    return f"the text has {n} tokens{gen}; the limit is {size}. Shorten the text or {advice}"
 
 
 def admit_ids(

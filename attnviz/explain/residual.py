@@ -31,7 +31,7 @@ from ..capture.hook import editing, recording
 from ..capture.projections import output_bias, output_weight
 from ..errors import AttnvizError
 from ..exact.probabilities import attention_scores, probs_from_capture, softmax_fp32
-from ..inputs import tokenize
+from ..inputs import admit_ids, tokenize
 from ..layout import by_kv_group, query_group, repeat_kv
 from ..limits import bytes_per_element, capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
@@ -256,8 +256,7 @@ def trace(
     stops the forward)."""
     blocks, attn, names = _decoder_layers(lm)
     ids, template = tokenize(lm, text, chat=chat) if isinstance(text, str) else (list(text), None)
-    if len(ids) > max_tokens:
-        raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
+    admit_ids(lm, ids, max_tokens=max_tokens, memory=False).check()  # the cap and the position table
     dtype = next(lm.model.parameters()).dtype
     lay = lm.layout
     streams = 3 * (lay.n_layers + 1) * len(ids) * lay.d_model * bytes_per_element(dtype)

@@ -260,11 +260,10 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
 def stream(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tokens: int = 8192) -> Stream:
     """`read_stream` of a text (or token ids): the front door the logit lens and pages use on
     hybrids and recurrent models."""
-    from ..inputs import tokenize
+    from ..inputs import admit_ids, tokenize
 
     ids = tokenize(lm, text, chat=chat)[0] if isinstance(text, str) else [int(i) for i in text]
     if not ids:
         raise AttnvizError("an empty text; type a few words")
-    if len(ids) > max_tokens:
-        raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
+    admit_ids(lm, ids, max_tokens=max_tokens, memory=False).check()  # the cap and the position table
     return read_stream(lm, ids)

@@ -39,7 +39,10 @@ def n_of(lm, text: str = TEXT) -> int:
 def test_the_token_cap_at_extract(generate):
     lm = tiny.loaded("llama-gqa")
     n = n_of(lm)
-    with pytest.raises(InputTooLong, match=rf"has {n} tokens.*; the limit is {n + generate - 1} tokens"):
+    with pytest.raises(
+        InputTooLong,
+        match=rf"has {n} tokens.*; the limit is {n + generate - 1}\. Shorten the text or use its first",
+    ):
         attnviz.extract(lm, TEXT, max_tokens=n + generate - 1, generate=generate)
     res = attnviz.extract(lm, TEXT, max_tokens=n + generate, generate=generate)  # exactly at the cap
     assert res.n_tokens == n + generate
@@ -115,3 +118,24 @@ def test_the_smallest_limit_is_named_and_ties_name_the_table():
     assert token_limit(lm, max_tokens=15, memory=False) == (15, "cap")
     assert admit_ids(lm, [5] * 15, max_tokens=15).admitted
     assert not admit_ids(lm, [5] * 15, max_tokens=15, generate=1).admitted
+
+
+def test_the_explanations_read_the_same_rule():
+    """`trace` (and the hybrids' `stream`) refuse past the cap and past the position table with
+    the engine's sentence (the table: a crash inside the model before); memory is their own
+    estimate (`attnviz.limits.require`)."""
+    import hybrids_tiny
+
+    from attnviz.explain import trace
+    from attnviz.explain.stream import stream
+
+    lm = tiny.loaded("llama-gqa")
+    n = n_of(lm)
+    with pytest.raises(InputTooLong, match=rf"has {n} tokens; the limit is {n - 1}\. Shorten the text"):
+        trace(lm, TEXT, max_tokens=n - 1)
+    assert trace(lm, TEXT, max_tokens=n).n_tokens == n
+    with pytest.raises(TooManyPositions, match="reads at most 16 positions"):
+        trace(short(), TEXT)
+    mamba = hybrids_tiny.loaded("mamba")
+    with pytest.raises(InputTooLong, match=rf"the limit is {n - 1}\."):
+        stream(mamba, TEXT, max_tokens=n - 1)
