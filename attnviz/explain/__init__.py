@@ -18,6 +18,7 @@ Every function also takes the text itself (and then runs its own forward).
 from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
 from .attribution_patching import attribution_patch
+from .block_attribution import BlockAttribution, block_attribution
 from .lens import LogitLens, logit_lens
 from .patching import DIRECTIONS, OVERS, Patching, patch
 from .qk import QKAttribution, QKRow, qk_attribution, qk_row
@@ -36,6 +37,7 @@ __all__ = [
     "OVERS",
     "Ablation",
     "Attribution",
+    "BlockAttribution",
     "Edge",
     "FlowGraph",
     "HeadScores",
@@ -53,6 +55,7 @@ __all__ = [
     "ablate_heads",
     "attribution_patch",
     "bands",
+    "block_attribution",
     "information_flow",
     "logit_attribution",
     "logit_lens",

@@ -162,8 +162,9 @@ def split_block(
             {},
             {},
             (
-                f"its output is not its input + a scalar times each of {', '.join(names)} (a norm after a "
-                "branch, or another term)"
+                f"its output is not its input + a scalar times each of {', '.join(names)} (a norm on "
+                "the stream inside the block, as RWKV's pre_ln in block 0; a norm after a branch; a "
+                "branch fed by more than the stream, as Zamba2's shared block; or another term)"
             ),
         )
     return added, {k: float(scale[i]) for i, k in enumerate(names)}, ""
