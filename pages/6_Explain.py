@@ -56,6 +56,8 @@ def main() -> None:
         f"{tr.residual} residual blocks"
     )
     try:
+        if view == qk.VIEW:
+            qk.before_widgets()  # a clicked point of its Q/K scatter picks the query
         pos = E.position_picker(tr) if view != "logit lens" else tr.n_tokens - 1
         if view == "routes":
             E.routes(lm, tr, key, p, pos)

@@ -175,11 +175,13 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
     fig = FX.flow_view(graph)
     event = export.chart(fig, figure_name(lm.spec, "routes", pos), key="routes_chart", on_select=True)
     picked = clicks.clicked(event, "routes_chart")
-    graph_key = (*key, pos, float(thr))
-    if picked:
-        st.session_state["explain_edge"] = (graph_key, picked)
-    kept = st.session_state.get("explain_edge")
-    edge = kept[1] if kept and kept[0] == graph_key else None  # an edge of this very graph only
+    if picked:  # in the link ("edge"): a shared view opens with the same edge picked
+        state.put("edge", ".".join(str(x) for x in picked[:5]))
+    marks = {
+        ".".join(str(x) for x in d[:5]) for t in fig.data if t.customdata is not None for d in t.customdata
+    }
+    # a mark of this very graph only (kept for when the threshold comes back)
+    edge = str(state.get("edge")).split(".") if state.get("edge") in marks else None
     n_attn = sum(e.kind == "attention" for e in graph.edges)
     st.caption(
         f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "

@@ -19,6 +19,7 @@ from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
 from .attribution_patching import attribution_patch
 from .block_attribution import BlockAttribution, block_attribution
+from .circuits import OVCircuits, QKSpace, ov_circuits, ov_tokens, qk_space
 from .lens import LogitLens, logit_lens
 from .patching import DIRECTIONS, OVERS, Patching, patch
 from .qk import QKAttribution, QKRow, qk_attribution, qk_row
@@ -44,9 +45,11 @@ __all__ = [
     "LogitLens",
     "Node",
     "NodeWrites",
+    "OVCircuits",
     "Patching",
     "QKAttribution",
     "QKRow",
+    "QKSpace",
     "RotaryBands",
     "RotarySpec",
     "Stream",
@@ -61,10 +64,13 @@ __all__ = [
     "logit_lens",
     "needs_stream",
     "node_writes",
+    "ov_circuits",
+    "ov_tokens",
     "patch",
     "previous_occurrence_heads",
     "qk_attribution",
     "qk_row",
+    "qk_space",
     "read_stream",
     "rotary_bands",
     "search_heads",
