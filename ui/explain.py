@@ -102,6 +102,8 @@ def block_attribution(lm: LoadedModel, stream: X.Stream) -> None:
     first), with its sum check."""
     att = X.block_attribution(lm, stream)
     st.dataframe(att.to_frame().round(4), hide_index=True)
+    if att.heads:  # per-head mixers split by head through their out_proj
+        st.dataframe(att.head_frame().round(4), hide_index=True)
     st.caption(
         f"Direct contributions to the logit of {md(att.target_token)} at the last token "
         f"({att.logit:.4f}): the embedding, each block's mixers (each branch on its own) and MLP, "

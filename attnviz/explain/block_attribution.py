@@ -15,7 +15,7 @@ short conv) have no heads to split.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,8 +29,10 @@ from .residual import unembed
 from .stream import Stream, stream
 
 ONE_COMPONENT = (
-    "Each mixer is one component (its heads are not split yet); Mamba-1, RWKV and short-conv "
-    "mixers mix per channel and have no heads to split."
+    "A per-head mixer (SSD, gated delta, Kimi delta, lightning) is split by head through its out_proj, "
+    "gates and output norm frozen at their forward values (where that norm spans heads, as "
+    "lightning's, the split rests on its frozen scale); Mamba-1, RWKV and short-conv mixers mix "
+    "per channel and are one component."
 )
 
 
@@ -53,6 +55,9 @@ class BlockAttribution:
     rest: float  # the final norm's and the LM head's biases
     error: float  # logit − (embedding + Σ values + rest): float rounding
     notes: tuple[str, ...] = (ONE_COMPONENT,)
+    # (block, part) -> (heads,) float64: a per-head mixer's part split by head (its out_proj bias,
+    # if any, is the part minus their sum); checked to sum to the part before it is kept
+    heads: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
 
     def ranking(self, top: int | None = None) -> list[tuple[str, int, float]]:
         """(part, block (-1: the embedding), contribution), largest |value| first."""
@@ -70,6 +75,17 @@ class BlockAttribution:
         import pandas as pd
 
         return pd.DataFrame(self.ranking(), columns=["part", "block", "contribution"])
+
+    def head_frame(self) -> Any:
+        """One row per head of each per-head mixer part (block, part, head, contribution)."""
+        import pandas as pd
+
+        rows = [
+            (b, part, h, float(v))
+            for (b, part), heads in sorted(self.heads.items())
+            for h, v in enumerate(heads)
+        ]
+        return pd.DataFrame(rows, columns=["block", "part", "head", "contribution"])
 
 
 def block_attribution(
@@ -103,6 +119,7 @@ def block_attribution(
             for i, part in enumerate(st.parts):
                 if part in added:
                     values[b, i] = float(added[part][t].to(f64) @ r64)
+        heads = _split_heads(st, t, r64, values)
         logit = float(logits[tgt] - (logits[con] if con is not None else 0.0))
     total = embedding + np.nansum(values) + rest
     shown = displays(lm.tokenizer, [tgt] + ([con] if con is not None else []))
@@ -120,7 +137,33 @@ def block_attribution(
         values=values,
         rest=float(rest),
         error=logit - float(total),
+        heads=heads,
     )
+
+
+def _split_heads(
+    st: Stream, t: int, r: torch.Tensor, values: np.ndarray
+) -> dict[tuple[int, str], np.ndarray]:
+    """Each per-head mixer part at row ``t`` split by head: head h writes W_out[:, h] · x_h with
+    x_h its slice of out_proj's input (gates and norms at their forward values), times the part's
+    scale into the stream; kept only where the heads (+ out_proj's bias) give the part's write."""
+    out: dict[tuple[int, str], np.ndarray] = {}
+    for b, parts in enumerate(st.head_inputs):
+        for part, (proj, n_heads, x) in parts.items():
+            scale = st.scales[b].get(part)
+            if scale is None:
+                continue
+            w = proj.weight.detach().to(torch.float64)  # (d_model, heads · d_head)
+            xh = x[t].to(torch.float64).reshape(n_heads, -1)  # (heads, d_head)
+            writes = torch.einsum("mhd,hd->hm", w.reshape(w.shape[0], n_heads, -1), xh) * scale
+            whole = writes.sum(0)
+            if proj.bias is not None:
+                whole = whole + proj.bias.detach().to(torch.float64) * scale
+            added = st.added[b][part][t].to(torch.float64)
+            if (whole - added).abs().max() > 1e-4 * max(1.0, float(added.abs().max())):
+                continue  # not this part's write (another path between out_proj and the stream)
+            out[(b, part)] = (writes @ r.to(writes.device)).cpu().numpy()
+    return out
 
 
 def _logits_before_cap(lm: LoadedModel, st: Stream, t: int) -> torch.Tensor:

@@ -53,6 +53,8 @@ def test_the_attribution_view_on_a_hybrid_is_the_block_parts_table(env):
     assert list(frame["part"]) == list(want["part"])
     np.testing.assert_allclose(frame["contribution"], want["contribution"].round(4), atol=1e-9)
     assert any("sum to it within" in c.value for c in at.caption)
+    heads = at.dataframe[1].value  # the Mamba-2 branch split by head
+    assert set(heads["part"]) == {"mamba2"} and len(heads) == 2 * 4
 
 
 def test_the_attribution_view_on_rwkv_refuses_with_the_reason(env):
