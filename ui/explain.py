@@ -79,6 +79,24 @@ def load_trace(
     return tr, key
 
 
+def load_stream(
+    lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool
+) -> tuple[X.Stream | None, tuple]:
+    """A hybrid's or recurrent model's residual stream at block boundaries (one forward, cached),
+    or None after an error."""
+    key = (lm.spec, models.token_key(token), p.text, chat, "stream")
+    got = None
+    with guarded(f"reading {md(lm.spec)}'s residual stream", token, (lm.spec, p.text)):
+        max_tokens = settings().max_tokens
+        got = computed(
+            "explain_stream",
+            key,
+            f"Running {md(lm.spec)} on the text (keeping the stream at every block boundary)",
+            lambda _r: X.stream(lm, p.text, chat=chat, max_tokens=max_tokens),
+        )
+    return got, key
+
+
 def open_in_explorer(p: ExplainParams, layer: int, head: int, token: int, label: str, key: str) -> None:
     """A button that opens ``layer``/``head`` of this text in the explorer (query row ``token``)."""
     if st.button(label, key=key, icon=":material/open_in_new:", type="primary"):
@@ -210,7 +228,7 @@ def node_section(
     st.caption(f"Δlogit: its {result.meaning}.")
 
 
-def lens(lm: LoadedModel, tr: X.Trace, key: tuple) -> None:
+def lens(lm: LoadedModel, tr: X.Trace | X.Stream, key: tuple) -> None:
     c1, c2 = st.columns(2)
     most = min(64, tr.n_tokens)
     if int(state.get("lpos")) > most:  # a short text has fewer positions than the default 16

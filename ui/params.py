@@ -130,7 +130,7 @@ def _heads(raw: str) -> str:
         raise ValueError("at most 64 heads")
     for pair in pairs:
         layer, _, head = pair.partition(".")
-        if not (layer.isdigit() and head.isdigit()):
+        if not (layer.isascii() and layer.isdigit() and head.isascii() and head.isdigit()):  # not '²', '١'
             raise ValueError("use layer.head pairs like 3.1,5.0")
     return ",".join(pairs)
 
