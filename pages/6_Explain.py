@@ -5,6 +5,7 @@ from one forward of the text (`attnviz.explain`)."""
 import streamlit as st
 
 from attnviz import AttnvizError
+from attnviz import explain as X
 from ui import explain as E
 from ui import models, patching, qk, shell, sidebar, state
 from ui.params import EXPLAIN_VIEWS, ExplainParams
@@ -33,6 +34,17 @@ def main() -> None:
         patching.page(lm, p, frame.token, chat)
         state.share_box()
         return
+    if view == "logit lens" and X.needs_stream(lm.layout):  # a hybrid / recurrent model: by blocks
+        stream, key = E.load_stream(lm, p, frame.token, chat)
+        if stream is None:
+            shell.stop()
+        st.caption(
+            f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)} · {stream.n_tokens} tokens · "
+            "rows are block boundaries, whatever mixes the tokens"
+        )
+        E.lens(lm, stream, key)
+        state.share_box()
+        return
     tr, key = E.load_trace(lm, p, frame.token, chat)
     if tr is None:
         shell.stop()
@@ -41,6 +53,8 @@ def main() -> None:
         f"{tr.residual} residual blocks"
     )
     try:
+        if view == qk.VIEW:
+            qk.before_widgets()  # a clicked point of its Q/K scatter picks the query
         pos = E.position_picker(tr) if view != "logit lens" else tr.n_tokens - 1
         if view == "routes":
             E.routes(lm, tr, key, p, pos)

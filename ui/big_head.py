@@ -56,7 +56,7 @@ def _region(d: Drawing, c2: st.delta_generator.DeltaGenerator) -> Region:
     if w >= n_q:
         return Region("rows")
     with c2:
-        zoom = st.toggle("Zoom", key="zoom", help="One region of the head at full resolution.")
+        zoom = st.toggle("Zoom", key="zoom", help="One region of the head at full resolution.", wrap=True)
     if zoom:
         rows, cols = zoom_controls(n_q, n_k)
         note = f"Query {rows.start}–{rows.stop - 1}, key {cols.start}–{cols.stop - 1} at full resolution."

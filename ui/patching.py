@@ -88,6 +88,7 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
         key="pest",
         help="Every cell from two forwards and one backward (first order); its top cells are then "
         f"patched for real ({VERIFY}) and shown beside it.",
+        wrap=True,
     )
     n_cells = None
     with guarded("counting the cells", None, (p.text, corrupt)):  # the grid the engine will run

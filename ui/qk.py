@@ -14,12 +14,20 @@ from attnviz import LoadedModel
 from attnviz import explain as X
 from attnviz.figures import figure_name
 from attnviz.figures import qk as FQ
-from ui import clicks, export, shell, state
+from ui import clicks, export, models, shell, state
 from ui.explain import PICKER_OPTIONS, computed, open_in_explorer
 from ui.params import QK_BY_CHOICES, ExplainParams, ExplorerParams
 from ui.text import md
 
 VIEW = "why this head attends"
+SPACE_CHART = "qk_space_chart"  # the Q/K scatter: a clicked point becomes the query
+
+
+def before_widgets() -> None:
+    """Before the page's position picker is drawn: a new click on the Q/K scatter picks its token."""
+    picked = clicks.click(SPACE_CHART)
+    if picked:
+        state.put("pos", int(picked[0]))
 
 
 def _key_picker(tr: X.Trace, pos: int) -> int:
@@ -103,6 +111,73 @@ def why(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) ->
                 "Each key's score with the whole query, and the key parts that add most to it. "
                 "The same split per layer of origin is `attnviz.qk_row(...).by_origin()`."
             )
+    if st.toggle("The head in query/key space", key="qk_space_on"):
+        space_view(lm, tr, key, layer, head)
+    if st.toggle("Every head's OV circuit", key="qk_ov_on"):
+        ov_view(lm, p, layer, head, pos)
+
+
+def space_view(lm: LoadedModel, tr: X.Trace, key: tuple, layer: int, head: int) -> None:
+    """The head's queries and keys as one PCA scatter; a clicked point becomes the query."""
+    space = computed(
+        "explain_qk_space",
+        (*key, layer, head),
+        "Projecting the queries and keys",
+        lambda _r: X.qk_space(lm, tr, layer=layer, head=head),
+    )
+    if space is None:
+        return
+    export.chart(
+        FQ.qk_space_view(space),
+        figure_name(lm.spec, "qk_space", f"L{layer}", f"H{head}"),
+        key=clicks.chart_key(SPACE_CHART),
+        on_select=True,
+    )
+    st.caption(
+        "The model's own queries and keys of this head (keys after RoPE are what the scores use; before "
+        "RoPE, turned back through the layer's rotary map) on the first two principal axes of all of "
+        "them together. Click a point to make its token the query."
+    )
+
+
+def ov_view(lm: LoadedModel, p: ExplainParams, layer: int, head: int, pos: int) -> None:
+    """Every head's OV copying score (once per model, cached) and this head's copied tokens."""
+    ov = computed("ov_circuits", (lm.spec,), "Reading every head's OV circuit", lambda _r: X.ov_circuits(lm))
+    if ov is None:
+        return
+    event = export.chart(FQ.ov_map_view(ov), figure_name(lm.spec, "ov"), key="qk_ov_chart", on_select=True)
+    st.caption(
+        "Copying score: the sum of the eigenvalues of W_U W_O W_V W_E over the sum of their sizes "
+        "(Elhage et al. 2021): 1 when the head raises the logits of the tokens it attends to, −1 when "
+        "it lowers them. " + " ".join(ov.notes) + " Click a head to open it in the explorer."
+    )
+    picked = clicks.clicked(event, "qk_ov_chart")
+    if picked and len(picked) >= 2:
+        st.session_state["explain_ov_head"] = (int(picked[0]), int(picked[1]))
+    chosen = st.session_state.get("explain_ov_head")
+    if chosen:
+        open_in_explorer(
+            p,
+            chosen[0],
+            chosen[1],
+            pos,
+            f"Open layer {chosen[0]}, head {chosen[1]} in the explorer",
+            "ov_open",
+        )
+    copied, suppressed = models.cached(
+        "ov_tokens",
+        (lm.spec, layer, head),
+        lambda: X.ov_tokens(lm, layer, head, k=10),
+        nbytes=lambda _v: 1 << 12,
+    )
+    c1, c2 = st.columns(2)
+    for col, title, rows in ((c1, "Copies most", copied), (c2, "Suppresses most", suppressed)):
+        col.dataframe(
+            {title: [t for t, _ in rows], "own logit": [round(v, 3) for _, v in rows]}, hide_index=True
+        )
+    st.caption(
+        f"L{layer}H{head}: the tokens whose own logit it raises (lowers) most when it attends to them."
+    )
 
 
 def explain_link(p: ExplorerParams, layer: int, head: int, query: int, key: int) -> None:

@@ -153,4 +153,5 @@ def chat_toggle(lm: LoadedModel, slot: DeltaGenerator) -> bool:
             key="chat",
             help="Wrap the text in the model's chat template (user turn + assistant prompt), as a chat "
             "model sees it. Template tokens are marked and can be hidden.",
+            wrap=True,
         )

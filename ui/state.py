@@ -176,8 +176,9 @@ def put(name: str, value: Any) -> None:
         st.session_state[name] = value
 
 
-def clamp(name: str, lo: int, hi: int, what: str) -> int:
-    """Keep an integer parameter in lo..hi; out of range -> a warning and the nearest valid value."""
+def clamp(name: str, lo: int, hi: int, what: str, *, quiet: bool = False) -> int:
+    """Keep an integer parameter in lo..hi; out of range -> a warning and the nearest valid value
+    (``quiet``: no warning, for a default that this server's limits lower)."""
     value = get(name)
     try:
         value = int(value)
@@ -186,7 +187,8 @@ def clamp(name: str, lo: int, hi: int, what: str) -> int:
     if lo <= value <= hi:
         return value
     fixed = min(max(value, lo), hi)
-    st.warning(f"{what.capitalize()} {value} is out of range ({lo}–{hi}); showing {what} {fixed}.")
+    if not quiet:
+        st.warning(f"{what.capitalize()} {value} is out of range ({lo}–{hi}); showing {what} {fixed}.")
     put(name, fixed)
     return fixed
 

@@ -64,6 +64,22 @@ class SideMap:
             c = c + self.proj.bias[head]
         return self._after_projection(c[:, None], rows, head)[:, 0]
 
+    def unrotate(self, v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """v (rows, d_head) after the rotary turn, turned back to before it (R_p⁻¹ = R_p(−θ))."""
+        if self.cos is None or self.sin is None:
+            return v
+        cos, sin = self.cos[rows], self.sin[rows]
+        return self._turn(v, cos, -sin)
+
+    def _turn(self, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rot = cos.shape[-1]
+        x, rest = v[..., :rot], v[..., rot:]
+        if self.pairing == "half":
+            turned = torch.cat([-x[..., rot // 2 :], x[..., : rot // 2]], dim=-1)
+        else:
+            turned = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+        return torch.cat([x * cos + turned * sin, rest], dim=-1)
+
     def _after_projection(self, v: torch.Tensor, rows: torch.Tensor, head: int) -> torch.Tensor:
         """q/k norm at its frozen scale, then the rotary turn at each row. v (rows, C, d_head)."""
         if self.head_norm is not None:
@@ -79,13 +95,7 @@ class SideMap:
         if self.cos is None or self.sin is None:
             return v
         cos, sin = self.cos[rows][:, None], self.sin[rows][:, None]  # (rows, 1, rot)
-        rot = cos.shape[-1]
-        x, rest = v[..., :rot], v[..., rot:]
-        if self.pairing == "half":
-            turned = torch.cat([-x[..., rot // 2 :], x[..., : rot // 2]], dim=-1)
-        else:
-            turned = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
-        return torch.cat([x * cos + turned * sin, rest], dim=-1)
+        return self._turn(v, cos, sin)
 
 
 def _weights(attn: Any, n_heads: int, n_kv: int, d_head: int) -> tuple[Projection, Projection]:

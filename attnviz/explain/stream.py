@@ -39,6 +39,12 @@ def has_mixers(layout: AttentionLayout) -> bool:
     return any(kind != "attention" for kinds in layout.mixers for kind in kinds)
 
 
+def needs_stream(layout: AttentionLayout) -> bool:
+    """Whether the explanations read this model by block boundaries (`stream`), not by heads
+    (`attnviz.explain.trace`): hybrids and recurrent models."""
+    return has_mixers(layout) or bool(layout.attention_layers) or not layout.n_layers
+
+
 @dataclass(frozen=True)
 class BlockSites:
     """Each decoder block and, per part (``"attention"``, a mixer kind, ``"mlp"``), the block's
@@ -109,6 +115,12 @@ class Stream:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stream holds (for caches)."""
+        tensors = [*self.stream, *(t for parts in self.added for t in parts.values())]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def position(self, token: int) -> int:
         n = self.n_tokens
@@ -253,3 +265,16 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
         logits=logits,
         unembed_problem=problem,
     )
+
+
+def stream(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tokens: int = 8192) -> Stream:
+    """`read_stream` of a text (or token ids): the front door the logit lens and pages use on
+    hybrids and recurrent models."""
+    from ..inputs import tokenize
+
+    ids = tokenize(lm, text, chat=chat)[0] if isinstance(text, str) else [int(i) for i in text]
+    if not ids:
+        raise AttnvizError("an empty text; type a few words")
+    if len(ids) > max_tokens:
+        raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
+    return read_stream(lm, ids)

@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from attnviz.figures.labels import TITLE_MARGIN, escape
 
 if TYPE_CHECKING:
-    from attnviz.explain import QKAttribution
+    from attnviz.explain import OVCircuits, QKAttribution, QKSpace
 
 _HEAD = re.compile(r"^L(\d+)H(\d+)$")
 _LAYER = re.compile(r"^L(\d+)")
@@ -166,3 +166,83 @@ def key_side_table(
             for r in range(min(top, key_terms.shape[1]))
         },
     }
+
+
+def qk_space_view(space: QKSpace, *, height: int = 520) -> go.Figure:
+    """The head's queries and keys as one PCA scatter, coloured by position: queries (circles),
+    keys after RoPE (what the scores use; diamonds) and before it (crosses). Each point carries
+    ``customdata`` [position]."""
+    fig = go.Figure()
+    n = len(space.labels)
+    sets = [("queries", space.queries, "circle"), ("keys (after RoPE)", space.keys, "diamond")]
+    if space.rotary:
+        sets.append(("keys (before RoPE)", space.keys_unrotated, "x"))
+    labels = [escape(x) for x in space.labels]
+    for name, xy, symbol in sets:
+        fig.add_trace(
+            go.Scatter(
+                x=xy[:, 0],
+                y=xy[:, 1],
+                mode="markers",
+                name=name,
+                text=labels,
+                customdata=[[i] for i in range(n)],
+                marker=dict(
+                    symbol=symbol,
+                    size=8,
+                    color=np.arange(n),
+                    colorscale="Viridis",
+                    colorbar=dict(title=dict(text="position"), thickness=10) if symbol == "circle" else None,
+                    opacity=0.85 if symbol != "x" else 0.5,
+                ),
+                hovertemplate=f"{name}: %{{text}}<br>click: pick this token<extra></extra>",
+            )
+        )
+    a, b = space.explained
+    fig.update_layout(
+        title=dict(
+            text=f"L{space.layer}H{space.head}'s queries and keys over the text (PCA of all three sets)",
+            x=0.01,
+            xref="container",
+        ),
+        xaxis=dict(title=f"PC1 ({a:.0%} of the variance)"),
+        yaxis=dict(title=f"PC2 ({b:.0%})"),
+        height=height,
+        margin=dict(l=60, r=20, t=TITLE_MARGIN, b=50),
+        legend=dict(orientation="h", y=-0.15),
+    )
+    return fig
+
+
+def ov_map_view(ov: OVCircuits, *, height: int | None = None) -> go.Figure:
+    """Every head's OV copying score Σλ/Σ|λ| as a layer x head map (red: copies the tokens it
+    attends to; blue: suppresses them). Each cell carries ``customdata`` [layer, head, share of
+    positive eigenvalues]."""
+    n_l, n_h = ov.copying.shape
+    data = [[[layer, h, float(ov.positive[layer, h])] for h in range(n_h)] for layer in range(n_l)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=ov.copying,
+            x=[f"H{h}" for h in range(n_h)],
+            y=[f"L{layer}" for layer in range(n_l)],
+            zmid=0,
+            zmin=-1,
+            zmax=1,
+            colorscale="RdBu_r",
+            customdata=data,
+            colorbar=dict(title=dict(text="copying"), thickness=10),
+            hovertemplate="layer %{customdata[0]} head %{customdata[1]}: copying %{z:.3f}, "
+            "positive eigenvalues %{customdata[2]:.0%}<br>click: open it<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=dict(
+            text="OV circuits: copying score Σλ/Σ|λ| of W_U W_O W_V W_E (weights only)",
+            x=0.01,
+            xref="container",
+        ),
+        height=height or max(360, 16 * n_l + 140),
+        margin=dict(l=60, r=20, t=TITLE_MARGIN, b=40),
+        yaxis=dict(autorange="reversed"),
+    )
+    return fig

@@ -97,3 +97,28 @@ def test_the_explorers_big_head_links_a_clicked_cell_here(env):
     assert "attend from 5 to 1" in why.label
     for part in ("view=why", "wl=2", "wh=1", "pos=5", "wk=1"):
         assert part in why.query_string or part.replace(" ", "+") in why.query_string, (part, why)
+
+
+def test_qk_space_and_the_ov_map(env):
+    at = new_app(PAGE, model=TINY, text=TEXT, view=VIEW, wl="1", wh="2", pos="-1").run()
+    at.toggle(key="qk_space_on").set_value(True).run()
+    ok(at)
+    scatter = next(s for s in specs(at) if "queries and keys over the text" in s["layout"]["title"]["text"])
+    names = [t["name"] for t in scatter["data"]]
+    assert names == ["queries", "keys (after RoPE)", "keys (before RoPE)"]
+    assert all(len(t["customdata"]) == 8 for t in scatter["data"])  # one point per token
+    at.session_state["qk_space_chart_0"] = {
+        "selection": {"points": [{"customdata": [3]}], "point_indices": [0]}
+    }
+    at.run()
+    ok(at)
+    assert at.query_params["pos"] == "3"  # the clicked token is the query now
+    at.toggle(key="qk_ov_on").set_value(True).run()
+    ok(at)
+    ov = next(s for s in specs(at) if s["layout"]["title"]["text"].startswith("OV circuits"))
+    heat = ov["data"][0]
+    lm = attnviz.wrap_model(*_tiny())
+    np.testing.assert_allclose(z_of(heat), attnviz.explain.ov_circuits(lm).copying, atol=1e-6)
+    assert heat["customdata"][2][1][:2] == [2, 1]  # (layer, head) of each cell
+    tables = [d.value for d in at.dataframe]
+    assert any("Copies most" in t.columns for t in tables)

@@ -16,7 +16,7 @@ import sys
 import torch
 
 
-def _q_k(attn, x: torch.Tensor, heads: int, kv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+def q_k(attn, x: torch.Tensor, heads: int, kv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(q (heads, N, d), k (kv, N, d)) before rotary, after the q/k norms, float32."""
     n = x.shape[0]
     if hasattr(attn, "q_proj"):
@@ -71,7 +71,7 @@ def scores(model, ids: list[int], layer: int) -> torch.Tensor:
             heads = cfg.num_attention_heads
             kv = getattr(cfg, "num_key_value_heads", None) or heads
             d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-            q, k = _q_k(attn, seen["x"], heads, kv, d)
+            q, k = q_k(attn, seen["x"], heads, kv, d)
             if seen["pe"] is not None:
                 q, k = rope(attn, q, k, *seen["pe"])
     finally:

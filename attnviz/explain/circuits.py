@@ -1,0 +1,190 @@
+"""A head in query/key space over a text, and each head's OV circuit from the weights.
+
+`qk_space(lm, text, layer=, head=)`: the head's queries and keys over the text as one PCA (the
+model's own captured Q and K after RoPE, and the keys turned back to before RoPE through the
+layer's checked rotary map, `qk_maps`), fitted on all three sets together so they share axes.
+
+`ov_circuits(lm)`: per head, the OV circuit W_U W_O^h W_V^h W_E (vocab x vocab; Elhage et al. 2021)
+read from the weights alone, with the input norm's and the final norm's gains folded in and their
+per-token scales left out (the weights-only convention of Elhage et al. and TransformerLens; no
+text). Its nonzero eigenvalues are those of the d_head x d_head matrix W_V^h (W_Eᵀ W_U) W_O^h
+(eig(AB) = eig(BA) away from 0), so every head's score costs d_head³ after one d_model² product:
+
+    copying = Σ_i λ_i / Σ_i |λ_i|   (1: the head copies the tokens it attends to; −1: suppresses)
+    positive = share of the eigenvalues with a positive real part
+
+`ov_tokens(lm, layer, head)` reads the circuit's diagonal (each token's logit raised at its own
+id when the head attends to it): the tokens it copies and suppresses most.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import AttnvizError
+from ..loading import LoadedModel
+from ..tokens import displays
+from .blocks import Unsupported
+from .qk_maps import layer_maps
+from .residual import Trace, final_norm, trace
+
+INPUT_NORMS = ("input_layernorm", "ln_1", "attention_norm", "ln_attn", "pre_attention_layernorm")
+
+
+@dataclass(frozen=True)
+class QKSpace:
+    """One head's queries and keys over a text, projected on their first two principal axes."""
+
+    model_name: str
+    layer: int
+    head: int
+    labels: tuple[str, ...]  # "(i) token" per position
+    queries: np.ndarray  # (N, 2)
+    keys: np.ndarray  # (N, 2) after RoPE (what the scores use)
+    keys_unrotated: np.ndarray  # (N, 2) before RoPE; = keys without rotary
+    explained: tuple[float, float]  # share of the variance on each axis
+    rotary: bool
+
+
+@dataclass(frozen=True)
+class OVCircuits:
+    """Every head's OV circuit summary from the weights: (layers, heads) arrays."""
+
+    model_name: str
+    copying: np.ndarray  # Σλ / Σ|λ|
+    positive: np.ndarray  # share of eigenvalues with a positive real part
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.copying.nbytes + self.positive.nbytes)
+
+
+def _pca(*sets: torch.Tensor) -> tuple[list[np.ndarray], tuple[float, float]]:
+    x = torch.cat(sets).double()
+    x = x - x.mean(0)
+    _, s, v = torch.linalg.svd(x, full_matrices=False)
+    var = (s**2) / max(float((s**2).sum()), 1e-30)
+    axes = v[:2].T  # (d_head, 2)
+    out, start = [], 0
+    for t in sets:
+        out.append((x[start : start + len(t)] @ axes).numpy())
+        start += len(t)
+    return out, (float(var[0]), float(var[1]) if len(var) > 1 else 0.0)
+
+
+def qk_space(lm: LoadedModel, text: str | list[int] | Trace, *, layer: int, head: int) -> QKSpace:
+    """``head``'s queries and keys at ``layer`` over the text (see the module doc)."""
+    tr = text if isinstance(text, Trace) else trace(lm, text)
+    if not 0 <= layer < tr.n_layers or not 0 <= head < tr.n_heads:
+        raise AttnvizError(f"layer {layer} / head {head} is out of range for this model")
+    cap = tr.captured[layer]
+    kv = head // max(1, cap.query.shape[1] // cap.key.shape[1])
+    q, k = cap.query[0, head].float().cpu(), cap.key[0, kv].float().cpu()
+    kmap = layer_maps(lm, tr, layer)[1]
+    k_pre = kmap.unrotate(k, torch.arange(tr.n_tokens))
+    (qs, ks, kps), explained = _pca(q, k, k_pre)
+    return QKSpace(
+        tr.model_name, layer, head, tuple(tr.tokens.labels), qs, ks, kps, explained, kmap.cos is not None
+    )
+
+
+def _value_weight(attn: Any, heads: int, kv: int, d: int) -> torch.Tensor:
+    """W_V split by KV head: (kv, d_head, d_model) float32."""
+
+    def w(mod: Any) -> torch.Tensor:
+        t = mod.weight.detach().float()
+        return t.T if type(mod).__name__ == "Conv1D" else t
+
+    if hasattr(attn, "v_proj"):
+        return w(attn.v_proj).reshape(kv, d, -1)
+    if hasattr(attn, "c_attn"):
+        return w(attn.c_attn)[2 * heads * d :].reshape(kv, d, -1)
+    if hasattr(attn, "qkv_proj"):
+        return w(attn.qkv_proj)[(heads + kv) * d :].reshape(kv, d, -1)
+    if (
+        hasattr(attn, "query_key_value")
+        and getattr(getattr(attn, "config", None), "model_type", "") != "falcon"
+    ):
+        return w(attn.query_key_value).reshape(heads, 3, d, -1)[:, 2]
+    raise Unsupported(f"{type(attn).__name__}: attnviz does not know where its value projection is")
+
+
+def _gain(mod: torch.nn.Module | None) -> torch.Tensor | float:
+    weight = getattr(mod, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return 1.0
+    offset = 1.0 if "Gemma" in type(mod).__name__ else 0.0  # Gemma's RMSNorm scales by 1 + weight
+    return weight.detach().float() + offset
+
+
+def _heads(lm: LoadedModel):
+    """(attention module, input norm, heads, kv, d_head, W_O) per layer, from the probe's sites."""
+    if lm.probe is None or lm.layout.kind != "decoder" or lm.layout.attention_layers:
+        raise Unsupported(f"{lm.spec!r}: OV circuits are read for decoders whose every block is attention")
+    from ..capture.projections import output_weight
+
+    lay = lm.layout
+    d = lay.head_dim
+    for site in lm.probe.sites["self"]:
+        attn = lm.model.get_submodule(site.module_name)
+        block = lm.model.get_submodule(site.module_name.rsplit(".", 1)[0])
+        norm = next((getattr(block, n) for n in INPUT_NORMS if hasattr(block, n)), None)
+        w_o = output_weight(lm.model, site.module_name, lay.n_heads, d).cpu()  # (heads, d_model, d_head)
+        yield attn, norm, lay.n_heads, lay.n_kv_heads, d, w_o
+
+
+def _unembed(lm: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_E (vocab, d_model), W_U with the final norm's gain folded in (vocab, d_model))."""
+    w_e = lm.model.get_input_embeddings().weight.detach().float().cpu()
+    w_u = lm.model.get_output_embeddings().weight.detach().float().cpu()
+    return w_e, w_u * _gain(final_norm(lm)[1])
+
+
+@torch.inference_mode()
+def ov_circuits(lm: LoadedModel) -> OVCircuits:
+    """Every head's copying score and share of positive eigenvalues (see the module doc)."""
+    w_e, w_u = _unembed(lm)
+    g = w_e.T.double() @ w_u.double()  # (d_model, d_model): W_Eᵀ W_U, once
+    copying, positive = [], []
+    for attn, norm, heads, kv, d, w_o in _heads(lm):
+        w_v = _value_weight(attn, heads, kv, d) * _gain(norm)  # (kv, d_head, d_model)
+        row_c, row_p = [], []
+        for h in range(heads):
+            m = w_v[h // (heads // kv)].double() @ g @ w_o[h].double()  # (d_head, d_head)
+            lam = torch.linalg.eigvals(m)
+            row_c.append(float(lam.sum().real / lam.abs().sum().clamp(min=1e-30)))
+            row_p.append(float((lam.real > 0).double().mean()))
+        copying.append(row_c)
+        positive.append(row_p)
+    note = (
+        "Weights only: the norms' gains folded in, their per-token scales and any embedding "
+        "multiplier left out (Elhage et al. 2021's convention)."
+    )
+    return OVCircuits(lm.spec, np.array(copying), np.array(positive), (note,))
+
+
+@torch.inference_mode()
+def ov_tokens(
+    lm: LoadedModel, layer: int, head: int, k: int = 10
+) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """(copied, suppressed): the tokens whose own logit the head raises / lowers most, from the
+    diagonal of its OV circuit, largest first."""
+    rows = list(_heads(lm))
+    if not 0 <= layer < len(rows) or not 0 <= head < rows[0][2]:
+        raise AttnvizError(f"layer {layer} / head {head} is out of range for this model")
+    attn, norm, heads, kv, d, w_o = rows[layer]
+    w_e, w_u = _unembed(lm)
+    w_v = (_value_weight(attn, heads, kv, d) * _gain(norm))[head // (heads // kv)]  # (d_head, d_model)
+    diag = ((w_e @ w_v.T) * (w_u @ w_o[head])).sum(1)  # (vocab,) [t] = u_t · W_O W_V e_t
+    top, bottom = torch.topk(diag, k), torch.topk(-diag, k)
+
+    def named(idx: torch.Tensor) -> list[tuple[str, float]]:
+        ids = [int(i) for i in idx]
+        return list(zip(displays(lm.tokenizer, ids), [float(diag[i]) for i in ids], strict=True))
+
+    return named(top.indices), named(bottom.indices)

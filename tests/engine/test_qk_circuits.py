@@ -1,0 +1,82 @@
+"""A head in Q/K space (`qk_space`) and every head's OV circuit (`ov_circuits`, `ov_tokens`).
+
+The OV oracle builds the full vocab x vocab circuit W_U W_O^h W_V^h W_E of a tiny model (384
+tokens) with the norms' gains, and takes its eigenvalues and diagonal directly; the unrotated
+keys are checked against k_proj's own output before transformers' RoPE (tests/engine/qk_oracle.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import qk_oracle
+import tiny_explain as te
+import torch
+
+import attnviz
+from attnviz.explain import ov_circuits, ov_tokens, qk_space
+from attnviz.explain.qk_maps import layer_maps
+
+
+@pytest.fixture(scope="module")
+def llama():
+    lm = te.build("llama")
+    return lm, attnviz.explain.trace(lm, te.TEXT)
+
+
+def test_keys_turned_back_are_the_keys_before_rope(llama):
+    lm, tr = llama
+    layer = 1
+    _, attn = qk_oracle._attention(lm.model, layer)
+    seen = {}
+    h = attn.register_forward_pre_hook(
+        lambda _m, a, kw: seen.__setitem__("x", kw["hidden_states"][0]), with_kwargs=True
+    )
+    with torch.no_grad():
+        lm.model(input_ids=torch.tensor([list(tr.tokens.ids)]))
+        h.remove()
+        cfg = lm.model.config
+        d = cfg.hidden_size // cfg.num_attention_heads
+        _, k_raw = qk_oracle.q_k(attn, seen["x"], cfg.num_attention_heads, cfg.num_key_value_heads, d)
+    kmap = layer_maps(lm, tr, layer)[1]
+    k_post = tr.captured[layer].key[0, 1].float()
+    np.testing.assert_allclose(kmap.unrotate(k_post, torch.arange(tr.n_tokens)), k_raw[1], atol=1e-4)
+    space = qk_space(lm, tr, layer=layer, head=3)
+    assert space.rotary and space.queries.shape == space.keys.shape == (tr.n_tokens, 2)
+    assert not np.allclose(space.keys, space.keys_unrotated) and sum(space.explained) <= 1.0 + 1e-9
+
+
+def test_a_nope_layer_has_one_set_of_keys():
+    lm = te.build("smollm3", no_rope_layers=[1, 0])
+    space = qk_space(lm, te.TEXT, layer=1, head=0)
+    assert not space.rotary and np.allclose(space.keys, space.keys_unrotated)
+
+
+def _full_circuit(lm, layer: int, head: int) -> torch.Tensor:
+    m = lm.model.model
+    d = m.config.hidden_size // m.config.num_attention_heads
+    group = m.config.num_attention_heads // m.config.num_key_value_heads
+    attn, block = m.layers[layer].self_attn, m.layers[layer]
+    w_v = attn.v_proj.weight[(head // group) * d : (head // group + 1) * d] * block.input_layernorm.weight
+    w_o = attn.o_proj.weight[:, head * d : (head + 1) * d]
+    w_u = lm.model.lm_head.weight * m.norm.weight
+    return (w_u @ w_o @ w_v @ m.embed_tokens.weight.T).double().detach()  # (vocab, vocab)
+
+
+def test_ov_scores_and_tokens_match_the_full_circuit(llama):
+    lm, _ = llama
+    ov = ov_circuits(lm)
+    assert ov.copying.shape == ov.positive.shape == (2, 4)
+    for layer, head in ((0, 1), (1, 3)):
+        full = _full_circuit(lm, layer, head)
+        lam = torch.linalg.eigvals(full)
+        lam = lam[lam.abs() > 1e-6 * lam.abs().max()]  # the rank is d_head: the rest is rounding
+        assert len(lam) == lm.layout.head_dim
+        assert ov.copying[layer, head] == pytest.approx(float(lam.sum().real / lam.abs().sum()), abs=1e-6)
+        assert ov.positive[layer, head] == pytest.approx(float((lam.real > 0).double().mean()), abs=1e-9)
+        copied, suppressed = ov_tokens(lm, layer, head, k=5)
+        diag = torch.diagonal(full)
+        assert [round(v, 4) for _, v in copied] == [round(float(v), 4) for v in torch.topk(diag, 5).values]
+        assert [round(v, 4) for _, v in suppressed] == [
+            round(float(v), 4) for v in -torch.topk(-diag, 5).values
+        ]
