@@ -125,7 +125,7 @@ def html_page(figs: Sequence[go.Figure], title: str, *, cdn: bool = False) -> by
 def html_buttons(figs: Callable[[], Sequence[go.Figure]], name: str, *, key: str, what: str) -> None:
     """Two downloads of ``figs()`` as one HTML page: offline (plotly.js inside once) and small (CDN);
     SVG and PDF of the first figure."""
-    c1, c2, c3, c4 = st.columns([3, 3, 1, 1])
+    c1, c2 = st.columns(2)
     c1.download_button(
         f"⬇ HTML: {what}",
         data=lambda: html_page(figs(), name),
@@ -144,7 +144,7 @@ def html_buttons(figs: Callable[[], Sequence[go.Figure]], name: str, *, key: str
         on_click="ignore",
         help="The same page loading plotly.js from its CDN: far smaller, needs a network to open.",
     )
-    vector_buttons(lambda: figs()[0], name, key=key, columns=(c3, c4))
+    vector_buttons(lambda: figs()[0], name, key=key)  # a row of their own: no label cut short
 
 
 def downloads(
@@ -165,7 +165,7 @@ def downloads(
     engine's download limit the NPZ button is disabled and a caption says what to use instead."""
     build = fig if callable(fig) else (lambda: fig)
     refused = None if shape is None else limits.download_refusal(*shape, "npz")
-    c1, c2, c3, c4, c5 = st.columns(5)
+    c1, c2, c3 = st.columns(3)
     c1.download_button(
         "⬇ NPZ",
         data=b"" if refused else npz,
@@ -195,6 +195,6 @@ def downloads(
         help="This figure as a small interactive HTML file that loads plotly.js from its CDN (needs a "
         "network to open; the layer grid's HTML buttons also offer an offline file).",
     )
-    vector_buttons(build, name, key=key, columns=(c4, c5))
+    vector_buttons(build, name, key=key, columns=st.columns(3)[:2])  # five in a row cut "⬇ HTML" short
     if refused:
         st.caption(refused[0].upper() + refused[1:] + ".")
