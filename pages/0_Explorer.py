@@ -16,6 +16,7 @@ from attnviz import figures as F
 from ui import (
     big_head,
     exactness,
+    grid_hover,
     layer_controls,
     layer_grid,
     mixers,
@@ -28,7 +29,10 @@ from ui import (
 from ui.params import ExplorerParams
 from ui.text import md
 
+# The first screen at 1280x800 holds the grid and the big head: less room above the title
+FIRST_SCREEN_CSS = "<style>[data-testid='stMainBlockContainer']{padding-top:2.5rem}</style>"
 frame = shell.begin(ExplorerParams)
+st.html(FIRST_SCREEN_CSS)
 st.title("Attention explorer")
 READING = (
     "How to read a heatmap: **row = query** (the token that attends), **column = key** (the token it "
@@ -36,15 +40,34 @@ READING = (
 )
 
 
-def summary(res: AttentionResult) -> None:
-    """The model line and the token table (each token as text; a split character's pieces)."""
-    st.caption(
-        f"**{md(res.model_name)}** · {models.describe_layout(res.layout)} · {res.n_tokens} tokens · "
-        f"{res.method or res.path}, extracted in {res.seconds:.2f} s"
-        + (f" · {res.check_caption()}" if res.checks else "")
-        + (" · rows give part of their weight to learned sinks (they sum to < 1)" if res.has_sinks else "")
+def summary_sentence(res: AttentionResult) -> str:
+    """One plain sentence: the model, the text's length and whether the weights are checked."""
+    lay = res.layout
+    shape = f"{lay.n_layers} layers of {lay.n_heads} heads" if lay.n_layers else f"{len(lay.mixers)} blocks"
+    checked = "checked against eager attention" if res.checks else "not checked against eager attention"
+    return (
+        f"**{md(res.model_name)}** read {res.n_tokens} tokens through {shape}; the weights are its own, "
+        + (f"{checked}.")
     )
-    with st.expander(f"Tokens ({res.n_tokens})", expanded=False):
+
+
+def summary(res: AttentionResult) -> None:
+    """One sentence; the details (model line, the check, how to read a map, the token table:
+    each token as text, a split character's pieces) in an expander."""
+    st.markdown(summary_sentence(res))
+    with st.expander(f"Details: the model, the check, how to read a map, the {res.n_tokens} tokens"):
+        st.caption(
+            f"**{md(res.model_name)}** · {models.describe_layout(res.layout)} · {res.n_tokens} tokens · "
+            f"{res.method or res.path}, extracted in {res.seconds:.2f} s"
+            + (f" · {res.check_caption()}" if res.checks else "")
+            + (
+                " · rows give part of their weight to learned sinks (they sum to < 1)"
+                if res.has_sinks
+                else ""
+            )
+        )
+        if not mixers.applies(res.layout):  # a hybrid's block says how to read its own maps
+            st.caption(READING)
         toks = res.tokens
         table = {"position": list(range(len(toks))), "token": list(toks.display), "id": list(toks.ids)}
         if any(toks.pieces):
@@ -110,6 +133,7 @@ def head_panel(ref: models.ResultRef, zmax: float | None) -> None:
     names = [F.head_title(h, d.kv[h] if d.kv else None) for h in range(res.n_heads)]
     token_views.draw(ref, d.res, d.key, d.stack, d.layer, head, names, d.scale, d.cmap)
     state.share_box()  # here: a head change inside this fragment moves the link too
+    grid_hover.mark(head)  # the grid's frame on the open head, and its hover preview
 
 
 def main() -> None:
@@ -121,7 +145,8 @@ def main() -> None:
         st.caption(mixers.reading(res, block))  # signed maps: rows do not sum to 1
         mixers.draw(ref, res, block)
         return
-    st.caption(READING)
+    if mixers.applies(res.layout):  # a hybrid's attention block: its reading line here
+        st.caption(READING)
     layer_view(ref)
 
 

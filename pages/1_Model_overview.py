@@ -59,6 +59,7 @@ def main() -> None:
             key="induction",
             help="Also run the model on 50 random tokens repeated twice and score every head on copying "
             "the token after the earlier occurrence (induction heads).",
+            wrap=True,
         )
     explorer = ExplorerParams(model=ref.spec, text=ref.text, chat=ref.chat, stack=stack)
     # The mosaic sits on top but is pooled last: the browser draws the statistics and the head
@@ -76,6 +77,7 @@ def main() -> None:
         key="rollout_on",
         help=f"Where a token's information comes from, layer by layer. Past {ROLLOUT_AUTO_TOKENS:,} "
         "tokens it runs when asked: about half a forward pass of work.",
+        wrap=True,
     ):
         flow.rollout_section(lm.spec, res, ref.key, stack, cmap, frame.token)
     state.share_box()

@@ -102,7 +102,7 @@ def toy_mode() -> None:
     with c3:
         n_tok = st.slider("Sequence length", 2, 64, key="toy_n")
     with c4:
-        causal = st.toggle("Causal mask", key="toy_causal")
+        causal = st.toggle("Causal mask", key="toy_causal", wrap=True)
         seed = st.number_input("Seed", 0, 10_000, key="toy_seed", step=1)
     toy = steps.toy(d_model, n_heads, n_tok, causal, int(seed))
     m1, m2 = st.columns(2)

@@ -19,7 +19,10 @@ with c1:
         help="They count against the token limit in the sidebar with the prompt: prompt + these.",
     )  # fmt: skip
     sample = st.toggle(
-        "Sample", key="sample", help="Draw each token (temperature, top-p, seed) instead of greedy."
+        "Sample",
+        key="sample",
+        help="Draw each token (temperature, top-p, seed) instead of greedy.",
+        wrap=True,
     )
 with c2:
     st.caption(
@@ -133,7 +136,7 @@ def main() -> None:
         st.caption(scale_note)
 
     # every layer's mean row only when asked for: a collapsed expander still ran all the layers
-    every_layer = st.toggle("Every layer at this step (mean over heads)", key="glayers")
+    every_layer = st.toggle("Every layer at this step (mean over heads)", key="glayers", wrap=True)
     means = None
     if every_layer:
         means = np.stack(

@@ -56,7 +56,8 @@ def texts_to_run() -> list[str] | None:
     if DEMO:
         corpus = corpus[:DEMO_ATLAS_TEXTS]
         st.caption(f"Public demo: the first {len(corpus)} texts of the built-in corpus; no uploads.")
-    state.clamp("ntexts", 1, len(corpus), "number of texts")
+    # the default (50) over the demo's corpus is no one's mistake: warned only when a link asked
+    state.clamp("ntexts", 1, len(corpus), "number of texts", quiet=not state.linked("ntexts"))
     n = st.slider("Texts from the built-in corpus", 1, len(corpus), key="ntexts")
     return corpus[: int(n or p.ntexts)]
 

@@ -5,6 +5,7 @@ from one forward of the text (`attnviz.explain`)."""
 import streamlit as st
 
 from attnviz import AttnvizError
+from attnviz import explain as X
 from ui import explain as E
 from ui import models, patching, qk, shell, sidebar, state
 from ui.params import EXPLAIN_VIEWS, ExplainParams
@@ -31,6 +32,20 @@ def main() -> None:
     view = st.segmented_control("View", list(EXPLAIN_VIEWS), key="view", required=True)
     if view == "patching":  # two prompts, a trace of neither (ui/patching.py, issue 33)
         patching.page(lm, p, frame.token, chat)
+        state.share_box()
+        return
+    if view in ("logit lens", "attribution") and X.needs_stream(lm.layout):  # a hybrid: by blocks
+        stream, key = E.load_stream(lm, p, frame.token, chat)
+        if stream is None:
+            shell.stop()
+        st.caption(
+            f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)} · {stream.n_tokens} tokens · "
+            "rows are block boundaries, whatever mixes the tokens"
+        )
+        try:
+            E.lens(lm, stream, key) if view == "logit lens" else E.block_attribution(lm, stream)
+        except AttnvizError as err:
+            E.when_unsupported(err)
         state.share_box()
         return
     tr, key = E.load_trace(lm, p, frame.token, chat)

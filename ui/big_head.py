@@ -24,6 +24,7 @@ from ui.shown import Drawing
 from ui.text import guarded
 
 KEY = "head"
+HEAD_PX = 400  # the big head's height: it and the grid fit the first screen at 1280x800
 GRID_CHART = "grid_chart"  # the layer grid's chart (`ui.layer_grid`): a click on a tile picks its head
 
 
@@ -55,7 +56,7 @@ def _region(d: Drawing, c2: st.delta_generator.DeltaGenerator) -> Region:
     if w >= n_q:
         return Region("rows")
     with c2:
-        zoom = st.toggle("Zoom", key="zoom", help="One region of the head at full resolution.")
+        zoom = st.toggle("Zoom", key="zoom", help="One region of the head at full resolution.", wrap=True)
     if zoom:
         rows, cols = zoom_controls(n_q, n_k)
         note = f"Query {rows.start}–{rows.stop - 1}, key {cols.start}–{cols.stop - 1} at full resolution."
@@ -101,7 +102,9 @@ def _matrix(
 
 
 def draw(ref: models.ResultRef, d: Drawing, head: int, zmax: float | None) -> None:
-    """The head picker and head ``head`` of ``d``'s layer up close, with its downloads."""
+    """Head ``head`` of ``d``'s layer up close, then its picker (under it: the head starts level
+    with the grid, both on the first screen), with its downloads."""
+    top = st.container()
     c1, c2 = st.columns([1, 1])
     with c1:
         pickers.head_picker(d.res.n_heads, d.kv)
@@ -119,14 +122,23 @@ def draw(ref: models.ResultRef, d: Drawing, head: int, zmax: float | None) -> No
 
     def figure(z: np.ndarray) -> go.Figure:
         fig = F.head_heatmap(
-            z, q_lab, k_lab, title=title, colorscale=cmap, scale=scale, zmax=zmax, value=value
+            z,
+            q_lab,
+            k_lab,
+            title=title,
+            colorscale=cmap,
+            scale=scale,
+            zmax=zmax,
+            value=value,
+            height=HEAD_PX,
         )
         # the title starts at the figure's left edge, not the plot area's: long token labels push
         # the plot area right, and a title anchored there ran past the chart's edge
         return fig.update_layout(title_xref="container", title_x=0, title_pad_l=10)
 
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}", f"H{head}")
-    event = export.chart(figure(probs), name, key="head_chart", on_select=True)
+    with top:
+        event = export.chart(figure(probs), name, key="head_chart", on_select=True)
     qk.big_head_link(event, d.layer, head)  # "why does it attend here?" for the clicked cell
     _notes(d, reg, made)
     _downloads(ref, d, head, reg, name, figure, (q_lab, k_lab))

@@ -79,6 +79,39 @@ def load_trace(
     return tr, key
 
 
+def load_stream(
+    lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool
+) -> tuple[X.Stream | None, tuple]:
+    """A hybrid's or recurrent model's residual stream at block boundaries (one forward, cached),
+    or None after an error."""
+    key = (lm.spec, models.token_key(token), p.text, chat, "stream")
+    got = None
+    with guarded(f"reading {md(lm.spec)}'s residual stream", token, (lm.spec, p.text)):
+        max_tokens = settings().max_tokens
+        got = computed(
+            "explain_stream",
+            key,
+            f"Running {md(lm.spec)} on the text (keeping the stream at every block boundary)",
+            lambda _r: X.stream(lm, p.text, chat=chat, max_tokens=max_tokens),
+        )
+    return got, key
+
+
+def block_attribution(lm: LoadedModel, stream: X.Stream) -> None:
+    """A hybrid's / recurrent model's direct logit attribution by block part (a table, largest
+    first), with its sum check."""
+    att = X.block_attribution(lm, stream)
+    st.dataframe(att.to_frame().round(4), hide_index=True)
+    if att.heads:  # per-head mixers split by head through their out_proj
+        st.dataframe(att.head_frame().round(4), hide_index=True)
+    st.caption(
+        f"Direct contributions to the logit of {md(att.target_token)} at the last token "
+        f"({att.logit:.4f}): the embedding, each block's mixers (each branch on its own) and MLP, "
+        f"through the final norm frozen at its scale; they sum to it within {abs(att.error):.1e}. "
+        + " ".join(att.notes)
+    )
+
+
 def open_in_explorer(p: ExplainParams, layer: int, head: int, token: int, label: str, key: str) -> None:
     """A button that opens ``layer``/``head`` of this text in the explorer (query row ``token``)."""
     if st.button(label, key=key, icon=":material/open_in_new:", type="primary"):
@@ -142,13 +175,21 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
     if graph is None:
         return
     fig = FX.flow_view(graph)
-    event = export.chart(fig, figure_name(lm.spec, "routes", pos), key="routes_chart", on_select=True)
+    event = export.chart(
+        fig,
+        figure_name(lm.spec, "routes", pos),
+        key="routes_chart",
+        on_select=True,
+        vector_key="routes_vector",
+    )
     picked = clicks.clicked(event, "routes_chart")
-    graph_key = (*key, pos, float(thr))
-    if picked:
-        st.session_state["explain_edge"] = (graph_key, picked)
-    kept = st.session_state.get("explain_edge")
-    edge = kept[1] if kept and kept[0] == graph_key else None  # an edge of this very graph only
+    if picked:  # in the link ("edge"): a shared view opens with the same edge picked
+        state.put("edge", ".".join(str(x) for x in picked[:5]))
+    marks = {
+        ".".join(str(x) for x in d[:5]) for t in fig.data if t.customdata is not None for d in t.customdata
+    }
+    # a mark of this very graph only (kept for when the threshold comes back)
+    edge = str(state.get("edge")).split(".") if state.get("edge") in marks else None
     n_attn = sum(e.kind == "attention" for e in graph.edges)
     st.caption(
         f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "
@@ -208,7 +249,7 @@ def node_section(
     st.caption(f"Δlogit: its {result.meaning}.")
 
 
-def lens(lm: LoadedModel, tr: X.Trace, key: tuple) -> None:
+def lens(lm: LoadedModel, tr: X.Trace | X.Stream, key: tuple) -> None:
     c1, c2 = st.columns(2)
     most = min(64, tr.n_tokens)
     if int(state.get("lpos")) > most:  # a short text has fewer positions than the default 16

@@ -52,6 +52,7 @@ def rollout_section(
             "Without the first token",
             key="rollout_sink",
             help="Drop the first token (the attention sink) from every head and renormalise.",
+            wrap=True,
         )
     with c3:
         log = (

@@ -52,9 +52,9 @@ def draw(res: AttentionResult) -> DeltaGenerator:
         st.selectbox("Colour map", F.COLORSCALES, key="cmap")
         pickers.scale_picker()
     with c3:
-        st.toggle("Hide special tokens", key="hide", help=HIDE_HELP)
-        st.toggle("Renormalise without the sink", key="nosink", help=NOSINK_HELP)
-        st.toggle("Value-weighted", key="vw", help=VW_HELP)
+        st.toggle("Hide special tokens", key="hide", help=HIDE_HELP, wrap=True)
+        st.toggle("Renormalise without the sink", key="nosink", help=NOSINK_HELP, wrap=True)
+        st.toggle("Value-weighted", key="vw", help=VW_HELP, wrap=True)
     return c2
 
 

@@ -1,9 +1,10 @@
 """The explorer's layer grid: every head of one layer; a click on a head's tile selects it (read
 by `ui.big_head.current`, the one place the head is written).
 
-The grid does not frame the selected head: a head change reruns only the big head's fragment,
-so the grid is not sent or drawn again (a frame would have to move with it); the big head's
-title names the head."""
+The grid is sized to the first screen (`SPACE`: half the page at 1280x800, under the controls):
+square tiles as large as fit, token labels only where they fit (the hover gives every value).
+A head change reruns only the big head's fragment, so the grid is not sent or drawn again: the
+frame on the open head and the hover preview are drawn in the browser (`ui.grid_hover`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from ui.models import ResultRef
 from ui.shown import Drawing
 from ui.text import guarded
 
+GQA_NOTE = " Rows are KV groups: the query heads of a row share one key/value head (GQA)."
+SPACE = (400, 400)  # (width, height) px for the grid: a half-page column at 1280x800, under the controls
+
 
 def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
     """Draw the grid of ``d``'s layer. Returns (drawn, the colour maximum the
@@ -29,20 +33,27 @@ def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
     if caught:
         return False, None
     n_heads = d.res.n_heads
-    pooled = f" · {img.note}" if img.note else ""
-    st.markdown(f"**{d.res.layout.layer_label(d.layer).capitalize()}: all {n_heads} heads**{pooled}")
-    if img.caveat:
-        st.caption(img.caveat)
-    if d.kv:
-        st.caption("Rows are KV groups: the query heads of a row share one key/value head (GQA).")
+    header = f"{d.res.layout.layer_label(d.layer).capitalize()}: all {n_heads} heads"
     shared = d.choice != "perhead" and d.scale != "rank" and img.z.size  # one range: grid and big view
     zmax = float(img.z.max()) if shared else None
+    own_bar = d.choice == "perhead"  # else the big head beside it shows the same colour scale
+    cols, tile = F.grid_shape(n_heads, *SPACE, kv_heads=d.kv, colorbar=own_bar)
     fig = F.head_grid(
         img.z, img.q_labels, img.k_labels, kv_heads=d.kv, colorscale=d.cmap, scale=d.scale, zmax=zmax,
-        pickable=True, value=d.value_name,
+        pickable=True, value=d.value_name, cols=cols, facet_px=tile, colorbar=own_bar,
     )  # fmt: skip
+    # the header is the figure's title (in the room over the first row's titles): the grid starts
+    # level with the big head
+    title = dict(text=f"<b>{F.escape(header)}</b>", x=0, xref="container", y=1, yref="container")
+    fig.update_layout(title={**title, "yanchor": "top", "pad": dict(l=10, t=2), "font_size": 14})
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}")
     export.chart(fig, name, key=clicks.chart_key(big_head.GRID_CHART), on_select=True)
-    st.caption("Click a head's tile to show it big. " + d.scale_note)
+    by_kv = GQA_NOTE if d.kv and 1 < cols == d.kv.count(d.kv[0]) else ""
+    pooled = f"{img.note[0].upper()}{img.note[1:]}. " if img.note else ""
+    st.caption(
+        pooled + "Hover a tile to see it enlarged; click it to open it big." + by_kv + " " + d.scale_note
+    )
+    if img.caveat:
+        st.caption(img.caveat)
     export.html_buttons(lambda: [fig], name, key="grid", what="this layer's grid")
     return True, zmax

@@ -130,9 +130,25 @@ def _heads(raw: str) -> str:
         raise ValueError("at most 64 heads")
     for pair in pairs:
         layer, _, head = pair.partition(".")
-        if not (layer.isdigit() and head.isdigit()):
+        if not (layer.isascii() and layer.isdigit() and head.isascii() and head.isdigit()):  # not '²', '١'
             raise ValueError("use layer.head pairs like 3.1,5.0")
     return ",".join(pairs)
+
+
+def _edge(raw: str) -> str:
+    """A routes graph's clicked mark: ``layer.head.source.target`` (an attention edge) or with
+    ``.part`` (a node: head -1)."""
+    if not raw:
+        return ""
+    parts = raw.split(".")
+    nums, part = parts[:4], parts[4:]
+    if (
+        len(parts) not in (4, 5)
+        or not all(n.isascii() and n.lstrip("-").isdigit() for n in nums)  # not '²', '١'
+        or not all(x.isascii() and x.isalpha() for x in part)
+    ):
+        raise ValueError("use layer.head.source.target, like 3.1.4.7")
+    return raw
 
 
 def _short_text(raw: str) -> str:
@@ -373,6 +389,7 @@ class ExplainParams(Params):
     view: str = p("routes", _choice(EXPLAIN_VIEWS))
     pos: int = p(-1, _int(-1))  # the position explained; -1: the last token (the prediction)
     thr: float = p(DEFAULT_THRESHOLD, _float(0.0, 0.5))  # routes: keep edges above this
+    edge: str = p("", _edge)  # routes: the clicked edge or node (layer.head.source.target.part)
     lpos: int = p(16, _int(1, 64))  # logit lens: the last this many positions
     k: int = p(5, _int(1, 20))  # logit lens: top k
     target: str = p("", _short_text)  # attribution: this token's logit ("" = the prediction)

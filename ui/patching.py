@@ -88,6 +88,7 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
         key="pest",
         help="Every cell from two forwards and one backward (first order); its top cells are then "
         f"patched for real ({VERIFY}) and shown beside it.",
+        wrap=True,
     )
     n_cells = None
     with guarded("counting the cells", None, (p.text, corrupt)):  # the grid the engine will run
@@ -166,7 +167,7 @@ def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
     st.markdown(strongest(res))
     fig = FP.patching_comparison_view(res) if res.estimate and res.verified else FP.patching_view(res)
     name = figure_name(lm.spec, "patching-estimate" if res.estimate else "patching")
-    event = export.chart(fig, name, key="patch_chart", on_select=True)
+    event = export.chart(fig, name, key="patch_chart", on_select=True, vector_key="patch_vector")
     clicked = clicks.clicked(event, "patch_chart")
     if clicked and len(clicked) >= 2 and int(clicked[1]) >= 0:
         st.session_state["explain_patch_head"] = (int(clicked[0]), int(clicked[1]))

@@ -8,12 +8,17 @@ ablation and rotary frequency bands, all readable from one traced forward pass (
     attnviz.ablate_heads(lm, tr, [(3, 1)])       # the prediction without head 1 of layer 3
     attnviz.qk_attribution(lm, tr, layer=2, head=3, query=-1, key=5)  # why it attends there
 
+Hybrids and recurrent models (Qwen3.5, Falcon-H1, Mamba, RWKV, ...) are read at block boundaries
+(`stream`): the logit lens and patching over "residual" / "blocks" run on them; the views that
+split blocks into softmax heads refuse them with the reason.
+
 Every function also takes the text itself (and then runs its own forward).
 """
 
 from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
 from .attribution_patching import attribution_patch
+from .block_attribution import BlockAttribution, block_attribution
 from .circuits import OVCircuits, QKSpace, ov_circuits, ov_tokens, qk_space
 from .lens import LogitLens, logit_lens
 from .patching import DIRECTIONS, OVERS, Patching, patch
@@ -22,6 +27,7 @@ from .residual import Trace, Unsupported, trace
 from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
 from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
 from .search import HeadScores, previous_occurrence_heads, search_heads
+from .stream import Stream, needs_stream, read_stream, stream
 from .writes import NodeWrites, node_writes
 
 __all__ = [
@@ -32,6 +38,7 @@ __all__ = [
     "OVERS",
     "Ablation",
     "Attribution",
+    "BlockAttribution",
     "Edge",
     "FlowGraph",
     "HeadScores",
@@ -45,14 +52,17 @@ __all__ = [
     "QKSpace",
     "RotaryBands",
     "RotarySpec",
+    "Stream",
     "Trace",
     "Unsupported",
     "ablate_heads",
     "attribution_patch",
     "bands",
+    "block_attribution",
     "information_flow",
     "logit_attribution",
     "logit_lens",
+    "needs_stream",
     "node_writes",
     "ov_circuits",
     "ov_tokens",
@@ -61,7 +71,9 @@ __all__ = [
     "qk_attribution",
     "qk_row",
     "qk_space",
+    "read_stream",
     "rotary_bands",
     "search_heads",
+    "stream",
     "trace",
 ]

@@ -18,11 +18,10 @@ import numpy as np
 import torch
 
 from ..errors import AttnvizError
-from ..inputs import tokenize
 from ..loading import LoadedModel
 from ..tokens import Tokens, displays
 from .residual import Trace, trace, unembed
-from .stream import Stream, has_mixers, read_stream
+from .stream import Stream, needs_stream, stream
 
 DEFAULT_POSITIONS = 16
 DEFAULT_K = 5
@@ -90,9 +89,8 @@ def logit_lens(
     hybrid or recurrent model the rows are block boundaries read by `attnviz.explain.stream`."""
     if isinstance(text, Trace | Stream):
         tr: Trace | Stream = text
-    elif has_mixers(lm.layout) or lm.layout.attention_layers or not lm.layout.n_layers:
-        # a hybrid or a recurrent model: the stream at block boundaries is all the lens reads
-        tr = read_stream(lm, tokenize(lm, text, chat=chat)[0] if isinstance(text, str) else list(text))
+    elif needs_stream(lm.layout):  # a hybrid or a recurrent model: the lens reads block boundaries
+        tr = stream(lm, text, chat=chat)
     else:
         tr = trace(lm, text, chat=chat)
     if tr.unembed_problem:

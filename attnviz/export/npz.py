@@ -178,6 +178,8 @@ def _mixer_arrays(result: AttentionResult, arrays: dict[str, np.ndarray], *, den
         named = {f"inputs.{k}": v for k, v in rec.inputs.items()}
         named |= {"output": rec.output, "out_out": rec.out_out, "out_weight": rec.out_weight}
         named |= {"out_bias": rec.out_bias, "scale": rec.scale}
+        named |= {f"branch.{k}": v for k, v in rec.branches.items()}  # a parallel block's shares
+        entry["branch_how"] = rec.branch_how
         for name, value in named.items():
             where = entry["inputs"] if name.startswith("inputs.") else entry
             key = name.removeprefix("inputs.")
@@ -212,6 +214,8 @@ def _mixers_from(data: Any, meta: dict, device: torch.device) -> MixerStore | No
         )  # fmt: skip
         rec.n_tokens, rec.output_rows = e.get("n_tokens", 0), tuple(e.get("output_rows", ()))
         rec.scale = value(e.get("scale"))
+        rec.branches = {k.removeprefix("branch."): value(v) for k, v in e.items() if k.startswith("branch.")}
+        rec.branch_how = e.get("branch_how", "")
         rec.out_out, rec.out_weight, rec.out_bias = (
             value(e.get(k)) for k in ("out_out", "out_weight", "out_bias")
         )

@@ -47,7 +47,7 @@ from attnviz.figures.colour import (
     resolve_scale,
     scale_note,
 )
-from attnviz.figures.grid import head_grid
+from attnviz.figures.grid import grid_shape, head_grid, labels_fit
 from attnviz.figures.heatmaps import head_heatmap, matrix_heatmap, rows_heatmap
 from attnviz.figures.hover import HOVER_MAX_TOKENS, hover_lines_html, hover_text_html
 from attnviz.figures.labels import (
@@ -101,6 +101,7 @@ __all__ = [
     "downsample",
     "escape",
     "figure_name",
+    "grid_shape",
     "grid_side",
     "head_colours",
     "head_grid",
@@ -109,6 +110,7 @@ __all__ = [
     "hover_lines_html",
     "hover_text_html",
     "index_ticks",
+    "labels_fit",
     "matrix_heatmap",
     "metric_heatmap",
     "model_mosaic",

@@ -72,18 +72,19 @@ def index_ticks(values: Sequence[str], max_labels: int = 16) -> tuple[list[str],
 
 def _title(text: str, size: int = 14) -> dict:
     """A left-aligned title just above the plot area (clear of the mode bar on the right).
-    ``automargin``: Plotly sets the lines after a ``<br>`` below the anchor, over the plot (the
-    patching map's second line hid row L0); with it the top margin grows to keep them clear."""
+    Plotly anchors a title's first line and sets the lines after each ``<br>`` below it, over the
+    plot (the patching map's second line hid row L0): the padding lifts it by those lines
+    (Plotly's line height is 1.3 em; ``automargin`` did not move them)."""
+    extra = text.count("<br>")
     return dict(
         text=text,
-        automargin=True,
         x=0,
         xref="paper",
         xanchor="left",
         y=1,
         yref="paper",
         yanchor="bottom",
-        pad=dict(b=10),
+        pad=dict(b=10 + round(extra * 1.3 * size)),
         font=dict(size=size),
     )
 

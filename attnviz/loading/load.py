@@ -80,6 +80,19 @@ def builtin_folder(spec: str) -> Path:
     return found.folder
 
 
+def _how_online() -> str:
+    """How to reach the Hub: unset HF_HUB_OFFLINE only where it is set (it was said when it was
+    never set, sending people after a variable that was not there)."""
+    try:
+        offline = flag("HF_HUB_OFFLINE")
+    except AttnvizError:  # a value that is not yes/no: name it
+        offline = True
+    if offline:
+        return f"this server runs offline (HF_HUB_OFFLINE={text('HF_HUB_OFFLINE')}): unset it"
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    return f"connect this server to the internet ({endpoint} did not answer)"
+
+
 def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
     """Turn Hub / loading exceptions into messages that say what to do (never include the token)."""
     name = type(err).__name__
@@ -120,9 +133,8 @@ def _hub_error(spec: str, err: Exception, token: str | None) -> AttnvizError:
         or "cannot find the requested files" in text.lower()
     ):
         return ModelNeedsNetwork(
-            f"{spec!r} is not in the local cache and the Hub cannot be reached; "
-            "connect to the internet (unset HF_HUB_OFFLINE), or pick a built-in model "
-            f"({', '.join(BUILTIN_MODELS)})"
+            f"{spec!r} is not in the local cache and the Hub cannot be reached; {_how_online()}, or pick "
+            f"a built-in model ({', '.join(BUILTIN_MODELS)})"
         )
     if "safetensors" in text.lower() or "use_safetensors" in text:
         return UnsafeWeights(

@@ -1,11 +1,11 @@
 """The LFM2 gated short convolution: exact per channel (a K-band), summarised by contributions.
 
-From in_proj's output (B, C, x, each (N, D)) and the depthwise conv weight w (D, K) that
+From in_proj's output (B, C, x, each (S, ch)) and the depthwise conv weight w (ch, K) that
 ``causal_conv1d_fn`` received, per channel c:
 
     A^c[t,s] = C_{t,c} · w_{c, K-1-(t-s)} · B_{s,c}   for 0 ≤ t-s < K,   y_t = Σ_s A^c[t,s] x_s (+ C_t·bias)
 
-There are D matrices and no heads, so the per-block picture is the norm of each source token's
+There are ch matrices and no heads, so the per-block picture is the norm of each source token's
 contribution through out_proj, c_{t,s} = W_out (A[:, t, s] ⊙ x_s), with C_t frozen at its forward
 value (it is: the gate is the forward's own C).
 """
@@ -18,8 +18,8 @@ from . import channels
 
 
 def conv_parts(inputs: dict) -> dict[str, torch.Tensor]:
-    """B, C, x (N, D), w (D, K), bias (D,) (zeros without one), conv output (N, D): float64."""
-    bcx = inputs["BCx"][0].double()  # (N, 3D)
+    """B, C, x (S, ch), w (ch, K), bias (ch,) (zeros without one): float64."""
+    bcx = inputs["BCx"][0].double()  # (S, 3·ch)
     B, C, x = bcx.chunk(3, dim=-1)
     w = inputs["weight"].double()
     bias = inputs.get("bias")
@@ -35,7 +35,7 @@ def conv_parts(inputs: dict) -> dict[str, torch.Tensor]:
 
 
 def channel_band(parts: dict, t: int) -> torch.Tensor:
-    """float64 (D, N): row t of A^c for every channel (non-zero only for t-K < s ≤ t)."""
+    """float64 (ch, S): row t of A^c for every channel (non-zero only for t-K < s ≤ t)."""
     d, k = parts["w"].shape
     n = parts["x"].shape[0]
     out = torch.zeros(d, n, dtype=torch.float64, device=parts["x"].device)
@@ -46,7 +46,7 @@ def channel_band(parts: dict, t: int) -> torch.Tensor:
 
 
 def conv_output(parts: dict, t: int) -> torch.Tensor:
-    """(D,): the conv's output at t (before the C gate), rebuilt as causal_conv1d_fn computes it."""
+    """(ch,): the conv's output at t (before the C gate), rebuilt as causal_conv1d_fn computes it."""
     k = parts["w"].shape[1]
     u = parts["bias"].clone()
     for lag in range(min(k, t + 1)):

@@ -1,6 +1,6 @@
 """The delta rule's effective attention (Gated DeltaNet and Kimi delta attention), per value head.
 
-With the kernel's own q, k (L2-normalised when ``use_qk_l2norm_in_kernel``, q scaled by d_k^-1/2,
+With the kernel's own q, k (L2-normalised when ``use_qk_l2norm_in_kernel``, q scaled by hs_k^-1/2,
 key heads repeated for their value heads), decays a_t = exp(g_t) (a scalar per head for GDN, per
 key channel for KDA) and β_t, the state runs S_t = M_t S_{t-1} + β_t k_t v_tᵀ with
 M_t = (I − β_t k_t k_tᵀ) Diag(a_t), o_t = S_tᵀ q_t. Every transition acts on the key side, so
@@ -11,7 +11,7 @@ is one scalar per (t, s, head). Rows come from a backward scan, r ← q_t, then 
 A[t,s] = β_s k_s·r and r ← Diag(a_s)(r − β_s k_s (k_s·r)) (`scan_rows`: O(N·d) per row). Many rows
 share a chunked scan (`chunked_rows`): per chunk [a, b) the C steps build W[s] = β_s k_sᵀ Q_s and
 Q_a = M_aᵀ⋯M_{b-1}ᵀ once (d×d), and every row after the chunk reads A[t, a:b] = W r and carries
-r ← Q_a r, so a full N×N head is N²·d flops in matrix products. The token-by-token oracle is
+r ← Q_a r, so a full (T, S) head is T·S·hs_k flops in matrix products. The token-by-token oracle is
 `attnviz.mixers.reference.delta_dense`. Everything runs in float64.
 """
 
@@ -32,7 +32,7 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def delta_parts(inputs: dict) -> dict[str, torch.Tensor]:
-    """q, k (N, H, d_k) as the kernel uses them, a (N, H, d_k) decays, beta (N, H), v (N, H, d_v)."""
+    """q, k (S, nh, hs_k) as the kernel uses them, a (S, nh, hs_k) decays, beta (S, nh), v (S, nh, hs_v)."""
     q, k, v = (inputs[n][0] for n in ("query", "key", "value"))
     n_v = v.shape[1]
     if q.shape[1] != n_v:  # grouped value heads: each key head serves n_v // n_k value heads
@@ -43,12 +43,13 @@ def delta_parts(inputs: dict) -> dict[str, torch.Tensor]:
         q, k = _l2norm(q), _l2norm(k)
     q, k = q.double() * q.shape[-1] ** -0.5, k.double()
     g = inputs["g"][0].double()
-    a = g.exp()[..., None].expand_as(k) if g.dim() == 2 else g.exp()  # (N, H, d_k)
+    a = g.exp()[..., None].expand_as(k) if g.dim() == 2 else g.exp()  # (S, nh, hs_k)
     return {"q": q, "k": k, "a": a, "beta": inputs["beta"][0].double(), "v": v.double()}
 
 
 def delta_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
-    """float64 (len(heads), len(rows), N): the chunked scan for many rows, the plain one for few."""
+    """float64 (nh', T, S) for nh' = len(heads), T = len(rows): the chunked scan for many rows,
+    the plain one for few."""
     if len(rows) * 4 < parts["q"].shape[-1]:
         return scan_rows(parts, heads, rows)
     return chunked_rows(parts, heads, rows)
@@ -70,7 +71,7 @@ def scan_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.Te
     for s in range(max(positions), -1, -1):
         if s in start:
             r[:, start[s]] = q[s]
-        dot = r @ k[s][:, :, None]  # (H, R, 1)  k_s·r
+        dot = r @ k[s][:, :, None]  # (nh', T, 1)  k_s·r
         out[:, :, s] = beta[s][:, None] * dot[..., 0]
         r = a[s][:, None, :] * (r - beta[s][:, None, None] * k[s][:, None, :] * dot)
     return out
@@ -81,8 +82,8 @@ def chunked_rows(
 ) -> torch.Tensor:
     """The same rows by chunks: C sequential steps per chunk on d×d matrices, the rest matmuls.
 
-    ``emit(row_indices, lo, hi, block)`` receives each computed (H', rows, hi - lo) block instead
-    (a pooled view never holds the (rows, N) matrix); the return value is then empty."""
+    ``emit(row_indices, lo, hi, block)`` receives each computed (nh', rows, hi - lo) block instead
+    (a pooled view never holds the (T, S) matrix); the return value is then empty."""
     q, k, a, beta = _head_parts(parts, heads)
     n, h, d = q.shape
     rows_l = rows.tolist()
@@ -101,7 +102,7 @@ def chunked_rows(
         block_in = q.new_zeros(h, len(inside), hi - lo)
         pos_in = rows_t[inside].tolist()
         for s in range(hi - 1, lo - 1, -1):
-            ks, bs, as_ = k[s], beta[s], a[s]  # (H, d), (H,), (H, d)
+            ks, bs, as_ = k[s], beta[s], a[s]  # (nh', hs_k), (nh',), (nh', hs_k)
             w[:, s - lo] = bs[:, None] * (ks[:, None, :] @ qm)[:, 0]
             # Q ← M_sᵀ Q = Diag(a_s)(I − β_s k_s k_sᵀ) Q
             qm = as_[:, :, None] * (qm - bs[:, None, None] * ks[:, :, None] * (ks[:, None, :] @ qm))
@@ -129,8 +130,8 @@ def chunked_rows(
 
 
 def delta_outputs(parts: dict, matrix: torch.Tensor, heads: Sequence[int]) -> torch.Tensor:
-    """Σ_s A[t,s] v_s: (R, H', d_v), to compare with the kernel's output."""
-    v = parts["v"][:, list(heads)].transpose(0, 1)  # (H', N, d_v)
+    """Σ_s A[t,s] v_s: (T, nh', hs_v), to compare with the kernel's output."""
+    v = parts["v"][:, list(heads)].transpose(0, 1)  # (nh', S, hs_v)
     return (matrix @ v).transpose(0, 1)
 
 

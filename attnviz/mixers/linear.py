@@ -18,7 +18,7 @@ import torch
 
 
 def lightning_parts(inputs: dict) -> dict[str, torch.Tensor]:
-    """q, k, v (N, H, d) and λ (H,), float64."""
+    """q, k, v (S, nh, hs) and λ (nh,), float64."""
     slope = inputs["slope_rate"].double().reshape(-1)
     n_heads = slope.shape[0]
     qkv = inputs["qkv"][0].double()
@@ -28,19 +28,19 @@ def lightning_parts(inputs: dict) -> dict[str, torch.Tensor]:
 
 
 def lightning_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
-    """float64 (len(heads), len(rows), N)."""
+    """float64 (nh', T, S) for nh' = len(heads), T = len(rows)."""
     hs = list(heads)
     rows = rows.to(parts["q"].device)
-    q = parts["q"][rows][:, hs].transpose(0, 1)  # (H', R, d)
-    k = parts["k"][:, hs].transpose(0, 1)  # (H', N, d)
+    q = parts["q"][rows][:, hs].transpose(0, 1)  # (nh', T, hs)
+    k = parts["k"][:, hs].transpose(0, 1)  # (nh', S, hs)
     n = k.shape[1]
-    gap = (rows[:, None] - torch.arange(n, device=rows.device)[None, :]).double()  # (R, N)  t - s
+    gap = (rows[:, None] - torch.arange(n, device=rows.device)[None, :]).double()  # (T, S)  t - s
     decay = torch.exp(-parts["slope"][hs][:, None, None] * gap.clamp(min=0)) * (gap >= 0)
     return (q @ k.transpose(1, 2)) * decay
 
 
 def lightning_outputs(parts: dict, matrix: torch.Tensor, heads: Sequence[int]) -> torch.Tensor:
-    """Σ_s A[t,s] v_s: (R, H', d)."""
+    """Σ_s A[t,s] v_s: (T, nh', hs)."""
     v = parts["v"][:, list(heads)].transpose(0, 1)
     return (matrix @ v).transpose(0, 1)
 

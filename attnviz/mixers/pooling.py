@@ -1,6 +1,6 @@
-"""A pooled view of one mixer head: mean and max |A| over blocks of tokens, never N×N at once.
+"""A pooled view of one mixer head: mean and max |A| over blocks of tokens, never (T, S) at once.
 
-The grid is (bins, bins) for `cells` bins a side (block = ceil(N / cells) tokens), like
+The grid is (bins, bins) for `cells` bins a side (block = ceil(S / cells) tokens), like
 `attnviz.analysis.pooling.pooled` for softmax heads; the mean counts every cell of a block (zeros
 above the diagonal included) and is signed, the max is of |A|. Rows come in tiles of the
 per-head formulas; a kind with ``stream_rows`` (the delta rule's chunked scan) streams them
@@ -42,7 +42,7 @@ def mixer_pooled(store: MixerStore, block: int, kind: str, head: int, cells: int
     store.check(block, kind)
     bin_of = torch.arange(n) // width
 
-    def add(rows: torch.Tensor, lo: int, hi: int, values: torch.Tensor) -> None:  # values (R, hi-lo)
+    def add(rows: torch.Tensor, lo: int, hi: int, values: torch.Tensor) -> None:  # values (T', hi - lo)
         rb, cb = bin_of[rows.cpu()], bin_of[lo:hi]
         flat = (rb[:, None] * bins + cb[None, :]).reshape(-1)
         v = values.reshape(-1).double().cpu()

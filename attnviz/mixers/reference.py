@@ -2,7 +2,7 @@
 against (tiny inputs only: they are O(N²) Python steps and dense d×d products).
 
 Each takes the parts its fast module builds from the kernel's inputs (float64) and returns the
-whole (heads, N, N) matrix straight from the definition.
+whole (nh, T, S) matrix straight from the definition.
 """
 
 from __future__ import annotations

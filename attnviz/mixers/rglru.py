@@ -18,7 +18,7 @@ from . import channels
 
 
 def rglru_parts(inputs: dict) -> dict[str, torch.Tensor]:
-    """x̃ (N, D), cumulative log a (N, D), gate g (N, D; ones when not tapped): float64."""
+    """x̃ (S, ch), cumulative log a (S, ch), gate g (T, ch; ones when not tapped): float64."""
     x = inputs["hidden_states"][0].double()
     a = inputs["recurrent_gate"][0].double()
     log_a = torch.log(a[1:].clamp(min=1e-300))  # position 0 never enters a product r ≥ s + 1
@@ -28,7 +28,7 @@ def rglru_parts(inputs: dict) -> dict[str, torch.Tensor]:
 
 
 def channel_rows(parts: dict, t: int) -> torch.Tensor:
-    """float64 (D, t + 1): row t of A^c for every channel."""
+    """float64 (ch, t + 1): row t of A^c for every channel."""
     return torch.exp(parts["cum"][t][None, :] - parts["cum"][: t + 1]).T
 
 

@@ -5,7 +5,7 @@ Per channel c (A_c ∈ R^n diagonal, B and C shared by all channels), from what
 
     M^c[t,s] = Σ_n C_{t,n} B_{s,n} Δ_{s,c} exp(A_{c,n} Σ_{r=s+1..t} Δ_{r,c})
 
-and y^c_t = (Σ_s M^c[t,s] x^c_s + D_c x^c_t) · silu(z^c_t). There are d_inner matrices and no
+and y^c_t = (Σ_s M^c[t,s] x^c_s + D_c x^c_t) · silu(z^c_t). There are ch (d_inner) matrices and no
 heads, so the exact per-block picture is the size of each source token's contribution to the
 mixer's output, with the gate silu(z_t) frozen at its forward value and pushed through out_proj:
 c_{t,s} = W_out (silu(z_t) ⊙ M[:, t, s] ⊙ x_s), and Σ_s c_{t,s} + W_out(silu(z_t) ⊙ D ⊙ x_t) + b
@@ -21,12 +21,12 @@ from . import channels
 
 
 def selective_parts(inputs: dict) -> dict:
-    """x, Δ, cum ΣΔ, gate silu(z) (N, d_inner); A (d_inner, n); B, C (N, n); D (d_inner,): float64.
+    """x, Δ, cum ΣΔ, gate silu(z) (S, ch); A (ch, n); B, C (S, n); D (ch,): float64.
     Scans over channel groups (Zamba: ``inputs["groups"]``) give {"groups": [parts, ...]}, read
     below as the channels of all groups in order."""
     if "groups" in inputs:
         return {"groups": [selective_parts(g) for g in inputs["groups"]]}
-    x = inputs["hidden_states"][0].double().T  # (N, d)
+    x = inputs["hidden_states"][0].double().T  # (S, ch)
     dt = inputs["dt"][0].double().T
     if inputs.get("delta_bias") is not None:
         dt = dt + inputs["delta_bias"].double()
@@ -40,7 +40,7 @@ def selective_parts(inputs: dict) -> dict:
         "dt": dt,
         "cum": torch.cumsum(dt, dim=0),
         "A": inputs["A"].double(),
-        "B": inputs["B"][0].double().T,  # (N, n)
+        "B": inputs["B"][0].double().T,  # (S, n)
         "C": inputs["C"][0].double().T,
         "D": torch.zeros(x.shape[1], dtype=x.dtype, device=x.device) if D is None else D.double(),
         "gate": gate,
@@ -67,7 +67,7 @@ def channel_rows(parts: dict, t: int, channels: slice | None = None) -> torch.Te
 
 
 def core_output(parts: dict, t: int) -> torch.Tensor:
-    """(d_inner,): the scan's output at t rebuilt from the per-channel rows (gate included)."""
+    """(ch,): the scan's output at t rebuilt from the per-channel rows (gate included)."""
     m = channel_rows(parts, t)
     x, D, gate = (_cat(parts, k) for k in ("x", "D", "gate"))
     y = (m * x[: t + 1].T).sum(-1) + D * x[t]

@@ -19,10 +19,10 @@ from ..layout import query_group, repeat_kv
 
 
 def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
-    """x (N, H, P), dt Δ (N, H), cum Σ AΔ (N, H), B, C (N, H, n) per head, D (H,): float64."""
-    x = inputs["hidden_states"][0].double()  # (N, H, P)
+    """x (S, nh, hs), dt Δ (S, nh), cum Σ AΔ (S, nh), B, C (S, nh, n) per head, D (nh,): float64."""
+    x = inputs["hidden_states"][0].double()  # (S, nh, hs)
     n_heads = x.shape[1]
-    dt = inputs["dt"][0].double()  # (N, H)
+    dt = inputs["dt"][0].double()  # (S, nh)
     if inputs.get("dt_bias") is not None:
         dt = dt + inputs["dt_bias"].double()
     if inputs.get("dt_softplus"):
@@ -31,9 +31,9 @@ def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
     dt = dt.clamp(min=lo, max=hi)
     group = query_group(n_heads, inputs["B"].shape[2])  # head h reads B, C group h // group
     # contiguous: the copy repeat_interleave always made (the walkthrough's products see one layout)
-    B = repeat_kv(inputs["B"][0].double(), group, dim=1).contiguous()  # (N, H, n)
+    B = repeat_kv(inputs["B"][0].double(), group, dim=1).contiguous()  # (S, nh, n)
     C = repeat_kv(inputs["C"][0].double(), group, dim=1).contiguous()
-    cum = torch.cumsum(inputs["A"].double() * dt, dim=0)  # (N, H) Σ_{r<=t} A_h Δ_r
+    cum = torch.cumsum(inputs["A"].double() * dt, dim=0)  # (S, nh) Σ_{r<=t} A_h Δ_r
     D = inputs.get("D")
     D = (
         torch.zeros(n_heads, dtype=torch.float64, device=x.device)
@@ -44,24 +44,24 @@ def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
 
 
 def ssd_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
-    """float64 (len(heads), len(rows), N): rows ``rows`` of M_h for each head."""
+    """float64 (nh', T, S) for nh' = len(heads), T = len(rows): rows ``rows`` of M_h for each head."""
     hs = torch.as_tensor(list(heads), device=parts["x"].device)
     rows = rows.to(parts["x"].device)
     n = parts["x"].shape[0]
-    C = parts["C"][rows][:, hs].transpose(0, 1)  # (H', R, n)
-    B = parts["B"][:, hs].transpose(0, 1)  # (H', N, n)
-    scores = C @ B.transpose(1, 2)  # (H', R, N)  C_t·B_s
-    cum = parts["cum"][:, hs].T  # (H', N)
-    causal = rows[:, None] >= torch.arange(n, device=rows.device)[None, :]  # (R, N)
+    C = parts["C"][rows][:, hs].transpose(0, 1)  # (nh', T, n)
+    B = parts["B"][:, hs].transpose(0, 1)  # (nh', S, n)
+    scores = C @ B.transpose(1, 2)  # (nh', T, S)  C_t·B_s
+    cum = parts["cum"][:, hs].T  # (nh', S)
+    causal = rows[:, None] >= torch.arange(n, device=rows.device)[None, :]  # (T, S)
     log_decay = (cum[:, rows, None] - cum[:, None, :]).masked_fill(~causal, -torch.inf)
     return scores * log_decay.exp() * parts["dt"][:, hs].T[:, None, :]
 
 
 def ssd_outputs(parts: dict, matrix: torch.Tensor, heads: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
-    """Σ_s M[t,s] x_s + D x_t for ``rows``: (R, H', P), to compare with the scan's output."""
+    """Σ_s M[t,s] x_s + D x_t for ``rows``: (T, nh', hs), to compare with the scan's output."""
     hs = list(heads)
-    x = parts["x"][:, hs].transpose(0, 1)  # (H', N, P)
-    y = matrix @ x  # (H', R, P)
+    x = parts["x"][:, hs].transpose(0, 1)  # (nh', S, hs)
+    y = matrix @ x  # (nh', T, hs)
     y = y + parts["D"][hs][:, None, None] * x[:, rows]
     return y.transpose(0, 1)
 

@@ -116,7 +116,7 @@ class MixerStore:
     def tensor(
         self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
     ) -> torch.Tensor:
-        """float32 (heads, rows, N): the block's effective attention (per-channel kinds: the
+        """float32 (nh', T, S): the block's effective attention (per-channel kinds: the
         token-contribution norms, one "head"), after the block's self-check passed."""
         n_heads = self.n_heads(block, kind)
         heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
@@ -154,7 +154,7 @@ class MixerStore:
     def contributions(
         self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
     ) -> torch.Tensor:
-        """float32 (heads, rows, N): ‖c_{t,s}‖, the size of source token s's contribution to the
+        """float32 (nh', T, S): ‖c_{t,s}‖, the size of source token s's contribution to the
         mixer's output at t through its output projection (per head: that head's channels),
         gates and norm scales frozen at their forward values; SSD's D·x_t counts as token t's own.
         Per-channel kinds: the same as `tensor`."""
@@ -187,7 +187,7 @@ class MixerStore:
                 a[torch.arange(len(idx)), own] += parts[spec.skip][h]
             for r0 in range(0, len(idx), 16):
                 sig = scale[idx[r0 : r0 + 16].to(scale.device), h]  # (r, d)
-                sv = vh[None] * sig[:, None]  # (r, N, d)
+                sv = vh[None] * sig[:, None]  # (T', S, hs)
                 size = ((sv @ gram) * sv).sum(-1).clamp(min=0).sqrt()
                 out[j, r0 : r0 + 16] = a[r0 : r0 + 16].abs() * size
         return out.float()
@@ -287,7 +287,7 @@ def _channel_groups(group: list[CapturedMixer]) -> CapturedMixer:
 
 
 def _n_tokens(rec: CapturedMixer) -> int:
-    """N of a record: kept, or read from a whole output ((1, N, ...); (1, D, N) channels first)."""
+    """S of a record: kept, or read from a whole output ((B, S, ...); (B, ch, S) channels first)."""
     spec = _spec(rec.kind)
     return rec.n_tokens or int(rec.output.shape[2 if spec is not None and spec.channels_first else 1])
 

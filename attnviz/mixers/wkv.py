@@ -18,7 +18,7 @@ from . import channels
 
 
 def wkv_parts(inputs: dict) -> dict[str, torch.Tensor]:
-    """k, v (N, D), decay e^{w} and bonus u (D,), gate σ(r) (N, D) when tapped: float64."""
+    """k, v (S, ch), decay e^{w} and bonus u (ch,), gate σ(r) (T, ch) when tapped: float64."""
     k = inputs["key"][0].double()
     r = inputs.get("r_pre")
     return {
@@ -31,15 +31,15 @@ def wkv_parts(inputs: dict) -> dict[str, torch.Tensor]:
 
 
 def channel_rows(parts: dict, t: int) -> torch.Tensor:
-    """float64 (D, t + 1): row t of A^c for every channel (each row sums to 1)."""
+    """float64 (ch, t + 1): row t of A^c for every channel (each row sums to 1)."""
     s = torch.arange(t + 1, dtype=torch.float64, device=parts["k"].device)
-    logits = parts["k"][: t + 1] - (t - 1 - s)[:, None] * parts["decay"][None, :]  # (s, D)
+    logits = parts["k"][: t + 1] - (t - 1 - s)[:, None] * parts["decay"][None, :]  # (t + 1, ch)
     logits[t] = parts["u"] + parts["k"][t]
     return torch.softmax(logits, dim=0).T
 
 
 def wkv_output(parts: dict, t: int) -> torch.Tensor:
-    """(D,): the WKV output at t, Σ_s A^c[t,s] v_s."""
+    """(ch,): the WKV output at t, Σ_s A^c[t,s] v_s."""
     return (channel_rows(parts, t) * parts["v"][: t + 1].T).sum(-1)
 
 

@@ -106,3 +106,15 @@ def test_the_atlas_runs_its_texts_under_the_demo_cap(demo, monkeypatch):
     at = new_app("pages/5_Head_atlas.py", model=TINY, ntexts=1).run()
     at.button(key="atlas_run").click().run()
     assert asked and max(asked) <= CAP
+
+
+def test_a_fresh_demo_atlas_visit_gives_no_range_warning(demo):
+    """The default number of texts (50) is above the demo's corpus: a fresh visit clamps it
+    quietly; a link that asks for more than the demo has is still told."""
+    at = new_app("pages/5_Head_atlas.py", model=TINY).run()
+    assert not at.exception
+    assert not [w.value for w in at.warning if "out of range" in w.value]  # caught: every visit warned
+    hi = at.slider(key="ntexts").max
+    assert at.slider(key="ntexts").value == hi
+    linked = new_app("pages/5_Head_atlas.py", model=TINY, ntexts=hi + 5).run()
+    assert [w.value for w in linked.warning if "out of range" in w.value]

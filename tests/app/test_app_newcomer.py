@@ -156,3 +156,54 @@ def test_a_sentence_names_the_strongest_patching_cells(env):
     noised = attnviz.patch(tiny.loaded("llama-gqa"), TEXT, CORRUPT, over="heads", direction="noise").values
     layer, head = np.unravel_index(int(np.argmax(np.abs(noised - 1))), noised.shape)
     assert f"**L{layer} H{head}**" in line.split(",")[0] and "the clean run" in line
+
+
+def test_toggle_labels_wrap_instead_of_being_cut(env):
+    """A toggle in a column truncates its label unless told to wrap ("Hide spe…", "Attribution
+    patching (es…" at 800 and 1280 px): every toggle a page draws wraps."""
+    from apptest import TINY
+
+    for at in (
+        new_app(model=TINY, text=TEXT).run(),
+        new_app(PATCH_PAGE, model=TINY, text=TEXT, view="patching", corrupt=CORRUPT, over="heads").run(),
+    ):
+        ok(at)
+        toggles = list(at.toggle)
+        assert toggles and all(t.proto.wrap for t in toggles), [t.label for t in toggles if not t.proto.wrap]
+
+
+def test_the_clicked_route_is_in_the_share_link(env):
+    from apptest import TINY, specs
+
+    at = new_app("pages/6_Explain.py", model=TINY, text=TEXT, thr="0.01").run()
+    ok(at)
+    routes = next(
+        s for s in specs(at) if (s["layout"].get("title") or {}).get("text", "").startswith("Routes")
+    )
+    layer, head, src, dst = next(t for t in routes["data"] if t.get("customdata"))["customdata"][0]
+    at.session_state["routes_chart"] = {
+        "selection": {"points": [{"customdata": [layer, head, src, dst]}], "point_indices": [0]}
+    }
+    at.run()
+    ok(at)
+    assert at.query_params["edge"] == f"{layer}.{head}.{src}.{dst}"  # caught: not in the link
+    shared = new_app("pages/6_Explain.py", **dict(at.query_params)).run()  # the link, elsewhere
+    ok(shared)
+    assert f"layer {layer}, head {head}" in shared.button(key="routes_open").label
+    bad = new_app("pages/6_Explain.py", model=TINY, text=TEXT, edge="x.y").run()
+    assert any("`edge`" in w.value for w in bad.warning)
+
+
+def test_the_token_field_keeps_its_value_across_pages_by_streamlits_own_state(env):
+    """The token field uses ``persist_state="session"`` (it was copied by hand through a
+    private session key): typed on one page, it is there on the next, and in no link."""
+    from apptest import TINY
+
+    at = new_app(model=TINY, text=TEXT).run()
+    at.text_input(key="hf_token").set_value("hf_secret_for_test").run()
+    ok(at)
+    at.switch_page("pages/1_Model_overview.py").run()
+    ok(at)
+    assert at.text_input(key="hf_token").value == "hf_secret_for_test"
+    assert "hf_secret_for_test" not in str(dict(at.query_params))
+    assert "_attnviz_session_token" not in at.session_state

@@ -76,6 +76,8 @@ def non_default(cls: type[P.Params]) -> P.Params:
             changes[f.name] = " bank" if f.name in ("target", "answer") else " river"
         elif f.name == "abl":  # Explain's ablated heads
             changes[f.name] = "3.1,5.0"
+        elif f.name == "edge":  # Explain's clicked route (an attention edge)
+            changes[f.name] = "2.1.4.7"
         else:  # a choice: another option that its parser accepts
             changes[f.name] = next(o for o in CHOICES if o != d and _parses(f, o))
     return cls(**changes)

@@ -36,7 +36,7 @@ def grid_of(at) -> dict:
 
 
 def big_of(at) -> dict:
-    return next(s for s in specs(at) if "head" in (s["layout"].get("title") or {}).get("text", ""))
+    return next(s for s in specs(at) if "· head" in (s["layout"].get("title") or {}).get("text", ""))
 
 
 def test_grid_and_big_view_share_one_colour_scale(env):
@@ -184,3 +184,41 @@ def test_generation_samples_with_the_seed_from_the_link(env):
     assert want.tokens.ids != greedy.tokens.ids
     assert at.query_params["seed"] == "7" and at.toggle(key="sample").value is True
     assert new[0] in shown, (new, shown[:300])  # the continuation shows the sampled tokens
+
+
+def _mounted(node, found: list) -> list:
+    """Every element of the AppTest tree (blocks walked)."""
+    for child in getattr(node, "children", {}).values():
+        found.append(child)
+        _mounted(child, found)
+    return found
+
+
+def grid_mark(at) -> int | None:
+    """The open head the grid's browser side frames (`ui.grid_hover`), from its mount data."""
+    import json
+
+    marks = [e for e in _mounted(at._tree, []) if "attnviz_grid_hover" in str(getattr(e, "proto", ""))]
+    return json.loads(marks[-1].proto.json)["index"] if marks else None
+
+
+def test_the_open_head_is_marked_in_the_grid_and_moves_with_a_head_change(env):
+    """Issue 40: the tile open large was never marked. The browser side of the grid frames the
+    open head; a head change (which reruns only the big head, not the grid) moves it."""
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    assert grid_mark(at) == 2
+    at.selectbox(key="head").set_value(3).run()
+    assert grid_mark(at) == 3
+
+
+def test_the_summary_is_one_sentence_and_the_details_fold_away(env):
+    """Issue 40: a two-line caption, the token table and the reading note pushed the heatmaps to
+    ~675 px down the page. One sentence stays; the rest is in one expander."""
+    at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
+    ok(at)
+    first = at.markdown[0].value
+    assert first.startswith("**tiny-llama-gqa** read ") and first.count(". ") == 0 and first.endswith(".")
+    details = next(x for x in at.expander if x.label.startswith("Details"))
+    assert any("row = query" in c.value for c in details.caption)  # how to read a map, inside
+    assert not any("row = query" in c.value for c in at.main.caption if c not in details.caption)

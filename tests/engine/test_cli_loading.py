@@ -151,3 +151,17 @@ def test_no_attention_model_is_refused():
         loading.attention_layout(MambaConfig(hidden_size=16, num_hidden_layers=1, vocab_size=32)).n_layers
         == 0
     )
+
+
+def test_the_offline_message_names_hf_hub_offline_only_where_it_is_set(monkeypatch):
+    from attnviz.loading import load
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(attnviz.ModelNeedsNetwork, match=r"runs offline \(HF_HUB_OFFLINE=1\): unset it"):
+        attnviz.load_model("some-org/not-cached-model")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(load, "hub_reachable", lambda timeout=2.0: False)  # a closed network
+    with pytest.raises(attnviz.ModelNeedsNetwork) as err:
+        attnviz.load_model("some-org/not-cached-model")
+    assert "HF_HUB_OFFLINE" not in str(err.value)  # caught: "unset HF_HUB_OFFLINE", never set
+    assert "connect this server to the internet" in str(err.value)

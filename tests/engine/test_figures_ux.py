@@ -73,3 +73,42 @@ def test_grid_tiles_are_square_for_square_matrices():
     layer = np.random.default_rng(2).random((4, 6, 6)).astype(np.float32)
     fig = F.head_grid(layer, F.token_labels(list("abcdef")))
     assert fig.layout.yaxis.scaleanchor == "x" and fig.layout.yaxis4.scaleanchor == "x"
+
+
+def test_grid_marks_the_open_head():
+    """Issue 40: the tile open large was never marked in the grid; ``open_head`` frames its facet."""
+    layer = np.random.default_rng(3).random((6, 5, 5)).astype(np.float32)
+    fig = F.head_grid(layer, list("abcde"), open_head=4)
+    frames = [s for s in fig.layout.shapes if s.name == "open head"]
+    assert len(frames) == 1 and frames[0].xref == "x5 domain" and frames[0].yref == "y5 domain"
+    assert not F.head_grid(layer, list("abcde")).layout.shapes
+
+
+def test_grid_tiles_fill_the_space_they_are_given():
+    """Issue 40: ~40 px tiles with wide gaps in a 400 px column. `grid_shape` fits square tiles
+    to the space, and each facet's range is its matrix (the click targets' markers padded the
+    autorange, shrinking every tile inside its cell)."""
+    kv = [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    cols, tile = F.grid_shape(9, 400, 400, kv, colorbar=False)
+    assert cols == 3 and tile >= 95  # one KV group per row, each tile ~a third of the width
+    assert F.grid_shape(12, 400, 400)[1] >= 80
+    layer = np.random.default_rng(4).random((9, 30, 30)).astype(np.float32)
+    labels = [f"t{i}" for i in range(30)]
+    fig = F.head_grid(layer, labels, kv_heads=kv, cols=cols, facet_px=tile, pickable=True, colorbar=False)
+    assert fig.layout.height <= 400
+    for i in ("", "5", "9"):
+        assert tuple(fig.layout[f"xaxis{i}"].range) == (-0.5, 29.5)
+        assert tuple(fig.layout[f"yaxis{i}"].range) == (29.5, -0.5)  # query 0 on top
+
+
+def test_grid_token_labels_only_where_they_fit():
+    """Issue 40: 16 labels on a ~100 px tile lay on top of each other. Labels need 12 px a row."""
+    layer = np.random.default_rng(5).random((4, 16, 16)).astype(np.float32)
+    labels = [f"t{i}" for i in range(16)]
+    crowded = F.head_grid(layer, labels, facet_px=100)
+    assert not any(ax.showticklabels for ax in crowded.select_xaxes()) | any(
+        ax.showticklabels for ax in crowded.select_yaxes()
+    )
+    roomy = F.head_grid(layer, labels, facet_px=16 * 12)
+    assert any(ax.showticklabels for ax in roomy.select_yaxes())
+    assert not F.labels_fit(16, 100) and F.labels_fit(8, 100)

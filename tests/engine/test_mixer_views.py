@@ -191,3 +191,14 @@ def test_branch_shares_come_from_the_extracts_own_forward():
     assert shares.shares == pytest.approx({k: float(v.sum()) / total for k, v in seen.items()}, rel=1e-12)
     with pytest.raises(attnviz.errors.BadIndex, match="no parallel branches were measured"):
         attnviz.extract(hybrids_tiny.loaded("bamba"), TEXT).branch_shares(0)
+
+
+def test_a_saved_result_keeps_its_branch_shares(tmp_path):
+    from attnviz.export import load_npz, save_npz
+
+    res = attnviz.extract(hybrids_tiny.loaded("falcon_h1"), TEXT)
+    save_npz(res, tmp_path / "r.npz", format="compact")
+    back, live = load_npz(tmp_path / "r.npz").branch_shares(0), res.branch_shares(0)
+    assert back.shares == live.shares and back.how == live.how
+    for kind, norms in live.per_token.items():
+        np.testing.assert_array_equal(back.per_token[kind], norms)
