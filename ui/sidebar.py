@@ -21,7 +21,6 @@ from ui.params import MAX_TEXT_CHARS
 from ui.text import literal
 
 OTHER = "Other: a Hub id or a local folder…"
-_TOKEN = "_attnviz_session_token"  # this session's token, in memory only
 
 
 def _describe(option: str) -> str:
@@ -104,17 +103,15 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
         st.caption("Real attention weights of a transformer, per layer and head.")
         model_picker()
         token = None
-        if typed(st.session_state.get("model_choice")) and cfg.allow_token_field:
-            if _TOKEN in st.session_state and ("hf_token" not in st.session_state or state.page_changed()):
-                st.session_state["hf_token"] = st.session_state[_TOKEN]  # kept across pages
-            st.text_input(
+        if typed(state.widget_value("model_choice")) and cfg.allow_token_field:
+            value = st.text_input(
                 "Hugging Face token (gated models)",
                 type="password",
                 key="hf_token",
+                persist_state="session",  # kept across pages (Streamlit's own; was a copy by hand)
                 help="Used only for this session's load. Never put in the link, a cache key or the logs.",
             )
-            token = (st.session_state.get("hf_token") or "").strip() or None
-            st.session_state[_TOKEN] = token or ""
+            token = (value or "").strip() or None
         # no max_chars: the browser would drop a longer paste silently and keep the old text;
         # the page says what is wrong instead (`ui.shell.begin`)
         st.text_area(text_label, key="text", height=110, help=f"Up to {MAX_TEXT_CHARS:,} characters.")

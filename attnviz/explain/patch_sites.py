@@ -59,10 +59,13 @@ def pair(target: Tokens, source: Tokens) -> Pairing:
     if len(t_ids) == len(s_ids):
         pt, ps = list(range(len(t_ids))), list(range(len(s_ids)))
     else:
-        al = align_tokens(target, source, by="ids")
+        # one alignment for both directions (difflib breaks ties by the order of its arguments)
+        swap = (len(t_ids), t_ids) > (len(s_ids), s_ids)
+        al = align_tokens(source, target, by="ids") if swap else align_tokens(target, source, by="ids")
+        matched = [(b, a) for a, b in al.pairs()] if swap else al.pairs()
         pt, ps = [], []
         prev_t, prev_s = -1, -1
-        for a, b in [*al.pairs(), (len(t_ids), len(s_ids))]:
+        for a, b in [*matched, (len(t_ids), len(s_ids))]:
             if a - prev_t == b - prev_s:  # a replaced run of equal length: pair it position by position
                 pt.extend(range(prev_t + 1, a))
                 ps.extend(range(prev_s + 1, b))

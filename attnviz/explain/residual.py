@@ -211,6 +211,15 @@ def final_norm(lm: LoadedModel) -> tuple[str, Any]:
     raise Unsupported(f"cannot find the final norm of {lm.spec!r} (looked for {', '.join(FINAL_NORM_NAMES)})")
 
 
+def logit_multiplier(lm: LoadedModel) -> float:
+    """The scalar the model multiplies its LM head's output by: μP's ``lm_head_multiplier``
+    (Falcon-H1), 1 / ``logits_scaling`` (Granite), else 1."""
+    config = lm.model.config.get_text_config()
+    multiplier = float(getattr(config, "lm_head_multiplier", None) or 1.0)
+    scaling = getattr(config, "logits_scaling", None)
+    return multiplier / float(scaling) if scaling else multiplier
+
+
 def unembed(lm: LoadedModel, x: torch.Tensor) -> torch.Tensor:
     """Logits of hidden states x (rows, d_model) as the model's head makes them: final norm,
     output embedding, soft-capping where the config has it. float32 (rows, vocab)."""
@@ -218,14 +227,10 @@ def unembed(lm: LoadedModel, x: torch.Tensor) -> torch.Tensor:
     if head is None:
         raise Unsupported(f"{lm.spec!r} has no output embedding (LM head) to read the stream with")
     logits = head(final_norm(lm)[1](x[None]))[0].float()
-    config = lm.model.config.get_text_config()
-    multiplier = getattr(config, "lm_head_multiplier", None)  # μP (Falcon-H1): logits = head(x) · m
-    if multiplier is not None:
-        logits = logits * float(multiplier)
-    scaling = getattr(config, "logits_scaling", None)  # Granite: logits = head(x) / s
-    if scaling:
-        logits = logits / float(scaling)
-    cap = getattr(config, "final_logit_softcapping", None)
+    multiplier = logit_multiplier(lm)
+    if multiplier != 1.0:
+        logits = logits * multiplier
+    cap = getattr(lm.model.config.get_text_config(), "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits

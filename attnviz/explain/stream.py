@@ -106,6 +106,9 @@ class Stream:
     problem: tuple[str, ...]  # per block: "" when stream[b+1] = stream[b] + Σ added (checked), else why not
     logits: torch.Tensor  # (vocab,) float32: the model's own logits at the last position
     unembed_problem: str = ""
+    # per block: a per-head mixer part -> (out_proj module, heads, its input (N, heads · d_head)):
+    # gates and norms already applied at their forward values, so head h's write is its columns
+    head_inputs: tuple[dict[str, tuple[Any, int, torch.Tensor]], ...] = ()
 
     @property
     def n_layers(self) -> int:
@@ -162,11 +165,31 @@ def split_block(
             {},
             {},
             (
-                f"its output is not its input + a scalar times each of {', '.join(names)} (a norm after a "
-                "branch, or another term)"
+                f"its output is not its input + a scalar times each of {', '.join(names)} (a norm on "
+                "the stream inside the block, as RWKV's pre_ln in block 0; a norm after a branch; a "
+                "branch fed by more than the stream, as Zamba2's shared block; or another term)"
             ),
         )
     return added, {k: float(scale[i]) for i, k in enumerate(names)}, ""
+
+
+HEAD_COUNTS = ("num_v_heads", "num_heads", "n_heads", "num_attention_heads")
+
+
+def _out_projection(module: Any, kind: str) -> tuple[Any, int] | None:
+    """(out_proj, heads) of a per-head mixer module (SSD, gated delta, Kimi delta, lightning) whose
+    output projection reads heads × d_head channels, head-major; None otherwise."""
+    from ..mixers.kinds import PER_HEAD
+
+    if module is None or kind not in PER_HEAD:
+        return None
+    proj = next((c for n, c in module.named_children() if n in ("out_proj", "o_proj")), None)
+    heads = next(
+        (int(getattr(module, a)) for a in HEAD_COUNTS if isinstance(getattr(module, a, None), int)), 0
+    )
+    if not isinstance(proj, torch.nn.Linear) or heads <= 0 or proj.in_features % heads:
+        return None
+    return proj, heads
 
 
 def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
@@ -205,8 +228,20 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
 
         return hook
 
+    heads_in: list[dict[str, tuple[Any, int, torch.Tensor]]] = [{} for _ in range(st.n_blocks)]
+
+    def head_input(b: int, name: str, proj: Any, n_heads: int):
+        def hook(_m, args):
+            heads_in[b][name] = (proj, n_heads, args[0][0].detach().clone())
+
+        return hook
+
     hooks: list[Hook] = []
     for b, blk in enumerate(st.blocks):
+        for name in st.parts:
+            found = _out_projection(st.modules[name][b], name)
+            if found is not None:
+                hooks.append(Hook(found[0], head_input(b, name, *found), "before"))
         hooks += [Hook(blk, enter(b), "before", with_kwargs=True), Hook(blk, leave(b))]
         for name in st.parts:
             mod = st.modules[name][b]
@@ -254,6 +289,7 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
         problem=tuple(problems),
         logits=logits,
         unembed_problem=problem,
+        head_inputs=tuple(heads_in),
     )
 
 
