@@ -12,10 +12,8 @@ from attnviz.exact.eager import CannotCheck
 from attnviz.extract import auto_check_skipped
 from attnviz.layout import Stack
 from attnviz.verify import self_check
-from ui import models
+from ui import models, state
 from ui.text import guarded
-
-_ASKED = "_attnviz_checks_asked"
 
 
 def _where(res: AttentionResult, stack: str, layer: int) -> str:
@@ -38,7 +36,7 @@ def draw(ref: models.ResultRef, res: AttentionResult, stack: Stack, layer: int) 
     asked for here), else why none ran and a button that runs it on this layer."""
     where = _where(res, stack, layer)
     done = next((c for c in res.checks if c.stack == stack and c.layer == layer), None)
-    asked = st.session_state.setdefault(_ASKED, set())
+    asked = state.kept("checks_asked", set())
     ask = (ref.key, stack, layer)
     if done is None and ask in asked:
         lm = models.load(ref.spec, ref.token)
