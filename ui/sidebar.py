@@ -14,8 +14,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
 from attnviz import LoadedModel
-from attnviz.inputs import position_limit
-from attnviz.server import specs
+from attnviz.inputs import token_limit
 from attnviz.server.settings import settings
 from ui import state
 from ui.params import MAX_TEXT_CHARS
@@ -125,14 +124,16 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
 
 
 def token_cap(lm: LoadedModel, slot: DeltaGenerator) -> None:
-    """Rewrite the cap caption (``slot``) once the model is known: the engine's cap for this
-    model on its device (`attnviz.server.specs.token_cap`: the configured cap or the free memory)."""
+    """Rewrite the cap caption (``slot``) once the model is known: the engine's limit for this
+    model on its device (`attnviz.inputs.token_limit`: the configured cap, the model's position
+    table or the free memory, whichever is smallest), and which one it is."""
     cfg = settings()
-    cap = specs.token_cap(lm, cfg)
-    why = f" (the free memory on {lm.device})" if cap < cfg.max_tokens else ""
-    limit = position_limit(lm.model)
-    if limit is not None and limit <= cap:
-        cap, why = limit, " (the model's own position limit)"
+    cap, limit = token_limit(lm, max_tokens=cfg.max_tokens)
+    why = {
+        "positions": " (the model's own position limit)",
+        "memory": f" (the free memory on {lm.device})",
+        "cap": "",
+    }[limit]
     slot.caption(f"Up to {cap} tokens{why}." + (" Public demo: one request at a time." if cfg.demo else ""))
 
 
