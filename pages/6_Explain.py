@@ -34,7 +34,7 @@ def main() -> None:
         patching.page(lm, p, frame.token, chat)
         state.share_box()
         return
-    if view == "logit lens" and X.needs_stream(lm.layout):  # a hybrid / recurrent model: by blocks
+    if view in ("logit lens", "attribution") and X.needs_stream(lm.layout):  # a hybrid: by blocks
         stream, key = E.load_stream(lm, p, frame.token, chat)
         if stream is None:
             shell.stop()
@@ -42,7 +42,10 @@ def main() -> None:
             f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)} · {stream.n_tokens} tokens · "
             "rows are block boundaries, whatever mixes the tokens"
         )
-        E.lens(lm, stream, key)
+        try:
+            E.lens(lm, stream, key) if view == "logit lens" else E.block_attribution(lm, stream)
+        except AttnvizError as err:
+            E.when_unsupported(err)
         state.share_box()
         return
     tr, key = E.load_trace(lm, p, frame.token, chat)

@@ -97,6 +97,21 @@ def load_stream(
     return got, key
 
 
+def block_attribution(lm: LoadedModel, stream: X.Stream) -> None:
+    """A hybrid's / recurrent model's direct logit attribution by block part (a table, largest
+    first), with its sum check."""
+    att = X.block_attribution(lm, stream)
+    st.dataframe(att.to_frame().round(4), hide_index=True)
+    if att.heads:  # per-head mixers split by head through their out_proj
+        st.dataframe(att.head_frame().round(4), hide_index=True)
+    st.caption(
+        f"Direct contributions to the logit of {md(att.target_token)} at the last token "
+        f"({att.logit:.4f}): the embedding, each block's mixers (each branch on its own) and MLP, "
+        f"through the final norm frozen at its scale; they sum to it within {abs(att.error):.1e}. "
+        + " ".join(att.notes)
+    )
+
+
 def open_in_explorer(p: ExplainParams, layer: int, head: int, token: int, label: str, key: str) -> None:
     """A button that opens ``layer``/``head`` of this text in the explorer (query row ``token``)."""
     if st.button(label, key=key, icon=":material/open_in_new:", type="primary"):

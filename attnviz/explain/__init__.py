@@ -18,6 +18,7 @@ Every function also takes the text itself (and then runs its own forward).
 from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
 from .attribution_patching import attribution_patch
+from .block_attribution import BlockAttribution, block_attribution
 from .circuits import OVCircuits, QKSpace, ov_circuits, ov_tokens, qk_space
 from .lens import LogitLens, logit_lens
 from .patching import DIRECTIONS, OVERS, Patching, patch
@@ -37,6 +38,7 @@ __all__ = [
     "OVERS",
     "Ablation",
     "Attribution",
+    "BlockAttribution",
     "Edge",
     "FlowGraph",
     "HeadScores",
@@ -56,6 +58,7 @@ __all__ = [
     "ablate_heads",
     "attribution_patch",
     "bands",
+    "block_attribution",
     "information_flow",
     "logit_attribution",
     "logit_lens",

@@ -29,7 +29,7 @@ from ..errors import AttnvizError
 from ..loading import LoadedModel
 from ..tokens import Tokens, displays
 from .norms import FrozenNorm, identify
-from .residual import Trace, final_norm, trace
+from .residual import Trace, final_norm, logit_multiplier, trace
 
 PartKind = Literal["head", "mlp", "embedding"]
 
@@ -114,13 +114,14 @@ def head_writes(lm: LoadedModel, tr: Trace, layer: int, row: int, z: torch.Tenso
 
 @torch.inference_mode()
 def readout(
-    lm: LoadedModel, tr: Trace, row: int, target: int, contrast: int | None
+    lm: LoadedModel, tr: Any, row: int, target: int, contrast: int | None
 ) -> tuple[torch.Tensor, float]:
     """(r, constant): logit(target) − logit(contrast) = r · x + constant for the final stream x
     at ``row``, the final norm frozen there."""
     head = lm.model.get_output_embeddings()
     w = head.weight.detach().float()
-    u = w[target] - (w[contrast] if contrast is not None else 0.0)
+    m = logit_multiplier(lm)  # μP / Granite: the head's output scaled by one number
+    u = (w[target] - (w[contrast] if contrast is not None else 0.0)) * m
     x = tr.stream[-1][row : row + 1]
     frozen = final_frozen(lm, x)
     r = frozen.pullback(u.to(x.device), 0)
@@ -130,7 +131,7 @@ def readout(
     bias = getattr(head, "bias", None)
     if isinstance(bias, torch.Tensor):
         b = bias.detach().float()
-        const += float(b[target] - (b[contrast] if contrast is not None else 0.0))
+        const += float(b[target] - (b[contrast] if contrast is not None else 0.0)) * m
     return r, const
 
 
@@ -152,7 +153,7 @@ def logit_attribution(
     t = tr.position(token)
     with torch.inference_mode():
         head = lm.model.get_output_embeddings()
-        logits = head(final_norm(lm)[1](tr.stream[-1][t : t + 1][None]))[0, 0].float()
+        logits = head(final_norm(lm)[1](tr.stream[-1][t : t + 1][None]))[0, 0].float() * logit_multiplier(lm)
         tgt = token_id(lm, target, int(logits.argmax()))
         con = token_id(lm, contrast, None)
         assert tgt is not None

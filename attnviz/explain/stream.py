@@ -26,7 +26,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..layout import AttentionLayout
-from ..loading import LoadedModel
+from ..loading import Hook, LoadedModel
 from ..tokens import Tokens
 from .blocks import MLP_NAMES, Unsupported
 from .norms import close
@@ -106,6 +106,9 @@ class Stream:
     problem: tuple[str, ...]  # per block: "" when stream[b+1] = stream[b] + Σ added (checked), else why not
     logits: torch.Tensor  # (vocab,) float32: the model's own logits at the last position
     unembed_problem: str = ""
+    # per block: a per-head mixer part -> (out_proj module, heads, its input (N, heads · d_head)):
+    # gates and norms already applied at their forward values, so head h's write is its columns
+    head_inputs: tuple[dict[str, tuple[Any, int, torch.Tensor]], ...] = ()
 
     @property
     def n_layers(self) -> int:
@@ -162,17 +165,37 @@ def split_block(
             {},
             {},
             (
-                f"its output is not its input + a scalar times each of {', '.join(names)} (a norm after a "
-                "branch, or another term)"
+                f"its output is not its input + a scalar times each of {', '.join(names)} (a norm on "
+                "the stream inside the block, as RWKV's pre_ln in block 0; a norm after a branch; a "
+                "branch fed by more than the stream, as Zamba2's shared block; or another term)"
             ),
         )
     return added, {k: float(scale[i]) for i, k in enumerate(names)}, ""
 
 
+HEAD_COUNTS = ("num_v_heads", "num_heads", "n_heads", "num_attention_heads")
+
+
+def _out_projection(module: Any, kind: str) -> tuple[Any, int] | None:
+    """(out_proj, heads) of a per-head mixer module (SSD, gated delta, Kimi delta, lightning) whose
+    output projection reads heads × d_head channels, head-major; None otherwise."""
+    from ..mixers.kinds import PER_HEAD
+
+    if module is None or kind not in PER_HEAD:
+        return None
+    proj = next((c for n, c in module.named_children() if n in ("out_proj", "o_proj")), None)
+    heads = next(
+        (int(getattr(module, a)) for a in HEAD_COUNTS if isinstance(getattr(module, a, None), int)), 0
+    )
+    if not isinstance(proj, torch.nn.Linear) or heads <= 0 or proj.in_features % heads:
+        return None
+    return proj, heads
+
+
 def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
     """One forward of ``ids`` keeping the residual stream at every block boundary and what each
-    block's parts add (see the module docstring). Hooks are made under the model's lock."""
-    from .residual import final_norm, forward_kwargs, unembed
+    block's parts add (see the module docstring), through `LoadedModel.forward` (this thread's hooks)."""
+    from .residual import final_norm, unembed
 
     if lm.layout.kind != "decoder":
         raise Unsupported(f"{lm.spec!r} is an {lm.layout.kind} model; the stream is read for decoders")
@@ -182,7 +205,6 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
     post: list[torch.Tensor | None] = [None] * st.n_blocks
     outs: list[dict[str, torch.Tensor]] = [{} for _ in range(st.n_blocks)]
     final: list[torch.Tensor] = []
-    handles = []
 
     def enter(b: int):
         def hook(_m, args, kwargs):
@@ -206,24 +228,27 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
 
         return hook
 
-    with lm.lock, torch.inference_mode():
-        try:
-            for b, blk in enumerate(st.blocks):
-                handles += [
-                    blk.register_forward_pre_hook(enter(b), with_kwargs=True),
-                    blk.register_forward_hook(leave(b)),
-                ]
-                for name in st.parts:
-                    mod = st.modules[name][b]
-                    if mod is not None:
-                        handles.append(mod.register_forward_hook(part(b, name)))
-            handles.append(
-                norm.register_forward_pre_hook(lambda _m, args: final.append(args[0][0].detach().clone()))
-            )
-            out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
-        finally:
-            for h in handles:
-                h.remove()
+    heads_in: list[dict[str, tuple[Any, int, torch.Tensor]]] = [{} for _ in range(st.n_blocks)]
+
+    def head_input(b: int, name: str, proj: Any, n_heads: int):
+        def hook(_m, args):
+            heads_in[b][name] = (proj, n_heads, args[0][0].detach().clone())
+
+        return hook
+
+    hooks: list[Hook] = []
+    for b, blk in enumerate(st.blocks):
+        for name in st.parts:
+            found = _out_projection(st.modules[name][b], name)
+            if found is not None:
+                hooks.append(Hook(found[0], head_input(b, name, *found), "before"))
+        hooks += [Hook(blk, enter(b), "before", with_kwargs=True), Hook(blk, leave(b))]
+        for name in st.parts:
+            mod = st.modules[name][b]
+            if mod is not None:
+                hooks.append(Hook(mod, part(b, name)))
+    hooks.append(Hook(norm, lambda _m, args: final.append(args[0][0].detach().clone()), "before"))
+    out = lm.forward(ids, hooks=hooks, logits_at="last")
     if any(p is None for p in pre) or not final:
         raise Unsupported(f"{lm.spec!r}: the forward did not pass each block and the final norm once")
     dtype = next(lm.model.parameters()).dtype
@@ -264,17 +289,17 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
         problem=tuple(problems),
         logits=logits,
         unembed_problem=problem,
+        head_inputs=tuple(heads_in),
     )
 
 
 def stream(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tokens: int = 8192) -> Stream:
     """`read_stream` of a text (or token ids): the front door the logit lens and pages use on
     hybrids and recurrent models."""
-    from ..inputs import tokenize
+    from ..inputs import admit_ids, tokenize
 
     ids = tokenize(lm, text, chat=chat)[0] if isinstance(text, str) else [int(i) for i in text]
     if not ids:
         raise AttnvizError("an empty text; type a few words")
-    if len(ids) > max_tokens:
-        raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
+    admit_ids(lm, ids, max_tokens=max_tokens, memory=False).check()  # the cap and the position table
     return read_stream(lm, ids)

@@ -39,7 +39,26 @@ def test_the_logit_lens_draws_on_a_hybrid_and_a_pure_state_space_model(env, mode
 
 
 def test_the_head_views_on_a_hybrid_say_what_is_missing(env):
-    at = new_app(PAGE, model="hybrid:qwen3_5_text", text=TEXT, view="attribution").run()
+    at = new_app(PAGE, model="hybrid:qwen3_5_text", text=TEXT, view="ablation").run()
     assert not at.exception
     said = " ".join(m.value for m in [*at.warning, *at.info, *at.error])
     assert "per-head parts of these mixers" in said and "per-token parts" not in said
+
+
+def test_the_attribution_view_on_a_hybrid_is_the_block_parts_table(env):
+    at = new_app(PAGE, model="hybrid:falcon_h1", text=TEXT, view="attribution").run()
+    ok(at)
+    frame = at.dataframe[0].value
+    want = attnviz.explain.block_attribution(hybrids_tiny.loaded("falcon_h1"), TEXT).to_frame()
+    assert list(frame["part"]) == list(want["part"])
+    np.testing.assert_allclose(frame["contribution"], want["contribution"].round(4), atol=1e-9)
+    assert any("sum to it within" in c.value for c in at.caption)
+    heads = at.dataframe[1].value  # the Mamba-2 branch split by head
+    assert set(heads["part"]) == {"mamba2"} and len(heads) == 2 * 4
+
+
+def test_the_attribution_view_on_rwkv_refuses_with_the_reason(env):
+    at = new_app(PAGE, model="hybrid:rwkv", text=TEXT, view="attribution").run()
+    assert not at.exception
+    said = " ".join(m.value for m in [*at.warning, *at.info, *at.error])
+    assert "pre_ln" in said

@@ -225,3 +225,102 @@ def test_the_patching_figure_names_a_hybrids_parts():
     fig = patching_view(res)
     rows = [str(t) for t in fig.data[0].y]
     assert "L0 mamba2" in rows and "L1 attention" in rows and "L1 mlp" in rows
+
+
+@pytest.mark.parametrize("model_type", [m for m in MODELS if m not in ("rwkv", "zamba2")])
+def test_block_attribution_parts_sum_to_the_logit(model_type):
+    """Embedding + every block part (each branch on its own) + biases = the model's logit at the
+    frozen final-norm scale (fp32 stream, float64 sums)."""
+    from attnviz.explain.block_attribution import block_attribution
+
+    lm = _loaded(model_type)
+    att = block_attribution(lm, CLEAN)
+    own = _run(lm.model, _ids(lm, CLEAN))
+    assert att.target == int(own.argmax()) and att.logit == pytest.approx(float(own.max()), abs=1e-5)
+    assert abs(att.error) <= 1e-4 * max(1.0, abs(att.logit))
+    have = {(part, b) for part, b, _ in att.ranking() if b >= 0}
+    assert have == {(p, b) for b, kinds in enumerate(lm.layout.mixers) for p in kinds} | {
+        ("mlp", b) for b in range(att.values.shape[0]) if "mlp" in att.parts
+    }
+
+
+def test_a_branchs_direct_effect_is_its_output_through_the_frozen_final_norm_by_hand():
+    """Falcon-H1 (μP): the Mamba-2 branch of block 1 = ((w · m_ssm · o / rms(x)) · W_U[target]) ·
+    m_head, with o the mixer module's output and x the final norm's input at the last token."""
+    from attnviz.explain.block_attribution import block_attribution
+
+    lm = _loaded("falcon_h1")
+    model = lm.model
+    blk = _blocks(model)[1]
+    seen: dict = {"modules": [blk.mamba]}
+    finals: list = []
+    norm = _final_norm(model)
+    h = norm.register_forward_pre_hook(lambda _m, a: finals.append(a[0][0, -1].clone()))
+    try:
+        _run(model, _ids(lm, CLEAN), post=seen)
+    finally:
+        h.remove()
+    x, o = finals[0].double(), seen[id(blk.mamba)][-1].double()
+    rms = torch.sqrt(x.pow(2).mean() + norm.variance_epsilon)
+    att = block_attribution(lm, CLEAN)
+    w_u = model.get_output_embeddings().weight[att.target].double()
+    want = (
+        float((norm.weight.double() * MUP["ssm_out_multiplier"] * o / rms) @ w_u) * MUP["lm_head_multiplier"]
+    )
+    assert att.values[1, att.parts.index("mamba2")] == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize(("model_type", "why"), [("rwkv", "pre_ln"), ("zamba2", "shared block")])
+def test_block_attribution_refuses_a_block_that_is_not_a_sum_of_its_parts(model_type, why):
+    from attnviz.explain.block_attribution import block_attribution
+
+    with pytest.raises(attnviz.AttnvizError, match=why):
+        block_attribution(_loaded(model_type), CLEAN)
+
+
+def test_a_mixer_heads_direct_effect_is_its_slice_through_out_proj_by_hand():
+    """Falcon-H1's Mamba-2 (SSD) in block 1, head h: (W_out[:, h] · x_h) · m_ssm through the frozen
+    final RMSNorm and the LM head (× m_head), x the out_proj input (gates, norm at their forward
+    values) read with a plain pre-hook; the heads sum to the mixer's part."""
+    from attnviz.explain.block_attribution import block_attribution
+
+    lm = _loaded("falcon_h1")
+    model = lm.model
+    proj = _blocks(model)[1].mamba.out_proj
+    seen: list = []
+    finals: list = []
+    norm = _final_norm(model)
+    hooks = [
+        proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0, -1].clone())),
+        norm.register_forward_pre_hook(lambda _m, a: finals.append(a[0][0, -1].clone())),
+    ]
+    try:
+        _run(model, _ids(lm, CLEAN))
+    finally:
+        for h in hooks:
+            h.remove()
+    att = block_attribution(lm, CLEAN)
+    heads = att.heads[(1, "mamba2")]
+    n_heads = model.config.mamba_n_heads
+    d = proj.in_features // n_heads
+    x, w = seen[0].double(), proj.weight.double()
+    rms = torch.sqrt(finals[0].double().pow(2).mean() + norm.variance_epsilon)
+    w_u = model.get_output_embeddings().weight[att.target].double()
+    for h in range(n_heads):
+        write = w[:, h * d : (h + 1) * d] @ x[h * d : (h + 1) * d] * MUP["ssm_out_multiplier"]
+        want = float((norm.weight.double() * write / rms) @ w_u) * MUP["lm_head_multiplier"]
+        assert heads[h] == pytest.approx(want, rel=1e-4, abs=1e-7)
+    assert heads.sum() == pytest.approx(att.values[1, att.parts.index("mamba2")], abs=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "bamba", "kimi_linear", "mamba2"])
+def test_per_head_mixers_are_split_by_head_and_per_channel_ones_are_not(model_type):
+    from attnviz.explain.block_attribution import block_attribution
+
+    lm = _loaded(model_type)
+    att = block_attribution(lm, CLEAN)
+    per_head = {(b, k) for b, kinds in enumerate(lm.layout.mixers) for k in kinds if k != "attention"}
+    assert set(att.heads) == per_head
+    for (b, part), heads in att.heads.items():
+        assert heads.sum() == pytest.approx(att.values[b, att.parts.index(part)], abs=1e-5)
+    assert not block_attribution(_loaded("mamba"), CLEAN).heads  # Mamba-1: per channel, one component
