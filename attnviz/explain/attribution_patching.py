@@ -59,7 +59,8 @@ class _GradRun:
             return x + leaf
 
         # gradients here even when the caller runs under inference_mode / no_grad
-        with hooked(lm, st, add_leaf, wanted) as hooks:
+        # the [0] too: a view taken under the caller's inference_mode would record no graph
+        with hooked(lm, st, add_leaf, wanted) as hooks, torch.inference_mode(False), torch.enable_grad():
             self.logits = run_ids(lm, torch.tensor([ids], device=lm.device), hooks, grad=True)[0]
         return acts, self.logits.detach()
 
