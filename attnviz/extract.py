@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
+import functools
 import logging
 import time
 from collections import Counter
@@ -20,9 +20,9 @@ from .capture.generation import captured_generate
 from .capture.hook import IMPLEMENTATION, recording
 from .capture.layerwise import LayerInput
 from .capture.sites import decoder_start, eager_attentions, forward_inputs
-from .errors import AttnvizError, EmptyInput, InputTooLong, OutOfMemory
+from .errors import AttnvizError, OutOfMemory
 from .exact.eager import CannotCheck
-from .inputs import check_positions, tokenize
+from .inputs import DEFAULT_MAX_TOKENS, Admission, admit, admit_ids
 from .loading import LoadedModel, is_out_of_memory
 from .mixers.kinds import SHOWN
 from .mixers.store import MixerStore
@@ -34,7 +34,6 @@ from .verify import VerifyArg, pick_layers, self_check
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (attention layers done, attention layers in all)
-DEFAULT_MAX_TOKENS = 8192
 FAST_METHOD = "fast exact"
 # A model without softmax attention (Mamba, RWKV): on either path only its mixers are captured.
 MIXERS_ONLY_METHOD = "no softmax attention: the token mixers' captured kernel inputs"
@@ -49,20 +48,6 @@ def auto_check_skipped(n_tokens: int) -> str:
             f"heads × {n_tokens:,} × {n_tokens:,} weights)"
         )
     return ""
-
-
-def forward_kwargs(lm: LoadedModel) -> dict:
-    params = inspect.signature(lm.model.forward).parameters
-    kwargs: dict = {}
-    if "use_cache" in params:
-        kwargs["use_cache"] = False
-    if "logits_to_keep" in params:
-        # The LM head on N positions would cost N x vocab floats: keep the last one. As an index
-        # tensor, not the int 1: Gemma 4 reads an int as leave to run its KV-shared layers on the
-        # last position only, and those layers' attention would then have one query row. On the
-        # CPU: it indexes the last hidden states wherever a sharded model leaves them.
-        kwargs["logits_to_keep"] = torch.tensor([-1])
-    return kwargs
 
 
 def _group(lm: LoadedModel, calls: list[CapturedAttention]) -> dict[str, list[CapturedAttention]] | None:
@@ -124,6 +109,7 @@ def extract(
     sampling: Sampling | None = None,
     progress: Progress | None = None,
     statistics: bool = False,
+    admission: Admission | None = None,
 ) -> AttentionResult:
     """Attention of ``lm`` on ``text``.
 
@@ -132,7 +118,9 @@ def extract(
     and keys, and computes probabilities only for what is asked; equal to eager within 1e-5 in
     fp32. ``generate=k`` greedily generates k tokens first and returns the attention of prompt +
     generation. Encoder-decoder models without generation feed the decoder the same text shifted
-    right (teacher forcing). Texts over ``max_tokens`` tokens are refused, never truncated.
+    right (teacher forcing). A text is admitted by `attnviz.inputs.admit` (tokenized once): over
+    ``max_tokens`` tokens, the model's position table or what the free memory holds (prompt +
+    ``generate``) it is refused with the reason and how many tokens fit, never truncated.
     ``verify`` (True, "auto" or a layer index) recomputes one layer of every stack (encoder,
     decoder, cross) with transformers' own eager attention on the same layer input and records each
     stack's max |Δ| in ``result.checks``; a mismatch above the dtype's tolerance raises. "auto"
@@ -145,12 +133,18 @@ def extract(
     forward keeps each layer's log-sum-exp and feature expectations where the CPU flash kernel
     runs it in float32 (`attnviz.exact.statistics`), so the statistics need no second attention
     pass there; the output equals a plain run to float32 rounding.
+    ``admission``: what `attnviz.inputs.admit` said of this text already (the app admits it
+    before its progress bar): the text is not tokenized again.
     """
-    ids, template = tokenize(lm, text, chat=chat)
-    return extract_ids(
-        lm, ids, path=path, template=template, generate=generate, max_tokens=max_tokens, verify=verify,
-        sampling=sampling, progress=progress, statistics=statistics,
-    )  # fmt: skip
+    if path not in PATHS:
+        raise AttnvizError(f"unknown path {path!r}; use one of {PATHS}")
+    adm = admission
+    if adm is None or adm.generate != generate:
+        adm = admit(lm, text, chat=chat, generate=generate, max_tokens=max_tokens)
+    adm.check()
+    return _extract(
+        lm, adm, path=path, verify=verify, sampling=sampling, progress=progress, statistics=statistics
+    )
 
 
 def _teller(progress: Progress | None, total: int) -> Callable[[int], None] | None:
@@ -178,21 +172,28 @@ def extract_ids(
     progress: Progress | None = None,
     statistics: bool = False,
 ) -> AttentionResult:
-    """`extract` on token ids you already have (e.g. the induction probe's repeated random ids)."""
+    """`extract` on token ids you already have (e.g. the induction probe's repeated random ids),
+    admitted by `attnviz.inputs.admit_ids` (the same limits as a text)."""
     if path not in PATHS:
         raise AttnvizError(f"unknown path {path!r}; use one of {PATHS}")
-    if generate < 0:
-        raise AttnvizError("generate must be 0 or more tokens")
-    ids = [int(i) for i in ids]
-    if not ids:
-        raise EmptyInput("no tokens given")
-    template = list(template) if template is not None else [False] * len(ids)
-    if len(ids) + generate > max_tokens:
-        raise InputTooLong(
-            f"the text has {len(ids)} tokens{f' (+{generate} to generate)' if generate else ''}; "
-            f"the limit is {max_tokens}. Shorten the text."
-        )
-    check_positions(lm, len(ids), generate)
+    adm = admit_ids(lm, ids, template=template, generate=generate, max_tokens=max_tokens).check()
+    return _extract(
+        lm, adm, path=path, verify=verify, sampling=sampling, progress=progress, statistics=statistics
+    )
+
+
+def _extract(
+    lm: LoadedModel,
+    adm: Admission,
+    *,
+    path: PathName,
+    verify: VerifyArg,
+    sampling: Sampling | None,
+    progress: Progress | None,
+    statistics: bool,
+) -> AttentionResult:
+    """The run of an admitted text (`extract`, `extract_ids`)."""
+    ids, template, generate = list(adm.ids), list(adm.template), adm.generate
     model: Any = lm.model
     tok = lm.tokenizer
     enc_dec = lm.layout.kind == "encoder-decoder"
@@ -200,67 +201,59 @@ def extract_ids(
     input_ids = torch.tensor([ids], device=lm.device)
     start = decoder_start(model) if enc_dec else 0
     try:
-        with lm.lock, torch.inference_mode():
-            dec_ids: list[int] | None = None
-            generated = [False] * len(ids)
-            calls: list[CapturedAttention] | None = None  # captured while generating
-            if generate:
-                gen_kwargs = {
-                    "attention_mask": torch.ones_like(input_ids),
-                    "max_new_tokens": generate,
-                    **(sampling.kwargs() if sampling is not None else {"do_sample": False}),
-                    "pad_token_id": _pad_id(tok),
-                    **({"decoder_start_token_id": start} if enc_dec else {}),
-                }
-                with torch.random.fork_rng(devices=[]):  # a seeded draw leaves the global RNG alone
-                    if sampling is not None:
-                        torch.manual_seed(sampling.seed)
-                    if path == "fast" and lm.fast_exact and not enc_dec and not statistics:
-                        out, calls = captured_generate(
-                            model, input_ids, lm.module_names, gen_kwargs, forward_kwargs(lm)
-                        )
-                    else:
-                        out = model.generate(input_ids, **gen_kwargs)[0].tolist()
-                if enc_dec:
-                    dec_ids = out
-                else:
-                    generated = [False] * len(ids) + [True] * (len(out) - len(ids))
-                    template = template + [False] * (len(out) - len(ids))
-                    ids = out
-            if enc_dec and dec_ids is None:
-                dec_ids = [start, *ids[:-1]]
-            # The same inputs (ids, all-ones masks) for the fast, eager and layer-at-a-time forwards
-            inputs: dict = {**forward_inputs(model, ids, dec_ids), **forward_kwargs(lm)}
-            captured: dict[str, list[CapturedAttention]] = {}
-            mixer_calls: list[CapturedMixer] = []
-            eager: dict[str, list[torch.Tensor]] = {}
-            layers: dict[str, list[LayerInput]] = {}
-            used, method = path, "eager (all layers)"
-            if path == "fast" and lm.fast_exact:
-                total = sum(lm.layout.layers_in(st) for st in lm.layout.stacks)
-                tell = _teller(progress, total)
-                unsupported: set[str] = set()
-                if calls is None:
-                    with recording(lm.module_names, on_call=tell, statistics=statistics) as rec:
-                        model(**inputs)
-                    calls, unsupported, mixer_calls = rec.calls, rec.unsupported, rec.mixers
-                grouped = _group(lm, calls)
-                if grouped is not None and not unsupported:
-                    captured, method = grouped, FAST_METHOD
-                else:  # never silently wrong: this input took a path the capture does not model
-                    log.warning("%s: the capture did not match the attention layers; exact eager", lm.spec)
-            if path == "fast" and not captured:
-                used, method = "eager", layerwise.METHOD
-                layers = _record_layers(lm, inputs)
-            elif path == "eager" and lm.layout.n_layers:
-                eager = _run_eager(lm, inputs)
-            if not lm.layout.n_layers:  # nothing for the eager path to ask transformers for
-                method, eager, layers = MIXERS_ONLY_METHOD, {}, {}
-                captured = {s: [] for s in lm.layout.stacks}
-            if lm.mixer_sites and not mixer_calls:  # generated, eager or layer-at-a-time: one more forward
-                with recording(lm.module_names) as rec:
-                    model(**inputs)
-                mixer_calls = rec.mixers
+        dec_ids: list[int] | None = None
+        generated = [False] * len(ids)
+        calls: list[CapturedAttention] | None = None  # captured while generating
+        if generate:
+            gen_kwargs = {
+                "attention_mask": torch.ones_like(input_ids),
+                "max_new_tokens": generate,
+                **(sampling.kwargs() if sampling is not None else {"do_sample": False}),
+                "pad_token_id": _pad_id(tok),
+                **({"decoder_start_token_id": start} if enc_dec else {}),
+            }
+            capture = path == "fast" and lm.fast_exact and not enc_dec and not statistics
+            out, calls = _generate(lm, input_ids, gen_kwargs, sampling, capture)
+            if enc_dec:
+                dec_ids = out
+            else:
+                generated = [False] * len(ids) + [True] * (len(out) - len(ids))
+                template = template + [False] * (len(out) - len(ids))
+                ids = out
+        if enc_dec and dec_ids is None:
+            dec_ids = [start, *ids[:-1]]
+        # The same inputs (ids, all-ones masks) for the fast, eager and layer-at-a-time forwards
+        inputs: dict = forward_inputs(model, ids, dec_ids)
+        captured: dict[str, list[CapturedAttention]] = {}
+        mixer_calls: list[CapturedMixer] = []
+        eager: dict[str, list[torch.Tensor]] = {}
+        layers: dict[str, list[LayerInput]] = {}
+        used, method = path, "eager (all layers)"
+        if path == "fast" and lm.fast_exact:
+            total = sum(lm.layout.layers_in(st) for st in lm.layout.stacks)
+            tell = _teller(progress, total)
+            unsupported: set[str] = set()
+            if calls is None:
+                with recording(lm.module_names, on_call=tell, statistics=statistics) as rec:
+                    lm.forward(inputs=inputs)
+                calls, unsupported, mixer_calls = rec.calls, rec.unsupported, rec.mixers
+            grouped = _group(lm, calls)
+            if grouped is not None and not unsupported:
+                captured, method = grouped, FAST_METHOD
+            else:  # never silently wrong: this input took a path the capture does not model
+                log.warning("%s: the capture did not match the attention layers; exact eager", lm.spec)
+        if path == "fast" and not captured:
+            used, method = "eager", layerwise.METHOD
+            layers = _record_layers(lm, inputs)
+        elif path == "eager" and lm.layout.n_layers:
+            eager = _run_eager(lm, inputs)
+        if not lm.layout.n_layers:  # nothing for the eager path to ask transformers for
+            method, eager, layers = MIXERS_ONLY_METHOD, {}, {}
+            captured = {s: [] for s in lm.layout.stacks}
+        if lm.mixer_sites and not mixer_calls:  # generated, eager or layer-at-a-time: one more forward
+            with recording(lm.module_names) as rec:
+                lm.forward(inputs=inputs)
+            mixer_calls = rec.mixers
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
         if not is_out_of_memory(err):
             raise
@@ -316,6 +309,20 @@ def extract_ids(
     return result
 
 
+def _generate(
+    lm: LoadedModel, input_ids: torch.Tensor, gen_kwargs: dict, sampling: Sampling | None, capture: bool
+) -> tuple[list[int], list[CapturedAttention] | None]:
+    """(prompt + generated ids, the attention calls captured while generating or None): the
+    model's own ``generate`` under its lock, greedy or seeded sampling (the global RNG untouched)."""
+    with lm.lock, torch.inference_mode(), torch.random.fork_rng(devices=[]):
+        if sampling is not None:
+            torch.manual_seed(sampling.seed)
+        if capture:
+            step = functools.partial(lm.forward, logits_at="last", use_cache=True)
+            return captured_generate(lm.model, input_ids, lm.module_names, gen_kwargs, step)
+        return lm.model.generate(input_ids, **gen_kwargs)[0].tolist(), None
+
+
 def _mixer_checks(store: MixerStore) -> tuple:
     """The self-check of the middle block of each shown mixer kind (raises on a mismatch)."""
     out = []
@@ -346,18 +353,18 @@ def _eager_mode(lm: LoadedModel):
 
 
 def _run_eager(lm: LoadedModel, inputs: dict) -> dict[str, list[torch.Tensor]]:
-    """The model's own eager attention with output_attentions=True (caller holds lm.lock)."""
+    """The model's own eager attention with output_attentions=True."""
     with eager_mode(lm):
-        out = lm.model(**inputs, output_attentions=True)
+        out = lm.forward(inputs=inputs, output_attentions=True)
     stacks = eager_attentions(out, lm.layout.kind == "encoder-decoder")
     return {s: [t[0].float() for t in ts] for s, ts in stacks.items()}
 
 
 def _record_layers(lm: LoadedModel, inputs: dict) -> dict[str, list[LayerInput]]:
-    """One eager forward keeping each attention module's inputs (caller holds lm.lock)."""
+    """One eager forward keeping each attention module's inputs."""
     assert lm.probe is not None
     with eager_mode(lm):
-        return layerwise.record(lm.model, lm.probe.sites, lambda: lm.model(**inputs))
+        return layerwise.record(lm.model, lm.probe.sites, lambda: lm.forward(inputs=inputs))
 
 
 def _free() -> None:

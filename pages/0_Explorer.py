@@ -66,7 +66,8 @@ def summary(res: AttentionResult) -> None:
                 else ""
             )
         )
-        st.caption(READING)
+        if not mixers.applies(res.layout):  # a hybrid's block says how to read its own maps
+            st.caption(READING)
         toks = res.tokens
         table = {"position": list(range(len(toks))), "token": list(toks.display), "id": list(toks.ids)}
         if any(toks.pieces):
@@ -144,7 +145,8 @@ def main() -> None:
         st.caption(mixers.reading(res, block))  # signed maps: rows do not sum to 1
         mixers.draw(ref, res, block)
         return
-    st.caption(READING)
+    if mixers.applies(res.layout):  # a hybrid's attention block: its reading line here
+        st.caption(READING)
     layer_view(ref)
 
 

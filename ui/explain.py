@@ -175,7 +175,13 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
     if graph is None:
         return
     fig = FX.flow_view(graph)
-    event = export.chart(fig, figure_name(lm.spec, "routes", pos), key="routes_chart", on_select=True)
+    event = export.chart(
+        fig,
+        figure_name(lm.spec, "routes", pos),
+        key="routes_chart",
+        on_select=True,
+        vector_key="routes_vector",
+    )
     picked = clicks.clicked(event, "routes_chart")
     if picked:  # in the link ("edge"): a shared view opens with the same edge picked
         state.put("edge", ".".join(str(x) for x in picked[:5]))

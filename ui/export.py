@@ -1,4 +1,5 @@
-"""Charts with a named PNG camera button, and NPZ / CSV / HTML downloads of what is shown."""
+"""Charts with a named PNG camera button, and NPZ / CSV / HTML / SVG / PDF downloads of what is
+shown (SVG and PDF: `attnviz.figures.vector`, heatmaps as embedded rasters, text selectable)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import streamlit as st
 from plotly.utils import PlotlyJSONEncoder
 
 from attnviz import limits
+from attnviz.figures import vector, vector_pdf
 
 HTML_PLOTLYJS: bool | str = True  # embed plotly.js: the file opens offline
 
@@ -28,13 +30,50 @@ def revision(fig: go.Figure) -> str:
     return hashlib.blake2b(data.encode(), digest_size=12).hexdigest()
 
 
+def vector_buttons(
+    fig: go.Figure | Callable[[], go.Figure], name: str, *, key: str, columns: Sequence[Any] = ()
+) -> None:
+    """ "⬇ SVG" and "⬇ PDF" of ``fig`` (a figure or a callable that builds it), made when clicked;
+    in ``columns`` (two) when given, else in two new columns."""
+    build = fig if callable(fig) else (lambda: fig)
+    c1, c2 = columns or st.columns(2)
+    c1.download_button(
+        "⬇ SVG",
+        data=lambda: vector.to_svg(build()),
+        file_name=f"{name}.svg",
+        mime="image/svg+xml",
+        key=f"{key}_svg",
+        on_click="ignore",
+        help="For papers: a vector file, text selectable, each heatmap one pixel per cell (no smoothing).",
+    )
+    c2.download_button(
+        "⬇ PDF",
+        data=lambda: vector_pdf.to_pdf(build()),
+        file_name=f"{name}.pdf",
+        mime="application/pdf",
+        key=f"{key}_pdf",
+        on_click="ignore",
+        help="For papers: one PDF page, text selectable (Helvetica: characters outside Latin-1 show as ?).",
+    )
+
+
 def chart(
-    fig: go.Figure, name: str, *, key: str | None = None, on_select: bool | Callable[[], None] = False
+    fig: go.Figure,
+    name: str,
+    *,
+    key: str | None = None,
+    on_select: bool | Callable[[], None] = False,
+    vector_key: str | None = None,
 ) -> Any:
     """``st.plotly_chart`` whose camera button saves ``<name>.png`` at 2x. ``on_select``: a click
     on a point is a selection event (returned; needs ``key``); a callable runs on the click
-    before the rerun (it reads ``st.session_state[key]``)."""
+    before the rerun (it reads ``st.session_state[key]``). ``vector_key``: SVG and PDF download
+    buttons under the chart (`vector_buttons`)."""
     fig.update_layout(datarevision=revision(fig))
+    if vector_key:
+        event = chart(fig, name, key=key, on_select=on_select)
+        vector_buttons(fig, name, key=vector_key)
+        return event
     return st.plotly_chart(
         fig,
         key=key,
@@ -84,7 +123,8 @@ def html_page(figs: Sequence[go.Figure], title: str, *, cdn: bool = False) -> by
 
 
 def html_buttons(figs: Callable[[], Sequence[go.Figure]], name: str, *, key: str, what: str) -> None:
-    """Two downloads of ``figs()`` as one HTML page: offline (plotly.js inside once) and small (CDN)."""
+    """Two downloads of ``figs()`` as one HTML page: offline (plotly.js inside once) and small (CDN);
+    SVG and PDF of the first figure."""
     c1, c2 = st.columns(2)
     c1.download_button(
         f"⬇ HTML: {what}",
@@ -104,6 +144,7 @@ def html_buttons(figs: Callable[[], Sequence[go.Figure]], name: str, *, key: str
         on_click="ignore",
         help="The same page loading plotly.js from its CDN: far smaller, needs a network to open.",
     )
+    vector_buttons(lambda: figs()[0], name, key=key)  # a row of their own: no label cut short
 
 
 def downloads(
@@ -154,5 +195,6 @@ def downloads(
         help="This figure as a small interactive HTML file that loads plotly.js from its CDN (needs a "
         "network to open; the layer grid's HTML buttons also offer an offline file).",
     )
+    vector_buttons(build, name, key=key, columns=st.columns(3)[:2])  # five in a row cut "⬇ HTML" short
     if refused:
         st.caption(refused[0].upper() + refused[1:] + ".")

@@ -35,7 +35,7 @@ import attnviz
 from attnviz import AttentionResult, LoadedModel
 from attnviz.extract import Sampling
 from attnviz.figures.mixers import kind_name
-from attnviz.inputs import tokenize
+from attnviz.inputs import Admission, admit
 from attnviz.layout import AttentionLayout
 from attnviz.server import env, specs
 from attnviz.server.settings import settings
@@ -265,12 +265,15 @@ def extract(
     generate: int = 0,
     sampling: Sampling | None = None,
     statistics: bool = False,
+    admission: Admission | None = None,
 ) -> tuple[AttentionResult, ResultRef] | tuple[None, None]:
     """(result, ref) from the cache or a fresh run with a spinner; (None, None) after an error.
     ``spec`` is what `load` was given for ``lm`` (default ``lm.spec``), for a re-run.
     ``statistics=True`` (a page that shows every head's statistics) has a fresh run keep them
     from the forward (`attnviz.extract`); it is not part of the key: any page reuses a cached
-    result of the same text, with or without them (the statistics then take a second pass)."""
+    result of the same text, with or without them (the statistics then take a second pass).
+    ``admission``: the page's `attnviz.inputs.admit` of this text (`ui.shell.admitted`), so the
+    text is not tokenized again; without one it is admitted here (a refusal is the message)."""
     key = result_key(lm, token, text, chat=chat, generate=generate, sampling=sampling)
     ref = ResultRef(key, (spec or lm.spec).strip(), lm.spec, text, bool(chat), int(generate), token, sampling)
     cache = results_cache()
@@ -282,10 +285,14 @@ def extract(
     if progress.cancelled(key):
         return None, None
     with guarded(what, token, (lm.spec, text)):
-        ids, _ = tokenize(lm, text, chat=chat)
-        specs.check_tokens(lm, len(ids) + int(generate), settings())  # too big for memory: a message
-        with gate.turn() as check, progress.staged(f"{what[0].upper()}{what[1:]}", len(ids), key) as report:
-            res = _run(lm, ref, progress=gate.checked(report, check), statistics=statistics)
+        if admission is None or admission.generate != int(generate):
+            admission = admit(lm, text, chat=chat, generate=int(generate), max_tokens=settings().max_tokens)
+        admission.check()  # over the cap, the position table or the free memory: a message
+        n = admission.n_tokens
+        with gate.turn() as check, progress.staged(f"{what[0].upper()}{what[1:]}", n, key) as report:
+            res = _run(
+                lm, ref, progress=gate.checked(report, check), statistics=statistics, admission=admission
+            )
         cache.put(key, res, res.nbytes)
         return res, ref
     return None, None
@@ -334,6 +341,7 @@ def _run(
     *,
     progress: Callable[[int, int], None] | None = None,
     statistics: bool = False,
+    admission: Admission | None = None,
 ) -> AttentionResult:
     """The one engine call behind every result a page shows (a fresh run and a download's re-run
     after an eviction): the server's token cap and the self-check against eager ("auto"), so a
@@ -348,6 +356,7 @@ def _run(
         sampling=ref.sampling,
         progress=progress,
         statistics=statistics,
+        admission=admission,
     )
 
 

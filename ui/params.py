@@ -144,8 +144,8 @@ def _edge(raw: str) -> str:
     nums, part = parts[:4], parts[4:]
     if (
         len(parts) not in (4, 5)
-        or not all(n.lstrip("-").isdigit() for n in nums)
-        or not all(x.isalpha() for x in part)
+        or not all(n.isascii() and n.lstrip("-").isdigit() for n in nums)  # not '²', '١'
+        or not all(x.isascii() and x.isalpha() for x in part)
     ):
         raise ValueError("use layer.head.source.target, like 3.1.4.7")
     return raw

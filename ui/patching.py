@@ -167,7 +167,7 @@ def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
     st.markdown(strongest(res))
     fig = FP.patching_comparison_view(res) if res.estimate and res.verified else FP.patching_view(res)
     name = figure_name(lm.spec, "patching-estimate" if res.estimate else "patching")
-    event = export.chart(fig, name, key="patch_chart", on_select=True)
+    event = export.chart(fig, name, key="patch_chart", on_select=True, vector_key="patch_vector")
     clicked = clicks.clicked(event, "patch_chart")
     if clicked and len(clicked) >= 2 and int(clicked[1]) >= 0:
         st.session_state["explain_patch_head"] = (int(clicked[0]), int(clicked[1]))

@@ -20,9 +20,9 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from attnviz import AttentionResult, LoadedModel
-from attnviz.errors import AttnvizError, TooManyPositions
+from attnviz.errors import AttnvizError
 from attnviz.extract import Sampling
-from attnviz.inputs import check_positions, first_tokens, position_limit, tokenize
+from attnviz.inputs import Admission, admit
 from attnviz.server.settings import settings
 from ui import logs, models, sidebar, state
 from ui.params import (
@@ -147,62 +147,57 @@ def load_and_extract(
     if frame.cap_slot is not None:
         sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
-    if positions_past_limit(lm, p.text, chat=chat, generate=generate):
+    stop_here, admission = admitted(lm, p.text, chat=chat, generate=generate)
+    if stop_here:
         stop()
     res, ref = models.extract(
         lm, p.text, spec=p.model, token=frame.token, chat=chat, generate=generate, sampling=sampling,
-        statistics=statistics,
+        statistics=statistics, admission=admission,
     )  # fmt: skip
     if res is None or ref is None:
         stop()
     return lm, res, ref
 
 
-def positions_past_limit(lm: LoadedModel, text: str, *, chat: bool, generate: int = 0) -> bool:
-    """Up front, before any progress bar: a text longer than the model's own position table
-    (`attnviz.inputs.position_limit`, e.g. minilm-l6's 512) or than this server's cap (the demo's
-    512, `ATTNVIZ_MAX_TOKENS`) gets the reason and a button that keeps the text's first tokens.
-    True when the page must stop."""
+def admitted(lm: LoadedModel, text: str, *, chat: bool, generate: int = 0) -> tuple[bool, Admission | None]:
+    """Up front, before any progress bar: the engine's admission of the text
+    (`attnviz.inputs.admit`: the model's position table, e.g. minilm-l6's 512, this server's cap,
+    the demo's 512 or ``ATTNVIZ_MAX_TOKENS``, and the free memory). A refused text gets the reason
+    and a button that keeps its first tokens. (True when the page must stop, the admission for
+    the extraction: the text is tokenized once; None for a bad text, which the extraction names.)"""
     cfg = settings()
-    short = len(text) + generate + 16 < cfg.max_tokens  # a token has >= 1 character; 16: special tokens
-    if position_limit(lm.model) is None and short and not chat:
-        return False
     try:
-        n = len(tokenize(lm, text, chat=chat)[0])
+        adm = admit(lm, text, chat=chat, generate=generate, max_tokens=cfg.max_tokens)
     except AttnvizError:
-        return False  # an empty or bad text: the extraction says why
-    try:
-        check_positions(lm, n, generate)
-    except TooManyPositions as err:
-        return _offer(lm, text, str(err)[0].upper() + str(err)[1:] + ".", err.limit - generate, chat)
-    if n + generate > cfg.max_tokens:
+        return False, None  # an empty or bad text: the extraction says why
+    if adm.admitted:
+        return False, adm
+    if adm.limit == "cap":  # this server's limit: said as the server's, with why it has one
         gen = f" (+{generate} to generate)" if generate else ""
         why = "the public demo's limit" if cfg.demo else "this server's limit, ATTNVIZ_MAX_TOKENS"
-        room = cfg.max_tokens - generate  # the prompt's tokens that fit beside those generated
         advice = (
-            f"Shorten the text or use its first {room:,} tokens."
-            if room >= 1
-            else f"Ask for fewer than {cfg.max_tokens:,} tokens to generate."
+            f"Shorten the text or use its first {adm.fits:,} tokens."
+            if adm.fits >= 1
+            else f"Ask for fewer than {adm.limit_tokens:,} tokens to generate."
         )
-        msg = (
-            f"The text has {n:,} tokens{gen}; this server reads at most {cfg.max_tokens:,} ({why}). {advice}"
+        message = (
+            f"The text has {adm.n_tokens:,} tokens{gen}; this server reads at most "
+            f"{adm.limit_tokens:,} ({why}). {advice}"
         )
-        return _offer(lm, text, msg, room, chat)
-    return False
+    else:
+        message = adm.refusal[0].upper() + adm.refusal[1:] + "."
+    _offer(message, adm)
+    return True, adm
 
 
-def _offer(lm: LoadedModel, text: str, message: str, n: int, chat: bool) -> bool:
+def _offer(message: str, adm: Admission) -> None:
     """The refusal and a "Use the first n tokens" button (it cuts the text in the box; none when
     no prompt token fits beside the tokens to generate)."""
     st.error(message, icon=":material/error:")
-    if n < 1:
-        return True
-    try:
-        cut = first_tokens(lm, text, n, chat=chat)
-    except AttnvizError:
-        return True
+    if adm.first is None:
+        return
     st.button(
-        f"Use the first {n:,} tokens", key="first_tokens", on_click=state.put, args=("text", cut),
-        icon=":material/content_cut:", help="Cut the text in the box there (the rest is dropped).",
+        f"Use the first {adm.fits:,} tokens", key="first_tokens", on_click=state.put,
+        args=("text", adm.first), icon=":material/content_cut:",
+        help="Cut the text in the box there (the rest is dropped).",
     )  # fmt: skip
-    return True

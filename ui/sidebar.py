@@ -14,15 +14,13 @@ from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
 from attnviz import LoadedModel
-from attnviz.inputs import position_limit
-from attnviz.server import specs
+from attnviz.inputs import token_limit
 from attnviz.server.settings import settings
 from ui import state
 from ui.params import MAX_TEXT_CHARS
 from ui.text import literal
 
 OTHER = "Other: a Hub id or a local folder…"
-_TOKEN = "_attnviz_session_token"  # this session's token, in memory only
 
 
 def _describe(option: str) -> str:
@@ -105,17 +103,15 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
         st.caption("Real attention weights of a transformer, per layer and head.")
         model_picker()
         token = None
-        if typed(st.session_state.get("model_choice")) and cfg.allow_token_field:
-            if _TOKEN in st.session_state and ("hf_token" not in st.session_state or state.page_changed()):
-                st.session_state["hf_token"] = st.session_state[_TOKEN]  # kept across pages
-            st.text_input(
+        if typed(state.widget_value("model_choice")) and cfg.allow_token_field:
+            value = st.text_input(
                 "Hugging Face token (gated models)",
                 type="password",
                 key="hf_token",
+                persist_state="session",  # kept across pages (Streamlit's own; was a copy by hand)
                 help="Used only for this session's load. Never put in the link, a cache key or the logs.",
             )
-            token = (st.session_state.get("hf_token") or "").strip() or None
-            st.session_state[_TOKEN] = token or ""
+            token = (value or "").strip() or None
         # no max_chars: the browser would drop a longer paste silently and keep the old text;
         # the page says what is wrong instead (`ui.shell.begin`)
         st.text_area(text_label, key="text", height=110, help=f"Up to {MAX_TEXT_CHARS:,} characters.")
@@ -128,14 +124,16 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
 
 
 def token_cap(lm: LoadedModel, slot: DeltaGenerator) -> None:
-    """Rewrite the cap caption (``slot``) once the model is known: the engine's cap for this
-    model on its device (`attnviz.server.specs.token_cap`: the configured cap or the free memory)."""
+    """Rewrite the cap caption (``slot``) once the model is known: the engine's limit for this
+    model on its device (`attnviz.inputs.token_limit`: the configured cap, the model's position
+    table or the free memory, whichever is smallest), and which one it is."""
     cfg = settings()
-    cap = specs.token_cap(lm, cfg)
-    why = f" (the free memory on {lm.device})" if cap < cfg.max_tokens else ""
-    limit = position_limit(lm.model)
-    if limit is not None and limit <= cap:
-        cap, why = limit, " (the model's own position limit)"
+    cap, limit = token_limit(lm, max_tokens=cfg.max_tokens)
+    why = {
+        "positions": " (the model's own position limit)",
+        "memory": f" (the free memory on {lm.device})",
+        "cap": "",
+    }[limit]
     slot.caption(f"Up to {cap} tokens{why}." + (" Public demo: one request at a time." if cfg.demo else ""))
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
-from streamlit.runtime.state import get_session_state
 
 from ui.params import LINK_BUDGET, Params, Problem, Query
 from ui.text import literal
@@ -32,6 +31,7 @@ _PAGE_CHANGED = "_attnviz_page_changed"
 _PATH = "_attnviz_path"
 _CLS = "_attnviz_params"
 _LINKED = "_attnviz_linked"
+_LEFT = "_attnviz_left"  # {parameter: value} as the last finished run left its widgets
 
 
 def _store() -> dict[str, Any]:
@@ -48,6 +48,11 @@ def get(name: str) -> Any:
     if name in st.session_state:
         return st.session_state[name]
     return _store().get(name, page_params().default(name))
+
+
+def widget_value(key: str, default: Any = None) -> Any:
+    """A widget's value by its key, drawn in this run or kept (`persist_state`), else ``default``."""
+    return st.session_state.get(key, default)
 
 
 def _short(raw: str, limit: int = 40) -> str:
@@ -116,17 +121,14 @@ def reseed() -> None:
 
 
 def sent_now(name: str) -> bool:
-    """True when this run came with a new value from ``name``'s widget: the browser holds the
-    widget and its value differs from the last run's (Streamlit's own test before it calls an
-    ``on_change``; no public API says it). Streamlit's session internals: should they change,
-    False, and reseed writes as it did before (a key press can be lost, the drawing and the
-    controls still agree); `test_a_value_the_browser_sent_is_not_sent_back` then fails."""
-    try:
-        inner = get_session_state()._state
-        wid = inner._key_id_mapper.get_id_from_key(name)
-        return wid is not None and wid in inner._new_widget_state.states and inner._widget_changed(wid)
-    except Exception:  # noqa: BLE001 - internals moved: behave as before
-        return False
+    """True when this run came with a new value from ``name``'s widget: its value differs from
+    what the last finished run left (`commit` keeps that). Only the browser changes a widget's
+    value between runs, and the page's own writes this run (`put`) reach the browser anyway.
+    Public session state only (it read Streamlit's private ``_key_id_mapper``,
+    ``_new_widget_state`` and ``_widget_changed`` before)."""
+    ss = st.session_state
+    left = ss.get(_LEFT, {})
+    return name in ss and name in left and ss[name] != left[name]
 
 
 def _value(raw: str) -> str:
@@ -232,10 +234,13 @@ def current(cls: type[Params] | None = None) -> Params:
 
 def commit(cls: type[Params] | None = None) -> Query:
     """After the widgets: write the current parameters to the URL. Returns the link's query."""
-    query = current(cls).to_query()
+    now = current(cls)
+    query = now.to_query()
     if st.query_params.to_dict() != query.params:
         st.query_params.from_dict(query.params)
     st.session_state[_WRITTEN] = dict(query.params)
+    # what this run leaves in the widgets: a value that differs next run was sent by the browser
+    st.session_state[_LEFT] = {n: st.session_state[n] for n in now.names() if n in st.session_state}
     return query
 
 

@@ -17,7 +17,6 @@ import psutil
 import torch
 
 from .. import backend
-from ..extract import forward_kwargs
 from ..loading import LoadedModel, wrap_model
 from ..loading.files import atomic_write_text
 
@@ -139,10 +138,10 @@ def ids_of_length(lm: LoadedModel, n: int) -> list[int]:
 
 def floor(lm: LoadedModel, ids: list[int]) -> Callable[[], object]:
     def run() -> object:
-        with lm.lock, torch.inference_mode():
+        with lm.lock:  # the shared model in SDPA for this forward only
             lm.model.set_attn_implementation("sdpa")
             try:
-                return lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
+                return lm.forward(ids)
             finally:
                 lm.model.set_attn_implementation("attnviz")
 

@@ -21,6 +21,7 @@ unchanged in the last step's (no sliding or quantised cache).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,10 +33,11 @@ log = logging.getLogger(__name__)
 
 
 def captured_generate(
-    model: Any, input_ids: torch.Tensor, names: dict[int, str], gen_kwargs: dict, forward_kwargs: dict
+    model: Any, input_ids: torch.Tensor, names: dict[int, str], gen_kwargs: dict, step: Callable[..., Any]
 ) -> tuple[list[int], list[CapturedAttention] | None]:
     """(prompt + generated ids, one stitched call per attention layer in call order, or None
-    when the record is not provably whole: then capture with a forward over the ids)."""
+    when the record is not provably whole: then capture with a forward over the ids). ``step(**inputs)``
+    runs the model once on the last token with the generation's cache (`LoadedModel.forward`)."""
     key_lens: list[int] = []
 
     def keep_one_key(count: int) -> None:  # a step keeps only its own new key row (memory: the
@@ -52,11 +54,10 @@ def captured_generate(
     if cache is None or n == n_prompt:
         return ids, None
     with recording(names) as last:
-        model(
-            input_ids=torch.tensor([ids[-1:]], device=input_ids.device),
+        step(
+            torch.tensor([ids[-1:]], device=input_ids.device),
             attention_mask=torch.ones(1, n, dtype=torch.long, device=input_ids.device),
             past_key_values=cache,
-            **{**forward_kwargs, "use_cache": True},
         )
     calls, why = _stitch(rec.calls, key_lens, last.calls, n_prompt, bool(rec.unsupported or last.unsupported))
     if calls is None:

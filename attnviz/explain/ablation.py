@@ -27,7 +27,7 @@ from ..errors import AttnvizError
 from ..loading import LoadedModel
 from ..tokens import Tokens, displays
 from .attribution import head_outputs, head_writes, readout, token_id
-from .residual import Trace, forward_kwargs, trace, unembed
+from .residual import Trace, trace, unembed
 
 Mode = Literal["zero", "mean"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -125,11 +125,9 @@ def ablated_logits(
         out[0, :, hs] = 0.0 if means is None else means.to(out.dtype).to(out.device)[None]
         return out
 
-    ids = torch.tensor([list(tr.tokens.ids)], device=lm.device)
-    kwargs = forward_kwargs(lm, position)
-    with lm.lock, torch.inference_mode(), editing(edit):
-        logits = lm.model(input_ids=ids, **kwargs).logits[0]
-    return logits[-1 if "logits_to_keep" in kwargs else position].float()
+    with editing(edit):
+        logits = lm.forward(list(tr.tokens.ids), logits_at=[position]).logits
+    return logits[0, 0].float()
 
 
 def _top(lm: LoadedModel, probs: torch.Tensor, k: int) -> tuple[tuple[int, str, float], ...]:

@@ -59,8 +59,8 @@ class _GradRun:
             return x + leaf
 
         # gradients here even when the caller runs under inference_mode / no_grad
-        with lm.lock, torch.inference_mode(False), torch.enable_grad(), hooked(lm, st, add_leaf, wanted):
-            self.logits = run_ids(lm, torch.tensor([ids], device=lm.device))[0]
+        with hooked(lm, st, add_leaf, wanted) as hooks:
+            self.logits = run_ids(lm, torch.tensor([ids], device=lm.device), hooks, grad=True)[0]
         return acts, self.logits.detach()
 
     def grads(self, answer: int, wrong: int) -> dict[tuple[Site, int], torch.Tensor]:

@@ -11,14 +11,13 @@ Tensors are compared by address only while both are held, so an equal address is
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
 from ..errors import AttnvizError
+from ..loading import Hook
 from .norms import FrozenNorm, close, identify, sums_to
 
 Residual = Literal["sequential", "parallel"]
@@ -73,53 +72,36 @@ class Block:
 
 
 class BlockHooks:
-    """Forward hooks on every decoder block and its direct children for one forward pass. Make
-    them while holding the model's lock: they see only the forwards of the thread that made them
-    (another thread's forward through the same modules passes them by)."""
+    """Forward hooks on every decoder block and its direct children for one forward pass
+    (``hooks``, for `LoadedModel.forward`, which registers them for this thread's forward only)."""
 
     def __init__(self, layers: list[Any], attn: list[Any], dtype: torch.dtype) -> None:
         self.dtype, self.attn = dtype, attn
-        self.owner = threading.get_ident()
         self.stream: list[torch.Tensor] = []
         self.last_out: torch.Tensor | None = None
         self.blocks: list[Block] = []
         self.rotary: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-        self.handles: list[Any] = []
+        self.hooks: list[Hook] = []
         for i, layer in enumerate(layers):
-            self.handles += [
-                layer.register_forward_pre_hook(self._mine(self._enter(i)), with_kwargs=True),
-                layer.register_forward_hook(self._mine(self._leave(i))),
+            self.hooks += [
+                Hook(layer, self._enter(i), "before", with_kwargs=True),
+                Hook(layer, self._leave(i)),
             ]
             for name, child in layer.named_children():
                 if isinstance(child, torch.nn.Dropout):
                     continue
                 if child is attn[i]:
-                    self.handles += [
-                        child.register_forward_pre_hook(self._mine(self._attn_in), with_kwargs=True),
-                        child.register_forward_hook(self._mine(self._attn_out)),
+                    self.hooks += [
+                        Hook(child, self._attn_in, "before", with_kwargs=True),
+                        Hook(child, self._attn_out),
                     ]
                 elif name in MLP_NAMES:
-                    self.handles += [
-                        child.register_forward_pre_hook(self._mine(self._mlp_in), with_kwargs=True),
-                        child.register_forward_hook(self._mine(self._mlp_out)),
+                    self.hooks += [
+                        Hook(child, self._mlp_in, "before", with_kwargs=True),
+                        Hook(child, self._mlp_out),
                     ]
                 else:
-                    self.handles.append(
-                        child.register_forward_hook(self._mine(self._child(name)), with_kwargs=True)
-                    )
-
-    def _mine(self, hook: Callable[..., Any]) -> Callable[..., Any]:
-        """``hook`` for this thread's forwards only (None: another thread's call is left alone)."""
-        owner = self.owner
-
-        def scoped(*args: Any) -> Any:
-            return hook(*args) if threading.get_ident() == owner else None
-
-        return scoped
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
+                    self.hooks.append(Hook(child, self._child(name), with_kwargs=True))
 
     @property
     def block(self) -> Block:

@@ -16,10 +16,11 @@ import torch
 from ..analysis.align import align_tokens
 from ..capture.hook import editing
 from ..errors import AttnvizError
-from ..loading import LoadedModel
+from ..loading import Hook, LoadedModel
+from ..loading.forward import grad_mode
 from ..tokens import Tokens
 from .blocks import MLP_NAMES, Unsupported
-from .residual import _decoder_layers, forward_kwargs
+from .residual import _decoder_layers
 from .stream import block_sites, has_mixers, out_projection
 
 Over = Literal["heads", "heads_by_position", "residual", "blocks"]
@@ -58,10 +59,13 @@ def pair(target: Tokens, source: Tokens) -> Pairing:
     if len(t_ids) == len(s_ids):
         pt, ps = list(range(len(t_ids))), list(range(len(s_ids)))
     else:
-        al = align_tokens(target, source, by="ids")
+        # one alignment for both directions (difflib breaks ties by the order of its arguments)
+        swap = (len(t_ids), t_ids) > (len(s_ids), s_ids)
+        al = align_tokens(source, target, by="ids") if swap else align_tokens(target, source, by="ids")
+        matched = [(b, a) for a, b in al.pairs()] if swap else al.pairs()
         pt, ps = [], []
         prev_t, prev_s = -1, -1
-        for a, b in [*al.pairs(), (len(t_ids), len(s_ids))]:
+        for a, b in [*matched, (len(t_ids), len(s_ids))]:
             if a - prev_t == b - prev_s:  # a replaced run of equal length: pair it position by position
                 pt.extend(range(prev_t + 1, a))
                 ps.extend(range(prev_s + 1, b))
@@ -224,11 +228,12 @@ def hooked(
     st: Sites,
     change: Callable[[Site, int, torch.Tensor], torch.Tensor],
     wanted: Sequence[Site],
-) -> Iterator[None]:
+) -> Iterator[list[Hook]]:
     """Every site in ``wanted`` passes through ``change(site, layer, tensor)`` (batch-first
-    tensors; what it returns replaces the activation). Hooks are registered under the model's lock
-    by the caller and removed on exit."""
-    handles = []
+    tensors; what it returns replaces the activation): yields the block and module hooks for
+    `LoadedModel.forward` (which registers them for its forward only); the heads' outputs are
+    edited in the attention function while the block lasts (this thread only)."""
+    hooks: list[Hook] = []
     layer_of = {name: i for i, name in enumerate(st.names)}
 
     def pre(i: int):
@@ -257,27 +262,27 @@ def hooked(
         i = layer_of.get(lm.module_names.get(id(module), ""))
         return out if i is None else change("head", i, out)
 
-    try:
-        for i in range(st.n_layers):
-            if "residual" in wanted:
-                handles.append(st.blocks[i].register_forward_pre_hook(pre(i), with_kwargs=True))
-            if "head" in wanted and st.mixer_heads and st.mixer_heads[i] is not None:
-                proj, n_heads = st.mixer_heads[i]
-                handles.append(proj.register_forward_pre_hook(mixer_heads(i, n_heads)))
-            for part in wanted:
-                if part not in ("residual", "head") and st.module(part, i) is not None:
-                    handles.append(st.module(part, i).register_forward_hook(post(part, i)))
-        with editing(edit) if "head" in wanted else contextlib.nullcontext():
-            yield
-    finally:
-        for h in handles:
-            h.remove()
+    for i in range(st.n_layers):
+        if "residual" in wanted:
+            hooks.append(Hook(st.blocks[i], pre(i), "before", with_kwargs=True))
+        if "head" in wanted and st.mixer_heads and st.mixer_heads[i] is not None:
+            proj, n_heads = st.mixer_heads[i]
+            hooks.append(Hook(proj, mixer_heads(i, n_heads), "before"))
+        for part in wanted:
+            if part not in ("residual", "head") and st.module(part, i) is not None:
+                hooks.append(Hook(st.module(part, i), post(part, i)))
+    with editing(edit) if "head" in wanted else contextlib.nullcontext():
+        yield hooks
 
 
-def run_ids(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
-    """The model's logits at the last position of each row of ``ids`` (B, N): float32 (B, vocab)."""
-    kwargs = forward_kwargs(lm, -1)
-    return lm.model(input_ids=ids, **kwargs).logits[:, -1].float()
+def run_ids(
+    lm: LoadedModel, ids: torch.Tensor, hooks: Sequence[Hook] = (), *, grad: bool = False
+) -> torch.Tensor:
+    """The model's logits at the last position of each row of ``ids`` (B, N): float32 (B, vocab)
+    (``grad``: with their graph, for attribution patching's backward)."""
+    out = lm.forward(ids, hooks=hooks, logits_at="last", grad=grad)
+    with grad_mode(grad):
+        return out.logits[:, -1].float()
 
 
 def capture(
@@ -290,8 +295,8 @@ def capture(
         acts.put(site, layer, x[0].detach().clone())
         return x
 
-    with lm.lock, torch.inference_mode(), hooked(lm, st, keep, wanted):
-        logits = run_ids(lm, torch.tensor([ids], device=lm.device))[0]
+    with hooked(lm, st, keep, wanted) as hooks:
+        logits = run_ids(lm, torch.tensor([ids], device=lm.device), hooks)[0]
     return acts, logits
 
 
@@ -345,14 +350,14 @@ def patched_run(
 
     ids_t = torch.tensor([ids], device=lm.device).expand(len(batch), -1)
     wanted = sorted({site for site, _ in plan})
-    with lm.lock, torch.inference_mode():
-        cache = None
-        if prefix > 0:
-            cache = lm.model(input_ids=ids_t[:1, :prefix], use_cache=True).past_key_values
-            cache.batch_repeat_interleave(len(batch))
-        with hooked(lm, st, change, wanted):  # type: ignore[arg-type]
-            if cache is None:
-                return run_ids(lm, ids_t)
-            kwargs = forward_kwargs(lm, -1)
-            kwargs.update(use_cache=True, past_key_values=cache)
-            return lm.model(input_ids=ids_t[:, prefix:], **kwargs).logits[:, -1].float()
+    cache = None
+    if prefix > 0:  # the prefix's keys and values only: its logits are not needed
+        cache = lm.forward(ids_t[:1, :prefix], logits_at="none", use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(batch))
+    with hooked(lm, st, change, wanted) as hooks:  # type: ignore[arg-type]
+        if cache is None:
+            return run_ids(lm, ids_t, hooks)
+        out = lm.forward(
+            ids_t[:, prefix:], hooks=hooks, logits_at="last", use_cache=True, past_key_values=cache
+        )
+        return out.logits[:, -1].float()

@@ -20,7 +20,6 @@ refused with the reason, never explained wrongly.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -32,7 +31,7 @@ from ..capture.hook import editing, recording
 from ..capture.projections import output_bias, output_weight
 from ..errors import AttnvizError
 from ..exact.probabilities import attention_scores, probs_from_capture, softmax_fp32
-from ..inputs import tokenize
+from ..inputs import admit_ids, tokenize
 from ..layout import by_kv_group, query_group, repeat_kv
 from ..limits import bytes_per_element, capture_bytes, forward_bytes, require
 from ..loading import LoadedModel
@@ -262,8 +261,7 @@ def trace(
     stops the forward)."""
     blocks, attn, names = _decoder_layers(lm)
     ids, template = tokenize(lm, text, chat=chat) if isinstance(text, str) else (list(text), None)
-    if len(ids) > max_tokens:
-        raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
+    admit_ids(lm, ids, max_tokens=max_tokens, memory=False).check()  # the cap and the position table
     dtype = next(lm.model.parameters()).dtype
     lay = lm.layout
     streams = 3 * (lay.n_layers + 1) * len(ids) * lay.d_model * bytes_per_element(dtype)
@@ -276,15 +274,9 @@ def trace(
     means: dict[str, torch.Tensor] = {}
     watch = _observe_heads(lm, means) if lm.supports_capture else contextlib.nullcontext()
     tell = None if progress is None else (lambda done: progress(min(done, len(blocks)), len(blocks)))
-    with lm.lock, torch.inference_mode():
-        # the hooks go on the shared model only once we hold its lock (and fire only on this
-        # thread): registered while waiting, they fired inside another visitor's forward (issue 34)
-        hooks = BlockHooks(blocks, attn, dtype)
-        try:
-            with recording(lm.module_names, on_call=tell) as rec, watch:
-                out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
-        finally:
-            hooks.close()
+    hooks = BlockHooks(blocks, attn, dtype)  # on the model only during the forward, this thread's
+    with recording(lm.module_names, on_call=tell) as rec, watch:
+        out = lm.forward(ids, hooks=hooks.hooks, logits_at="last")
     problem = next((b.problem for b in hooks.blocks if b.problem), "")
     if problem or len(hooks.blocks) != len(blocks) or len(rec.calls) != len(blocks) or rec.unsupported:
         raise Unsupported(
@@ -294,7 +286,7 @@ def trace(
     kinds = {b.residual for b in hooks.blocks}
     if len(kinds) != 1:
         raise Unsupported(f"{lm.spec!r} mixes sequential and parallel blocks; not supported")
-    logits = out.logits[0, -1].float()  # the one kept, or the last of all
+    logits = out.logits[0, -1].float()  # the last position's
     tr = Trace(
         model_name=lm.spec,
         tokens=Tokens.build(lm.tokenizer, ids, template=template),
@@ -317,16 +309,6 @@ def trace(
         return replace(
             tr, heads_problem=_heads_sum_problem(lm, tr, dtype), unembed_problem=_unembed_problem(lm, tr)
         )
-
-
-def forward_kwargs(lm: LoadedModel, position: int = -1) -> dict:
-    """No cache; logits at one position only (N x vocab floats would dwarf the trace). Without
-    ``logits_to_keep`` the model returns all positions: take ``logits[0, position]``."""
-    params = inspect.signature(lm.model.forward).parameters
-    kwargs: dict = {"use_cache": False} if "use_cache" in params else {}
-    if "logits_to_keep" in params:
-        kwargs["logits_to_keep"] = torch.tensor([position])
-    return kwargs
 
 
 def _out_bias(lm: LoadedModel, module_name: str) -> torch.Tensor | None:

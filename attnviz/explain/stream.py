@@ -26,7 +26,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..layout import AttentionLayout
-from ..loading import LoadedModel
+from ..loading import Hook, LoadedModel
 from ..tokens import Tokens
 from .blocks import MLP_NAMES, Unsupported
 from .norms import close
@@ -194,8 +194,8 @@ def out_projection(module: Any, kind: str) -> tuple[Any, int] | None:
 
 def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
     """One forward of ``ids`` keeping the residual stream at every block boundary and what each
-    block's parts add (see the module docstring). Hooks are made under the model's lock."""
-    from .residual import final_norm, forward_kwargs, unembed
+    block's parts add (see the module docstring), through `LoadedModel.forward` (this thread's hooks)."""
+    from .residual import final_norm, unembed
 
     if lm.layout.kind != "decoder":
         raise Unsupported(f"{lm.spec!r} is an {lm.layout.kind} model; the stream is read for decoders")
@@ -205,7 +205,6 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
     post: list[torch.Tensor | None] = [None] * st.n_blocks
     outs: list[dict[str, torch.Tensor]] = [{} for _ in range(st.n_blocks)]
     final: list[torch.Tensor] = []
-    handles = []
 
     def enter(b: int):
         def hook(_m, args, kwargs):
@@ -237,28 +236,19 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
 
         return hook
 
-    with lm.lock, torch.inference_mode():
-        try:
-            for b, blk in enumerate(st.blocks):
-                for name in st.parts:
-                    found = out_projection(st.modules[name][b], name)
-                    if found is not None:
-                        handles.append(found[0].register_forward_pre_hook(head_input(b, name, *found)))
-                handles += [
-                    blk.register_forward_pre_hook(enter(b), with_kwargs=True),
-                    blk.register_forward_hook(leave(b)),
-                ]
-                for name in st.parts:
-                    mod = st.modules[name][b]
-                    if mod is not None:
-                        handles.append(mod.register_forward_hook(part(b, name)))
-            handles.append(
-                norm.register_forward_pre_hook(lambda _m, args: final.append(args[0][0].detach().clone()))
-            )
-            out = lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
-        finally:
-            for h in handles:
-                h.remove()
+    hooks: list[Hook] = []
+    for b, blk in enumerate(st.blocks):
+        for name in st.parts:
+            found = out_projection(st.modules[name][b], name)
+            if found is not None:
+                hooks.append(Hook(found[0], head_input(b, name, *found), "before"))
+        hooks += [Hook(blk, enter(b), "before", with_kwargs=True), Hook(blk, leave(b))]
+        for name in st.parts:
+            mod = st.modules[name][b]
+            if mod is not None:
+                hooks.append(Hook(mod, part(b, name)))
+    hooks.append(Hook(norm, lambda _m, args: final.append(args[0][0].detach().clone()), "before"))
+    out = lm.forward(ids, hooks=hooks, logits_at="last")
     if any(p is None for p in pre) or not final:
         raise Unsupported(f"{lm.spec!r}: the forward did not pass each block and the final norm once")
     dtype = next(lm.model.parameters()).dtype
@@ -306,11 +296,10 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
 def stream(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tokens: int = 8192) -> Stream:
     """`read_stream` of a text (or token ids): the front door the logit lens and pages use on
     hybrids and recurrent models."""
-    from ..inputs import tokenize
+    from ..inputs import admit_ids, tokenize
 
     ids = tokenize(lm, text, chat=chat)[0] if isinstance(text, str) else [int(i) for i in text]
     if not ids:
         raise AttnvizError("an empty text; type a few words")
-    if len(ids) > max_tokens:
-        raise AttnvizError(f"the text has {len(ids)} tokens; the limit is {max_tokens}. Shorten the text.")
+    admit_ids(lm, ids, max_tokens=max_tokens, memory=False).check()  # the cap and the position table
     return read_stream(lm, ids)

@@ -2,6 +2,8 @@
 
 - `load`: resolve a name (built-in, Hub id, local folder) and load it, with errors that say what to do;
 - `config`: read the attention layout from a config and pick the Auto class;
+- `forward`: the one front door to run a model (`LoadedModel.forward`: lock, inference mode,
+  kwargs, logits only where asked, this thread's hooks);
 - `model`: `LoadedModel` and preparing a built model (attention implementation, attention layers);
 - `device`: device and dtype choice;
 - `names`: what a model name may be (built-ins, Hub ids, folders);
@@ -15,6 +17,7 @@ Every public name stays importable from ``attnviz.loading``.
 
 from .config import attention_layout, auto_class, model_kind
 from .device import is_out_of_memory, resolve_device, resolve_dtype
+from .forward import Hook, LogitsAt
 from .load import (
     builtin_folder,
     builtin_source,
@@ -31,7 +34,9 @@ from .names import BUILTIN_MODELS, DEFAULT_MODEL, check_id, classify_spec
 __all__ = [
     "BUILTIN_MODELS",
     "DEFAULT_MODEL",
+    "Hook",
     "LoadedModel",
+    "LogitsAt",
     "attention_layout",
     "auto_class",
     "builtin_folder",

@@ -88,7 +88,7 @@ def _how_online() -> str:
     except AttnvizError:  # a value that is not yes/no: name it
         offline = True
     if offline:
-        return f"this server runs offline (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE', '')}): unset it"
+        return f"this server runs offline (HF_HUB_OFFLINE={text('HF_HUB_OFFLINE')}): unset it"
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     return f"connect this server to the internet ({endpoint} did not answer)"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..layout import AttentionLayout, block_mixers
 from ..mixers.kinds import NOT_YET, SHOWN
 from .config import attention_layout
 from .device import is_out_of_memory
+from .forward import Hook, LogitsAt, hooked, run
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,29 @@ class LoadedModel:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def forward(
+        self,
+        ids: Sequence[int] | torch.Tensor | None = None,
+        *,
+        inputs: dict | None = None,
+        hooks: Sequence[Hook] = (),
+        logits_at: LogitsAt = "last",
+        grad: bool = False,
+        **extra: Any,
+    ) -> Any:
+        """Run the model once: the one front door every engine path uses (`attnviz.loading.forward`).
+
+        Takes ``lock`` and inference mode (``grad=True``: gradients), passes no KV cache unless
+        ``extra`` asks, runs the LM head only at ``logits_at`` ("last", "all", "none" or a list of
+        positions; the output's ``logits`` hold those rows in that order) and registers ``hooks``
+        for this thread's forward only, removed however it ends."""
+        return run(self, ids, inputs=inputs, hooks=hooks, logits_at=logits_at, grad=grad, **extra)
+
+    def hooked(self, hooks: Sequence[Hook]):
+        """A block in which ``hooks`` fire for this thread's forwards only (under ``lock``, removed
+        on exit): for an engine call that runs the model through another call, e.g. `extract`."""
+        return hooked(self, hooks)
 
     def release(self) -> None:
         """Drop the weights (and free GPU memory) when a model is switched away from."""

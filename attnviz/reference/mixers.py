@@ -80,8 +80,8 @@ def capture(lm, ids: list[int], block: int, kind: str) -> tuple[CapturedMixer, t
     (outside the recorder, the model's own function) for every row; `walkthrough` checks that
     re-run against the forward's kept rows."""
     mixer_capture.install(lm.model)
-    with lm.lock, recording({}) as rec, torch.inference_mode():
-        lm.model(input_ids=torch.tensor([list(ids)], device=lm.device), use_cache=False)
+    with recording({}) as rec:
+        lm.forward(list(ids), logits_at="none")
     found = [r for r in rec.mixers if r.block == block and r.kind == kind]
     if len(found) != 1 or not found[0].function:
         raise BadIndex(f"block {block} ran {len(found)} {kind} kernel calls; the walkthrough needs one")

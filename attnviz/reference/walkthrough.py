@@ -22,7 +22,6 @@ this module runs the model with hooks and compares.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from ..errors import AttnvizError, BadIndex, InputTooLong
 from ..extract import extract
 from ..inputs import tokenize
 from ..layout import AttentionLayout
-from ..loading import LoadedModel
+from ..loading import Hook, LoadedModel
 from ..tokens import Tokens
 from .families import SUPPORTED, LayerModules, LayerWeights, family, layer_modules, layer_weights
 from .steps import (
@@ -142,9 +141,9 @@ class _Seen:
     proj_out: torch.Tensor | None = None
 
 
-@contextlib.contextmanager
-def _hooks(mods: LayerModules):
-    """Keep what the attention module and its output projection received and returned (first call)."""
+def _hooks(mods: LayerModules) -> tuple[list[Hook], _Seen]:
+    """Hooks keeping what the attention module and its output projection received and returned
+    (first call), and where they keep it."""
     seen = _Seen()
 
     def pre(module, args, kwargs):
@@ -163,16 +162,12 @@ def _hooks(mods: LayerModules):
         if seen.proj_in is None:
             seen.proj_in, seen.proj_out = args[0].detach().clone(), output.detach().clone()
 
-    handles = [
-        mods.attn.register_forward_pre_hook(pre, with_kwargs=True),
-        mods.attn.register_forward_hook(post, with_kwargs=True),
-        mods.out_proj.register_forward_hook(proj),
+    hooks = [
+        Hook(mods.attn, pre, "before", with_kwargs=True),
+        Hook(mods.attn, post, with_kwargs=True),
+        Hook(mods.out_proj, proj),
     ]
-    try:
-        yield seen
-    finally:
-        for h in handles:
-            h.remove()
+    return hooks, seen
 
 
 def _model_allowed(mask: torch.Tensor | None, n: int) -> torch.Tensor | None:
@@ -219,10 +214,10 @@ def layer_walkthrough(
     n_ids = len(tokenize(lm, text, chat=chat)[0])
     if n_ids > max_tokens:
         raise InputTooLong(f"the walkthrough takes up to {max_tokens} tokens; the text has {n_ids}")
-    with lm.lock:  # nobody else runs the model while our hooks are on it
-        mods = layer_modules(lm, layer)
-        with _hooks(mods) as seen:
-            eager = extract(lm, text, path="eager", chat=chat, max_tokens=max_tokens)
+    mods = layer_modules(lm, layer)
+    hooks, seen = _hooks(mods)
+    with lm.hooked(hooks):  # on the model for this thread's eager forward only
+        eager = extract(lm, text, path="eager", chat=chat, max_tokens=max_tokens)
         w = layer_weights(lm, layer)
     if seen.hidden is None:
         raise AttnvizError(

@@ -19,7 +19,8 @@ Rules that keep it from jamming (issue 34):
 - A watchdog (`sweep`, or `start_watchdog` for a thread that calls it) removes tickets whose
   thread has ended and releases a holder that is far past ``run_limit`` (``stuck_after``), with
   an error in the log: a stuck gate becomes a logged error and a moving queue, never a silent hang.
-  The shared model's own lock still keeps two forwards apart.
+  The model's own lock still keeps two forwards apart; a released holder's nested turns never
+  queue (they would wait behind the next holder, who waits for the model lock it holds).
 - A wait that names no ``on_wait`` (engine code taking a `GatedLock`) asks ``unnamed_waits``, which
   the app sets: on a page, it is shown and counted per visitor like the app's own turns.
 - `status` is what an operator sees: queue length, the oldest ticket's age, how long the current
@@ -129,6 +130,7 @@ class InferenceGate:
         self._recent: dict[str, deque[float]] = {k: deque(maxlen=RECENT_RUNS) for k in (RUN, LOCK)}
         self._released_stuck = 0
         self._removed_dead = 0
+        self._holding: dict[threading.Thread, _Ticket] = {}  # running threads' tickets, released ones too
         self._watchdog: threading.Thread | None = None
         # how a wait that names no ``on_wait`` (a `GatedLock` taken by engine code) is shown: set
         # by the app; returns (on_wait, done, visitor) for the calling thread, or None
@@ -214,10 +216,10 @@ class InferenceGate:
         ``kind``: RUN (a page's model run) or LOCK (engine code's ``lm.lock``), for the estimate."""
         me = threading.current_thread()
         with self._cond:
-            head = self._queue[0] if self._queue else None
-            if head is not None and head.thread is me and head.started is not None:
-                head.depth += 1  # this thread already holds the gate (a nested turn)
-                return Turn(self, head)
+            held = self._holding.get(me)
+            if held is not None:
+                held.depth += 1  # this thread already holds the gate (a nested turn)
+                return Turn(self, held)
         done: Callable[[], None] | None = None
         if on_wait is None and visitor is None and self.unnamed_waits is not None:
             shown = self.unnamed_waits()  # engine code's wait, on a page: shown there like a turn's
@@ -234,6 +236,7 @@ class InferenceGate:
                     position = self._queue.index(ticket)
                     if position == 0:
                         ticket.started = self.clock()
+                        self._holding[me] = ticket
                         break
                 if on_wait is not None:
                     on_wait(position)  # outside the lock: it may draw, block or raise
@@ -276,6 +279,7 @@ class InferenceGate:
 
     def _remove(self, ticket: _Ticket) -> None:
         with self._cond:
+            self._holding = {th: t for th, t in self._holding.items() if t is not ticket}
             if ticket in self._queue:
                 self._queue.remove(ticket)
                 if ticket.started is not None:
@@ -288,6 +292,7 @@ class InferenceGate:
         """Remove tickets whose thread has ended (caller holds the lock): a ticket can only be
         left behind by a bug; this is the net under the ``finally``."""
         dead = [t for t in self._queue if not t.thread.is_alive()]
+        self._holding = {th: t for th, t in self._holding.items() if th.is_alive()}
         for t in dead:
             log.error(
                 "gate: ticket %d of an ended thread %r was still queued; removed", t.number, t.thread.name
@@ -329,12 +334,9 @@ class InferenceGate:
         with self._cond:
             if self._watchdog is not None:
                 return
-            self._watchdog = threading.Thread(
-                target=self._watch,
-                args=(interval, log_every, status_file),
-                name="attnviz-gate-watchdog",
-                daemon=True,
-            )
+            args = (interval, log_every, status_file)
+            self._watchdog = threading.Thread(target=self._watch, args=args, name="attnviz-gate-watchdog")
+            self._watchdog.daemon = True
         self._watchdog.start()
 
     def _watch(self, interval: float, log_every: float, status_file: Path | None) -> None:

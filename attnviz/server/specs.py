@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from .. import limits
 from ..errors import ModelNotFound, NotAllowed
+from ..inputs import token_limit
 from ..loading.load import load_source, needs_conversion
 from ..loading.model import LoadedModel
 from ..loading.names import BUILTIN_MODELS, check_hub_chars, check_id, classify_spec
@@ -115,18 +115,8 @@ def load(ms: ModelSpec, token: str | None = None, cfg: Settings | None = None) -
 
 
 def token_cap(lm: LoadedModel, cfg: Settings | None = None) -> int:
-    """The most tokens this server extracts with ``lm``: the configured cap (demo 512, default
-    8192, ``ATTNVIZ_MAX_TOKENS``) or what the free memory of the model's device holds
-    (`attnviz.limits.token_budget`), whichever is smaller."""
+    """The most tokens this server extracts with ``lm``: `attnviz.inputs.token_limit` under the
+    configured cap (demo 512, default 8192, ``ATTNVIZ_MAX_TOKENS``): the smallest of the cap, the
+    model's position table and what the device's free memory holds."""
     cfg = cfg or settings()
-    return min(cfg.max_tokens, limits.token_budget(lm.layout, lm.device, lm.dtype))
-
-
-def check_tokens(lm: LoadedModel, n_tokens: int, cfg: Settings | None = None) -> None:
-    """Before an extraction of ``n_tokens`` (prompt + generation): a text within the configured
-    cap that the device's free memory cannot hold raises `OutOfMemory` ("… tokens need X GiB, Y
-    GiB free on cpu — try at most N tokens"); a text over the cap is left to `attnviz.extract`,
-    which refuses it with the cap."""
-    cfg = cfg or settings()
-    if n_tokens <= cfg.max_tokens:
-        limits.check_tokens(n_tokens, lm.layout, lm.device, lm.dtype)
+    return token_limit(lm, max_tokens=cfg.max_tokens)[0]

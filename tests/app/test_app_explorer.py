@@ -268,7 +268,8 @@ def test_downloads_and_png_name(env):
     at = new_app(model=TINY, text=TEXT, layer=1, head=2).run()
     ok(at)
     labels = [b.label for b in at.get("download_button")]
-    assert labels == ["⬇ HTML: this layer's grid", "⬇ HTML (small, CDN)", "⬇ NPZ", "⬇ CSV", "⬇ HTML"]
+    grid = ["⬇ HTML: this layer's grid", "⬇ HTML (small, CDN)", "⬇ SVG", "⬇ PDF"]
+    assert labels == [*grid, "⬇ NPZ", "⬇ CSV", "⬇ HTML", "⬇ SVG", "⬇ PDF"]  # vector: issue 40
     config = json.loads(at.get("plotly_chart")[1].proto.config)
     assert config["toImageButtonOptions"]["filename"] == "attnviz_tiny-llama-gqa_L1_H2"
 

@@ -16,6 +16,7 @@ from attnviz import figures as F
 from attnviz import limits
 from attnviz.analysis import pooling
 from attnviz.errors import OutOfMemory
+from attnviz.inputs import admit_ids
 from attnviz.server import specs as engine_specs
 from attnviz.server.settings import Settings
 
@@ -144,11 +145,11 @@ def test_token_cap_follows_free_memory_and_keeps_the_configured_cap(monkeypatch)
         OutOfMemory,
         match=r"^2000 tokens need [0-9.]+ GiB, [0-9.]+ GiB free on cpu — try at most [0-9]+ tokens$",
     ):
-        engine_specs.check_tokens(lm, 2000, full)
-    tight = Settings(demo=False, allowed_models=(), max_tokens=2000)
+        admit_ids(lm, [5] * 2000, max_tokens=full.max_tokens).check()
     with pytest.raises(OutOfMemory, match=r"^2000 tokens need"):  # exactly at the cap: still checked
-        engine_specs.check_tokens(lm, 2000, tight)
-    engine_specs.check_tokens(lm, 9000, full)  # over the configured cap: extract says so itself
+        admit_ids(lm, [5] * 2000, max_tokens=2000).check()
+    with pytest.raises(OutOfMemory, match=r"^9000 tokens need"):  # over the cap too: the smaller limit
+        admit_ids(lm, [5] * 9000, max_tokens=full.max_tokens).check()
 
 
 @pytest.mark.slow

@@ -192,3 +192,18 @@ def test_the_clicked_route_is_in_the_share_link(env):
     assert f"layer {layer}, head {head}" in shared.button(key="routes_open").label
     bad = new_app("pages/6_Explain.py", model=TINY, text=TEXT, edge="x.y").run()
     assert any("`edge`" in w.value for w in bad.warning)
+
+
+def test_the_token_field_keeps_its_value_across_pages_by_streamlits_own_state(env):
+    """The token field uses ``persist_state="session"`` (it was copied by hand through a
+    private session key): typed on one page, it is there on the next, and in no link."""
+    from apptest import TINY
+
+    at = new_app(model=TINY, text=TEXT).run()
+    at.text_input(key="hf_token").set_value("hf_secret_for_test").run()
+    ok(at)
+    at.switch_page("pages/1_Model_overview.py").run()
+    ok(at)
+    assert at.text_input(key="hf_token").value == "hf_secret_for_test"
+    assert "hf_secret_for_test" not in str(dict(at.query_params))
+    assert "_attnviz_session_token" not in at.session_state

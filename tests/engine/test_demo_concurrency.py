@@ -94,15 +94,13 @@ def test_block_hooks_fire_only_for_their_own_thread():
     lm = TE.loaded("llama-gqa")
     blocks, attn, _ = _decoder_layers(lm)
     hooks = BlockHooks(blocks, attn, torch.float32)
-    try:
+    with lm.hooked(hooks.hooks):  # what LoadedModel.forward does with them
         t = threading.Thread(target=_logits, args=(lm, OTHER), daemon=True)
         t.start()
         t.join(30)
         assert hooks.blocks == [] and hooks.stream == []  # another thread's forward passed by
         _logits(lm, OTHER)
         assert len(hooks.blocks) == len(blocks)  # this thread's forward is seen
-    finally:
-        hooks.close()
 
 
 def _actions(lm):

@@ -4,6 +4,7 @@ once, and every probability still equals the model's eager attention over prompt
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -58,13 +59,14 @@ def test_a_record_that_is_not_whole_is_not_stitched():
         "do_sample": False,
         "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
     }
-    got, calls = generation.captured_generate(lm.model, torch.tensor([ids]), lm.module_names, kw, {})
+    step = functools.partial(lm.forward, use_cache=True)  # the last token's forward, through the door
+    got, calls = generation.captured_generate(lm.model, torch.tensor([ids]), lm.module_names, kw, step)
     assert calls is not None and calls[0].query.shape[2] == len(got) == len(ids) + 3
     records = []
     real = generation._stitch
     generation._stitch = lambda *a: records.append(a) or real(*a)  # the raw calls, once
     try:
-        generation.captured_generate(lm.model, torch.tensor([ids]), lm.module_names, kw, {})
+        generation.captured_generate(lm.model, torch.tensor([ids]), lm.module_names, kw, step)
     finally:
         generation._stitch = real
     calls_, lens, last, n_prompt, _ = records[0]

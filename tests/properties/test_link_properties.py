@@ -61,6 +61,13 @@ def field_values(f: dataclasses.Field) -> st.SearchStrategy:
     if parse is P._heads:
         pair = st.tuples(st.integers(0, 99), st.integers(0, 99)).map(lambda lh: f"{lh[0]}.{lh[1]}")
         return st.lists(pair, max_size=64).map(",".join)
+    if parse is P._edge:  # an edge (layer.head.source.target) or a node (head -1, with its part)
+        n = st.integers(0, 99).map(str)
+        edge = st.tuples(n, n, n, n).map(".".join)
+        node = st.tuples(n, n, n, st.sampled_from(["attn", "mlp", "resid"])).map(
+            lambda t: f"{t[0]}.-1.{t[1]}.{t[2]}.{t[3]}"
+        )
+        return st.one_of(st.just(""), edge, node)
     if parse is P._spec:
         return st.one_of(st.sampled_from(sorted(BUILTIN_MODELS)), HUB_IDS).filter(_accepted(parse))
     if parse is P._spec_or_empty:
