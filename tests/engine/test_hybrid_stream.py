@@ -364,3 +364,40 @@ def test_mixer_head_patching_equals_a_hand_patched_out_proj_input(model_type, pr
     for idx, (_, checked) in est.verified.items():
         real = attnviz.patch(lm, CLEAN, CORRUPT, over="heads")
         assert checked == pytest.approx(float(real.values[idx]), abs=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_mixer_head_ablation_equals_a_hand_ablated_out_proj_input(mode):
+    """Qwen3.5's gated delta block 0, head 1: its slice of out_proj's input set to 0 (or its mean
+    over the positions) at every position, by a plain pre-hook; the logit of the prediction."""
+    from attnviz.explain.mixer_ablation import ablate_mixer_heads
+
+    lm = _loaded("qwen3_5_text")
+    model, ids = lm.model, _ids(lm, CLEAN)
+    proj = _blocks(model)[0].linear_attn.out_proj
+    n_heads = lm.model.config.linear_num_value_heads
+    d = proj.in_features // n_heads
+    seen: list = []
+    h0 = proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0].clone()))
+    try:
+        own = _run(model, ids)
+    finally:
+        h0.remove()
+    fill = 0.0 if mode == "zero" else seen[0][:, d : 2 * d].mean(0)
+
+    def ablate(_m, a):
+        x = a[0].clone()
+        x[0, :, d : 2 * d] = fill
+        return (x, *a[1:])
+
+    hook = proj.register_forward_pre_hook(ablate)
+    try:
+        hand = _run(model, ids)
+    finally:
+        hook.remove()
+    got = ablate_mixer_heads(lm, CLEAN, [(0, 1)], mode=mode)
+    top = int(own.argmax())
+    assert got.target == top and got.logit_before == pytest.approx(float(own[top]), abs=1e-5)
+    assert got.logit_after == pytest.approx(float(hand[top]), abs=1e-5) and got.kl >= 0
+    with pytest.raises(attnviz.AttnvizError, match="no per-head mixer"):
+        ablate_mixer_heads(lm, CLEAN, [(1, 0)])  # block 1 is softmax attention
