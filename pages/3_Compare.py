@@ -109,8 +109,8 @@ def heads_changed(
             "change; click a column to re-sort. Select a row to show that head below."
         )
     sel = list(picked.selection.rows) if picked is not None and picked.selection else []
-    if sel and st.session_state.get("_cmp_picked") != (pair_key, sel[0]):
-        st.session_state["_cmp_picked"] = (pair_key, sel[0])
+    if sel and state.recall("compare_picked") != (pair_key, sel[0]):
+        state.remember("compare_picked", (pair_key, sel[0]))
         state.put("layer", int(order[sel[0]] // n_heads))
         state.put("head", int(order[sel[0]] % n_heads))
 

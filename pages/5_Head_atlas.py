@@ -80,16 +80,13 @@ def engine_choice() -> tuple[str, str | None]:
     return "local", None
 
 
-_JUST_RAN = "_attnviz_atlas_just_ran"  # ((model, texts), computed, seconds) of this session's last run
-
-
 def run(lm, texts: list[str]) -> AT.Atlas | None:
     """Run what is not in the disk cache yet (on this server or on Ray), with a progress bar; every
     text is saved as it finishes, so Cancel (or closing the tab) loses nothing done."""
     engine, address = engine_choice()
     done, total = AT.cached_count(lm, texts, max_tokens=MAX_TOKENS)
-    cancelled = done < total and bool(st.session_state.get("atlas_cancel"))  # the Cancel click's rerun
-    fresh = bool(st.session_state.get("atlas_fresh"))  # the "Start over" click's rerun: every text again
+    cancelled = done < total and bool(state.widget_value("atlas_cancel"))  # the Cancel click's rerun
+    fresh = bool(state.widget_value("atlas_fresh"))  # the "Start over" click's rerun: every text again
     if cancelled:
         st.info(
             f"Cancelled: the {done} of {total} texts done so far are saved; run again to resume."
@@ -157,10 +154,13 @@ def run(lm, texts: list[str]) -> AT.Atlas | None:
             st.warning(atlas.cache_error)
         elif atlas.computed and not atlas.cancelled and atlas.n_texts:
             # drawn again without the run and cancel buttons, saying what this run computed
-            st.session_state[_JUST_RAN] = (
-                (atlas.model_name, tuple(atlas.texts)),
-                atlas.computed,
-                atlas.seconds,
+            state.remember(
+                "atlas_just_ran",
+                (
+                    (atlas.model_name, tuple(atlas.texts)),
+                    atlas.computed,
+                    atlas.seconds,
+                ),
             )
             st.rerun()
         return atlas
@@ -183,7 +183,7 @@ def show(atlas: AT.Atlas, explorer: ExplorerParams) -> None:
     stat = st.selectbox(
         "Statistic", list(AT.STATISTICS), key="stat", format_func=lambda m: head_stats.METRIC_NAMES.get(m, m)
     )
-    just = st.session_state.get(_JUST_RAN)
+    just = state.recall("atlas_just_ran")
     if atlas.from_cache and just and just[0] == (atlas.model_name, tuple(atlas.texts)):
         note = f"{atlas.n_texts} texts, {just[1]} computed in {just[2]:.1f} s"  # this session's run
     else:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import streamlit as st
-
-_SEEN = "_attnviz_seen_clicks"
-_ROUNDS = "_attnviz_click_rounds"
+from ui import state
 
 
 def clicked(event: Any, key: str) -> list | None:
@@ -19,7 +16,7 @@ def clicked(event: Any, key: str) -> list | None:
     except (KeyError, TypeError):
         points = []
     data = next((p.get("customdata") for p in points if p.get("customdata") is not None), None)
-    seen = st.session_state.setdefault(_SEEN, {})
+    seen = state.kept("seen_clicks", {})
     mark = repr(data)
     if data is None or seen.get(key) == mark:
         if data is None:
@@ -31,7 +28,7 @@ def clicked(event: Any, key: str) -> list | None:
 
 def chart_key(name: str) -> str:
     """The widget key of clickable chart ``name`` in this run (see `click`)."""
-    return f"{name}_{st.session_state.get(_ROUNDS, {}).get(name, 0)}"
+    return f"{name}_{state.recall('click_rounds', {}).get(name, 0)}"
 
 
 def click(name: str) -> list | None:
@@ -43,9 +40,9 @@ def click(name: str) -> list | None:
     clicked before (head 1, head 4, head 1 again stayed on 4). A new chart starts with nothing
     selected, so every click is a new point."""
     key = chart_key(name)
-    picked = clicked(st.session_state.get(key), key)
+    picked = clicked(state.widget_value(key), key)
     if picked:
-        rounds = st.session_state.setdefault(_ROUNDS, {})
+        rounds = state.kept("click_rounds", {})
         rounds[name] = rounds.get(name, 0) + 1
-        st.session_state.get(_SEEN, {}).pop(key, None)
+        state.recall("seen_clicks", {}).pop(key, None)
     return picked

@@ -12,10 +12,8 @@ from attnviz.exact.eager import CannotCheck
 from attnviz.extract import auto_check_skipped
 from attnviz.layout import Stack
 from attnviz.verify import self_check
-from ui import models
+from ui import models, state
 from ui.text import guarded
-
-_ASKED = "_attnviz_checks_asked"
 
 
 def _where(res: AttentionResult, stack: str, layer: int) -> str:
@@ -38,7 +36,7 @@ def draw(ref: models.ResultRef, res: AttentionResult, stack: Stack, layer: int) 
     asked for here), else why none ran and a button that runs it on this layer."""
     where = _where(res, stack, layer)
     done = next((c for c in res.checks if c.stack == stack and c.layer == layer), None)
-    asked = st.session_state.setdefault(_ASKED, set())
+    asked = state.kept("checks_asked", set())
     ask = (ref.key, stack, layer)
     if done is None and ask in asked:
         lm = models.load(ref.spec, ref.token)
@@ -60,9 +58,9 @@ def draw(ref: models.ResultRef, res: AttentionResult, stack: Stack, layer: int) 
         why = f"the extraction checked {other}"
     else:
         why = auto_check_skipped(res.n_tokens) or "no check ran with this extraction"
-    left, right = st.columns([3, 1], vertical_alignment="center")
-    left.markdown(f":orange-badge[not checked] {where} was not compared with eager here: {why}.")
-    right.button(
+    # the button under the line, as wide as its label: in a quarter column it read "Check la…"
+    st.markdown(f":orange-badge[not checked] {where} was not compared with eager here: {why}.")
+    st.button(
         f"Check {where.lower()}",
         key=f"check_{stack}_{layer}",
         on_click=asked.add,

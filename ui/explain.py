@@ -309,13 +309,13 @@ def attribution(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos:
     )
     clicked = clicks.clicked(event, "dla_chart")
     if clicked and len(clicked) >= 2 and int(clicked[1]) >= 0:
-        st.session_state["explain_dla_head"] = (int(clicked[0]), int(clicked[1]))
+        state.remember("dla_head", (int(clicked[0]), int(clicked[1])))
     rows = list(picked.selection.rows) if picked is not None and picked.selection else []
     row = ranked[rows[0]] if rows else None
     points = [{"customdata": [row[1], row[2]]}] if row is not None and row[0] == "head" else []
     if clicks.clicked({"selection": {"points": points}}, "dla_table"):  # a new pick in the table
-        st.session_state["explain_dla_head"] = (row[1], row[2])  # type: ignore[index]
-    chosen = st.session_state.get("explain_dla_head")
+        state.remember("dla_head", (row[1], row[2]))  # type: ignore[index]
+    chosen = state.recall("dla_head")
     if chosen and 0 <= chosen[0] < tr.n_layers and 0 <= chosen[1] < tr.n_heads:
         layer, head = chosen
         share = float(att.heads[layer, head])

@@ -21,13 +21,14 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 from attnviz.server.gate import InferenceGate, QueueFull, Superseded, UnnamedWait
 from attnviz.server.queue_status import GateStatus
 from attnviz.server.settings import settings
+from ui import state
 
 T = TypeVar("T")
 
 
 def visitor() -> str:
     """This session's random id (the gate's one-pending-request key, the demo's result scope)."""
-    return str(st.session_state.setdefault("_attnviz_visitor", secrets.token_hex(8)))
+    return str(state.kept("visitor", secrets.token_hex(8)))
 
 
 @st.cache_resource(show_spinner=False)

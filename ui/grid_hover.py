@@ -16,7 +16,7 @@ from typing import Any
 import streamlit as st
 
 OPEN_MARK = "#ff2b2b"  # the app's accent red, as `attnviz.figures.grid.OPEN_MARK`
-PREVIEW_PX = 300  # the enlarged head's side
+PREVIEW_PX = 300  # the enlarged head's side at least (else twice the tile, within the window)
 
 JS = """
 const MARK = 'attnviz-open-head', PREVIEW = 'attnviz-head-preview';
@@ -87,13 +87,16 @@ function hookHover(gd, side) {
     const sub = trace && gd.querySelector('g.subplot.' + trace.xaxis + trace.yaxis + ' g.heatmaplayer image');
     if (!sub) return;
     const box = preview(side), [title, img] = box.children;
+    // at least twice the tile, within the window
+    const big = Math.min(window.innerHeight - 60, Math.max(side, 2 * tileBox(gd, trace).width));
+    img.style.width = img.style.height = big + 'px';
     title.textContent = trace.name + ' (enlarged; the hover gives each value)';
     img.src = sub.getAttribute('href') || sub.getAttribute('xlink:href');
     const g = gd.getBoundingClientRect(), e = ev.event || {clientY: g.top};
     const room = window.innerWidth - g.right;
-    box.style.left = (room > side + 24 ? g.right + 8 : Math.max(8, g.left - side - 24)) + 'px';
-    const top = (e.clientY || g.top) - side / 2;
-    box.style.top = Math.max(8, Math.min(window.innerHeight - side - 40, top)) + 'px';
+    box.style.left = (room > big + 24 ? g.right + 8 : Math.max(8, g.left - big - 24)) + 'px';
+    const top = (e.clientY || g.top) - big / 2;
+    box.style.top = Math.max(8, Math.min(window.innerHeight - big - 40, top)) + 'px';
     box.style.display = 'block';
   });
   gd.on('plotly_unhover', () => { preview(side).style.display = 'none'; });

@@ -136,8 +136,7 @@ def check_lines(res: AttentionResult, block: int) -> list[tuple[bool, str]]:
 
 def _keep_in(key: str, hi: int) -> None:
     """A session-only widget value kept in 0..hi (another block or text can have fewer)."""
-    if not 0 <= int(st.session_state.get(key, 0)) <= hi:
-        st.session_state[key] = 0
+    state.keep_widget_in(key, hi)
 
 
 def _rows(n: int) -> slice:

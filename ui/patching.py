@@ -170,8 +170,8 @@ def _show(lm: LoadedModel, p: ExplainParams, res: X.Patching) -> None:
     event = export.chart(fig, name, key="patch_chart", on_select=True, vector_key="patch_vector")
     clicked = clicks.clicked(event, "patch_chart")
     if clicked and len(clicked) >= 2 and int(clicked[1]) >= 0:
-        st.session_state["explain_patch_head"] = (int(clicked[0]), int(clicked[1]))
-    chosen = st.session_state.get("explain_patch_head")
+        state.remember("patch_head", (int(clicked[0]), int(clicked[1])))
+    chosen = state.recall("patch_head")
     if chosen and 0 <= chosen[0] < lm.layout.n_layers and 0 <= chosen[1] < lm.layout.n_heads:
         layer, head = chosen
         last = len(res.clean) - 1
@@ -256,9 +256,9 @@ def _search(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) ->
         )
         clicked = clicks.clicked(event, "search_chart")
         if clicked and len(clicked) >= 2:
-            st.session_state["explain_search_head"] = (int(clicked[0]), int(clicked[1]))
+            state.remember("search_head", (int(clicked[0]), int(clicked[1])))
         top = found.ranking(1)[0]
-        layer, head = st.session_state.get("explain_search_head", top[:2])
+        layer, head = state.recall("search_head", top[:2])
         open_in_explorer(
             p, layer, head, found.query, f"Open layer {layer}, head {head} in the explorer", "search_open"
         )

@@ -18,8 +18,8 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from attnviz.extract import auto_check_skipped
+from ui import state
 
-_CANCELLED = "_attnviz_cancelled"
 # The bar is redrawn at most this often: each redraw is a message the browser renders (a React
 # update and the bar's slide, ~0.05 s of Chromium's CPU) while the forward runs beside it on the
 # same cores (a redraw per layer: +0.3 s of a 1,500-token extraction, +4 s of an 8,192-token one).
@@ -32,17 +32,17 @@ def _key(run_key: Hashable) -> str:
 
 
 def _cancel(key: str) -> None:
-    st.session_state[_CANCELLED] = key
+    state.remember("cancelled", key)
 
 
 def _clear() -> None:
-    st.session_state.pop(_CANCELLED, None)
+    state.forget("cancelled")
 
 
 def cancelled(run_key: Hashable) -> bool:
     """True when this run was cancelled; says so, with a button that runs it again."""
     key = _key(run_key)
-    if st.session_state.get(_CANCELLED) != key:
+    if state.recall("cancelled") != key:
         return False
     st.info("Cancelled: nothing was kept. Run it again, or change the text.", icon=":material/cancel:")
     st.button("Run again", key=f"rerun_{key}", on_click=_clear)

@@ -84,8 +84,8 @@ def why(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) ->
     st.markdown("\n".join(f"{n + 1}. {md(s)}" for n, s in enumerate(FQ.term_sentences(cell, 10))))
     picked = clicks.clicked(event, "qk_chart")
     if picked and len(picked) >= 2 and int(picked[1]) >= 0:
-        st.session_state["explain_qk_head"] = (int(picked[0]), int(picked[1]))
-    chosen = st.session_state.get("explain_qk_head")
+        state.remember("qk_head", (int(picked[0]), int(picked[1])))
+    chosen = state.recall("qk_head")
     if chosen and chosen[0] < layer and chosen[1] < tr.n_heads:
         open_in_explorer(
             p,
@@ -153,8 +153,8 @@ def ov_view(lm: LoadedModel, p: ExplainParams, layer: int, head: int, pos: int) 
     )
     picked = clicks.clicked(event, "qk_ov_chart")
     if picked and len(picked) >= 2:
-        st.session_state["explain_ov_head"] = (int(picked[0]), int(picked[1]))
-    chosen = st.session_state.get("explain_ov_head")
+        state.remember("ov_head", (int(picked[0]), int(picked[1])))
+    chosen = state.recall("ov_head")
     if chosen:
         open_in_explorer(
             p,
@@ -211,8 +211,8 @@ def big_head_link(event: object, layer: int, head: int) -> None:
         points = []
     if points:
         q, k = _position(points[0].get("y")), _position(points[0].get("x"))
-        st.session_state["qk_cell"] = (layer, head, q, k)
-    kept = st.session_state.get("qk_cell")
+        state.remember("qk_cell", (layer, head, q, k))
+    kept = state.recall("qk_cell")
     if not kept or kept[:2] != (layer, head):
         st.caption("Click a cell of the head to ask why it attends there.")
         return

@@ -14,6 +14,7 @@ from attnviz.figures import mixers as M
 from attnviz.inputs import first_tokens
 from attnviz.reference import SUPPORTED
 from attnviz.reference import mixers as R
+from ui import state
 
 CHOICE_KEY = "_attnviz_scratch_mixer"
 HEAD_KEY = "_attnviz_scratch_mixer_head"
@@ -53,8 +54,7 @@ def draw(lm: LoadedModel, text: str, chat: bool, block: int, kind: str) -> None:
         return
     res = attnviz.extract(lm, first_tokens(lm, text, MAX_TOKENS, chat=chat), chat=chat)
     n_heads = res.mixer_heads(block, kind)
-    if not 0 <= int(st.session_state.get(HEAD_KEY, 0)) < n_heads:
-        st.session_state[HEAD_KEY] = 0
+    state.keep_widget_in(HEAD_KEY, n_heads - 1)
     head = int(st.selectbox("Head", list(range(n_heads)), key=HEAD_KEY))
     try:
         rec, output = R.capture(lm, list(res.tokens.ids), block, kind)

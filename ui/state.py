@@ -280,3 +280,51 @@ def share_box(*, note: str = "") -> None:
         if any(n in query.params for n in ("tz", "tz2")):
             msg += " The long text travels compressed in the link."
         st.caption(msg + (" " + note if note else ""))
+
+
+# -- session-only values (never in the link) ---------------------------------------------------
+# Every key the app keeps in st.session_state besides the widgets' own (a parameter's widget key
+# is its name; a few session-only widgets have their key beside the widget) is named here, with
+# who keeps what under it. A name missing here is a KeyError, not a second store.
+SESSION_KEYS = {
+    "visitor": "_attnviz_visitor",  # ui.gate: this session's random id (the queue's key)
+    "cancelled": "_attnviz_cancelled",  # ui.progress: the run key whose Cancel was pressed
+    "checks_asked": "_attnviz_checks_asked",  # ui.exactness: layers whose check was asked for
+    "seen_clicks": "_attnviz_seen_clicks",  # ui.clicks: the selection already handled per chart
+    "click_rounds": "_attnviz_click_rounds",  # ui.clicks: a clickable chart's key generation
+    "atlas_just_ran": "_attnviz_atlas_just_ran",  # the atlas page: its last run (key, atlas, s)
+    "compare_picked": "_cmp_picked",  # Compare: the pair and the clicked cell handled last
+    "patch_head": "explain_patch_head",  # Explain: the (layer, head) clicked on each chart
+    "search_head": "explain_search_head",
+    "dla_head": "explain_dla_head",
+    "qk_head": "explain_qk_head",
+    "ov_head": "explain_ov_head",
+    "qk_cell": "qk_cell",  # Explain: the (layer, head, query, key) cell clicked
+}
+
+
+def recall(name: str, default: Any = None) -> Any:
+    """The session-only value ``name`` (see `SESSION_KEYS`), else ``default``."""
+    return st.session_state.get(SESSION_KEYS[name], default)
+
+
+def remember(name: str, value: Any) -> None:
+    """Keep a session-only value under ``name`` (see `SESSION_KEYS`)."""
+    st.session_state[SESSION_KEYS[name]] = value
+
+
+def kept(name: str, default: Any) -> Any:
+    """The session-only value ``name``, set to ``default`` first when there is none (a mutable
+    container the caller fills)."""
+    return st.session_state.setdefault(SESSION_KEYS[name], default)
+
+
+def forget(name: str) -> None:
+    st.session_state.pop(SESSION_KEYS[name], None)
+
+
+def keep_widget_in(key: str, hi: int) -> None:
+    """A session-only widget's value (``key``) kept in 0..hi before it is drawn (another block or
+    text can have fewer heads or rows)."""
+    if not 0 <= int(st.session_state.get(key, 0)) <= hi:
+        st.session_state[key] = 0

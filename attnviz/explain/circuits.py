@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..capture.projections import output_weight
 from ..errors import AttnvizError
+from ..layout import kv_heads_of
 from ..loading import LoadedModel
 from ..tokens import displays
 from .blocks import Unsupported
@@ -83,7 +85,7 @@ def qk_space(lm: LoadedModel, text: str | list[int] | Trace, *, layer: int, head
     if not 0 <= layer < tr.n_layers or not 0 <= head < tr.n_heads:
         raise AttnvizError(f"layer {layer} / head {head} is out of range for this model")
     cap = tr.captured[layer]
-    kv = head // max(1, cap.query.shape[1] // cap.key.shape[1])
+    kv = kv_heads_of([head], int(cap.query.shape[1]), int(cap.key.shape[1]))[0]  # GQA: the one rule
     q, k = cap.query[0, head].float().cpu(), cap.key[0, kv].float().cpu()
     kmap = layer_maps(lm, tr, layer)[1]
     k_pre = kmap.unrotate(k, torch.arange(tr.n_tokens))
@@ -126,8 +128,6 @@ def _heads(lm: LoadedModel):
     """(attention module, input norm, heads, kv, d_head, W_O) per layer, from the probe's sites."""
     if lm.probe is None or lm.layout.kind != "decoder" or lm.layout.attention_layers:
         raise Unsupported(f"{lm.spec!r}: OV circuits are read for decoders whose every block is attention")
-    from ..capture.projections import output_weight
-
     lay = lm.layout
     d = lay.head_dim
     for site in lm.probe.sites["self"]:

@@ -213,3 +213,22 @@ def test_a_row_window_fills_the_payload_budget_at_the_drawn_key_width():
             continue
         width = min(n_k, F.SINGLE_MAX_KEYS)
         assert rows * width <= F.SINGLE_MAX_CELLS < (rows + 1) * width or rows == 16
+
+
+def test_when_free_memory_is_the_limit_the_page_offers_the_first_tokens(env):
+    """The engine's admission names the memory and the page offers the start that fits (it never
+    did when memory, not the cap or the position table, was the limit)."""
+    import tiny
+
+    lm = tiny.loaded("llama-gqa")
+    small = int(per_token(lm) * 40 / limits.USABLE) + 1  # room for 40 tokens
+    env.setattr(limits, "free_bytes", lambda device: small)
+    text = "the bank of the river " * 12
+    at = new_app(model=TINY, text=text).run()
+    assert not at.exception
+    (error,) = [e.value for e in at.error]
+    assert "tokens need" in error and "GiB free on cpu — try at most 40 tokens" in error
+    assert any("Up to 40 tokens (the free memory on cpu)" in c.value for c in at.sidebar.caption)
+    next(b for b in at.button if b.label == "Use the first 40 tokens").click().run()
+    ok(at)
+    assert 0 < len(at.dataframe[0].value["token"]) <= 40 and heatmaps(titled(at, "layer 0 · head 0 "))

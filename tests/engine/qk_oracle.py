@@ -48,7 +48,7 @@ def rope(attn, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
     return torch.cat([q_r[0], q[..., rot:]], -1), torch.cat([k_r[0], k[..., rot:]], -1)
 
 
-def _attention(model, layer: int):
+def attention_of(model, layer: int):
     layers = model.base_model.layers
     block = layers[layer]
     return block, getattr(block, "self_attn", None) or block.attention
@@ -56,7 +56,7 @@ def _attention(model, layer: int):
 
 def scores(model, ids: list[int], layer: int) -> torch.Tensor:
     """scaling · q_i · k_j of every head and pair: (heads, N, N) float64 (GQA resolved)."""
-    _block, attn = _attention(model, layer)
+    _block, attn = attention_of(model, layer)
     seen: dict = {}
 
     def pre(_m, args, kwargs):
@@ -82,7 +82,7 @@ def scores(model, ids: list[int], layer: int) -> torch.Tensor:
 
 def term(model, ids: list[int], layer: int, head: int, query: int, key: int, a: str, b: str) -> float:
     """T[a, b] by hand for a, b in {"L{m}H{g}", "L{m}.mlp"} (Llama-layout models, RMSNorm input)."""
-    block, attn = _attention(model, layer)
+    block, attn = attention_of(model, layer)
     store: dict = {}
     hooks = [
         block.register_forward_pre_hook(

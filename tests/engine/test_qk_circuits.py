@@ -27,7 +27,7 @@ def llama():
 def test_keys_turned_back_are_the_keys_before_rope(llama):
     lm, tr = llama
     layer = 1
-    _, attn = qk_oracle._attention(lm.model, layer)
+    _, attn = qk_oracle.attention_of(lm.model, layer)
     seen = {}
     h = attn.register_forward_pre_hook(
         lambda _m, a, kw: seen.__setitem__("x", kw["hidden_states"][0]), with_kwargs=True
