@@ -21,6 +21,7 @@ from .attribution_patching import attribution_patch
 from .block_attribution import BlockAttribution, block_attribution
 from .circuits import OVCircuits, QKSpace, ov_circuits, ov_tokens, qk_space
 from .lens import LogitLens, logit_lens
+from .mixer_ablation import MixerAblation, ablate_mixer_heads
 from .patching import DIRECTIONS, OVERS, Patching, patch
 from .qk import QKAttribution, QKRow, qk_attribution, qk_row
 from .residual import Trace, Unsupported, trace
@@ -43,6 +44,7 @@ __all__ = [
     "FlowGraph",
     "HeadScores",
     "LogitLens",
+    "MixerAblation",
     "Node",
     "NodeWrites",
     "OVCircuits",
@@ -56,6 +58,7 @@ __all__ = [
     "Trace",
     "Unsupported",
     "ablate_heads",
+    "ablate_mixer_heads",
     "attribution_patch",
     "bands",
     "block_attribution",

@@ -59,7 +59,8 @@ class _GradRun:
             return x + leaf
 
         # gradients here even when the caller runs under inference_mode / no_grad
-        with hooked(lm, st, add_leaf, wanted) as hooks:
+        # the [0] too: a view taken under the caller's inference_mode would record no graph
+        with hooked(lm, st, add_leaf, wanted) as hooks, torch.inference_mode(False), torch.enable_grad():
             self.logits = run_ids(lm, torch.tensor([ids], device=lm.device), hooks, grad=True)[0]
         return acts, self.logits.detach()
 
@@ -125,10 +126,14 @@ def attribution_patch(
     effects = _effects(s, run.grads(s.answer, s.wrong))
     tell(3, 3 + verify)
     L = s.st.n_layers
-    if over == "heads":  # (positions, heads) per layer, summed over the positions
-        est = np.stack([effects[("head", la)].sum(0) for la in range(L)])
-    elif over == "heads_by_position":
-        est = np.stack([effects[("head", la)].T for la in range(L)])  # (layers, heads, positions)
+    if over.startswith("heads"):  # (positions, heads) per layer; a hybrid's blocks differ: NaN pads
+        n_pos, n_heads = len(s.pairing.target), s.st.n_heads or lm.layout.n_heads
+        per = np.full((L, n_pos, n_heads), np.nan)
+        for la in range(L):
+            got = effects.get(("head", la))
+            if got is not None:
+                per[la, :, : got.shape[1]] = got
+        est = per.sum(1) if over == "heads" else per.transpose(0, 2, 1)  # (layers, heads[, positions])
     elif over == "residual":
         est = np.stack([effects[("residual", la)] for la in range(L)])  # (layers, positions)
     else:

@@ -21,7 +21,7 @@ from ..loading.forward import grad_mode
 from ..tokens import Tokens
 from .blocks import MLP_NAMES, Unsupported
 from .residual import _decoder_layers
-from .stream import block_sites, has_mixers
+from .stream import block_sites, has_mixers, out_projection
 
 Over = Literal["heads", "heads_by_position", "residual", "blocks"]
 OVERS: tuple[str, ...] = get_args(Over)
@@ -117,6 +117,14 @@ class Sites:
     parts: tuple[str, ...] = PARTS
     modules: dict[str, list[Any]] = field(default_factory=dict)
     cacheable: bool = True  # a shared prefix may run once into the model's KV cache
+    # hybrids: per block, the out_proj of its per-head mixer and that mixer's head count (None:
+    # its heads, if any, are softmax heads read inside attnviz's attention function)
+    mixer_heads: list[Any] = field(default_factory=list)
+    head_counts: tuple[int, ...] = ()  # heads per block (empty: lm.layout.n_heads everywhere)
+
+    @property
+    def n_heads(self) -> int:
+        return max(self.head_counts, default=0)
 
     @property
     def n_layers(self) -> int:
@@ -133,18 +141,40 @@ def sites(lm: LoadedModel, over: str) -> Sites:
     """The patching sites of ``lm``, or `Unsupported` with the reason."""
     lay = lm.layout
     if has_mixers(lay) or lay.attention_layers or not lay.n_layers:  # hybrids, Mamba, RWKV
-        if over.startswith("heads"):
-            raise Unsupported(
-                f"{lm.spec!r} mixes tokens with {lay.mixer_summary() or 'non-attention blocks'}; the "
-                "per-head outputs of these mixers are not patchable yet: use over='residual' or "
-                "'blocks' (each block's mixers and MLP, every branch on its own)"
-            )
         bs = block_sites(lm)
         attn = bs.modules.get("attention", [None] * bs.n_blocks)
         names = [lm.module_names.get(id(m), "") if m is not None else "" for m in attn]
         mlps = bs.modules.get("mlp", [None] * bs.n_blocks)
+        mixer_heads: list[Any] = []
+        counts: list[int] = []
+        for b in range(bs.n_blocks):
+            mixers = [k for k in bs.parts if k not in ("attention", "mlp")]
+            found: list[tuple[Any, int]] = [
+                f for f in (out_projection(bs.modules[k][b], k) for k in mixers) if f is not None
+            ]
+            branches = len(found) + (attn[b] is not None)
+            per_channel = [
+                k for k in bs.parts if k not in ("attention", "mlp") and bs.modules[k][b] is not None
+            ]
+            if over.startswith("heads") and (branches > 1 or (per_channel and not found)):
+                why = (
+                    "runs two head-bearing branches side by side"
+                    if branches > 1
+                    else (f"mixes per channel ({per_channel[0]}): it has no heads")
+                )
+                raise Unsupported(
+                    f"{lm.spec!r}: block {b} {why}; patch it over='blocks' (each branch on its own) "
+                    "or over='residual'"
+                )
+            mixer_heads.append(found[0] if found else None)
+            counts.append(found[0][1] if found else lay.n_heads if attn[b] is not None else 0)
+        if over.startswith("heads") and not lm.supports_capture and any(a is not None for a in attn):
+            raise Unsupported(f"{lm.spec!r}'s softmax heads run outside attnviz's attention function")
         # the recurrent state is not one the patched rows can share as a KV cache
-        return Sites(bs.blocks, attn, names, mlps, parts=bs.parts, modules=bs.modules, cacheable=False)
+        return Sites(
+            bs.blocks, attn, names, mlps, parts=bs.parts, modules=bs.modules, cacheable=False,
+            mixer_heads=mixer_heads, head_counts=tuple(counts),
+        )  # fmt: skip
     blocks, attn, names = _decoder_layers(lm)
     if over.startswith("heads") and not lm.supports_capture:
         raise Unsupported(
@@ -220,6 +250,14 @@ def hooked(
 
         return hook
 
+    def mixer_heads(i: int, n_heads: int):
+        def hook(_module, args):  # out_proj's input, gates and norm applied: (B, N, heads · d_head)
+            x = args[0]
+            heads = change("head", i, x.unflatten(-1, (n_heads, -1)))  # (B, N, heads, d_head)
+            return (heads.flatten(-2), *args[1:])
+
+        return hook
+
     def edit(module: torch.nn.Module, out: torch.Tensor) -> torch.Tensor:
         i = layer_of.get(lm.module_names.get(id(module), ""))
         return out if i is None else change("head", i, out)
@@ -227,6 +265,9 @@ def hooked(
     for i in range(st.n_layers):
         if "residual" in wanted:
             hooks.append(Hook(st.blocks[i], pre(i), "before", with_kwargs=True))
+        if "head" in wanted and st.mixer_heads and st.mixer_heads[i] is not None:
+            proj, n_heads = st.mixer_heads[i]
+            hooks.append(Hook(proj, mixer_heads(i, n_heads), "before"))
         for part in wanted:
             if part not in ("residual", "head") and st.module(part, i) is not None:
                 hooks.append(Hook(st.module(part, i), post(part, i)))

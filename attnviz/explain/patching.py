@@ -192,7 +192,14 @@ def planned_grid(lm: LoadedModel, clean: Tokens, corrupted: Tokens, over: str, d
     `grid_shape` of the same sites and pairing. `Unsupported` where `patch` would refuse."""
     pairing = pairing_of(clean, corrupted, direction)
     st = sites(lm, over)
-    return grid_shape(over, st.n_layers, lm.layout.n_heads, pairing, st.parts)
+    return grid_shape(over, st.n_layers, st.n_heads or lm.layout.n_heads, pairing, st.parts)
+
+
+def exists(st: Sites, p: Patch) -> bool:
+    """Whether the model has ``p``'s site (a hybrid's blocks differ in parts and head counts)."""
+    if p.site == "head":
+        return not st.head_counts or p.head < st.head_counts[p.layer]
+    return p.site == "residual" or st.module(p.site, p.layer) is not None
 
 
 def patch_at(over: str, index: tuple[int, ...], pairing: Pairing, parts: tuple[str, ...] = PARTS) -> Patch:
@@ -402,13 +409,9 @@ def patch(
     position, normalised (0 = corrupted run, 1 = clean run). ``progress(done, cells)`` hears each
     batch of patched forwards (raising cancels)."""
     s = setup(lm, clean, corrupted, answer, wrong, over, direction, chat=chat, keep_target=False)
-    shape = grid_shape(over, s.st.n_layers, lm.layout.n_heads, s.pairing, s.st.parts)
+    shape = grid_shape(over, s.st.n_layers, s.st.n_heads or lm.layout.n_heads, s.pairing, s.st.parts)
     cells = [patch_at(over, idx, s.pairing, s.st.parts) for idx in np.ndindex(*shape)]
-    real = [
-        i
-        for i, p in enumerate(cells)
-        if p.site in ("head", "residual") or s.st.module(p.site, p.layer) is not None
-    ]
+    real = [i for i, p in enumerate(cells) if exists(s.st, p)]
     raw = np.full(len(cells), np.nan)  # NaN: a part its block does not have (a hybrid's blocks differ)
     raw[real] = run_cells(lm, s, [cells[i] for i in real], batch=batch, progress=progress)
     return result(lm, s, over, direction, DIMS[over], raw.reshape(shape))

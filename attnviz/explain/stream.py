@@ -176,7 +176,7 @@ def split_block(
 HEAD_COUNTS = ("num_v_heads", "num_heads", "n_heads", "num_attention_heads")
 
 
-def _out_projection(module: Any, kind: str) -> tuple[Any, int] | None:
+def out_projection(module: Any, kind: str) -> tuple[Any, int] | None:
     """(out_proj, heads) of a per-head mixer module (SSD, gated delta, Kimi delta, lightning) whose
     output projection reads heads × d_head channels, head-major; None otherwise."""
     from ..mixers.kinds import PER_HEAD
@@ -239,7 +239,7 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
     hooks: list[Hook] = []
     for b, blk in enumerate(st.blocks):
         for name in st.parts:
-            found = _out_projection(st.modules[name][b], name)
+            found = out_projection(st.modules[name][b], name)
             if found is not None:
                 hooks.append(Hook(found[0], head_input(b, name, *found), "before"))
         hooks += [Hook(blk, enter(b), "before", with_kwargs=True), Hook(blk, leave(b))]

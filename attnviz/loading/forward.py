@@ -131,14 +131,16 @@ def run(
     every model. ``extra`` keyword arguments go to the model as they are (``use_cache=True`` with
     ``past_key_values``, ``output_attentions``)."""
     model = lm.model
-    args: dict = dict(inputs) if inputs is not None else {}
-    if ids is not None:
-        t = ids if isinstance(ids, torch.Tensor) else torch.tensor([list(ids)], device=lm.device)
-        args["input_ids"] = t
-    kwargs = forward_kwargs(model, logits_at)
-    kept = "logits_to_keep" in kwargs
     rows = _rows(logits_at)
     with lm.lock, grad_mode(grad), hooked(lm, hooks):
+        # built inside the mode: an index tensor made under a caller's inference_mode could not be
+        # saved for attribution patching's backward (the ids, logits_to_keep)
+        args: dict = dict(inputs) if inputs is not None else {}
+        if ids is not None:
+            t = ids if isinstance(ids, torch.Tensor) else torch.tensor([list(ids)], device=lm.device)
+            args["input_ids"] = t.clone() if grad and t.is_inference() else t
+        kwargs = forward_kwargs(model, logits_at)
+        kept = "logits_to_keep" in kwargs
         out = model(**{**args, **kwargs, **extra})
         logits = getattr(out, "logits", None)
         if rows is not None and not kept and isinstance(logits, torch.Tensor):

@@ -213,8 +213,10 @@ def test_the_refusals_on_hybrids_say_what_is_missing_and_what_runs():
         attnviz.explain.trace(lm, CLEAN)
     assert "per-token parts" not in str(err.value) and "per-head parts of these mixers" in str(err.value)
     assert "logit lens and patching over 'residual' and 'blocks'" in str(err.value)
-    with pytest.raises(Unsupported, match="use over='residual' or 'blocks'"):
-        attnviz.patch(lm, CLEAN, CORRUPT, over="heads")
+    with pytest.raises(Unsupported, match="two head-bearing branches side by side"):
+        attnviz.patch(_loaded("falcon_h1"), CLEAN, CORRUPT, over="heads")
+    with pytest.raises(Unsupported, match=r"mixes per channel \(mamba\): it has no heads"):
+        attnviz.patch(_loaded("mamba"), CLEAN, CORRUPT, over="heads_by_position")
 
 
 def test_the_patching_figure_names_a_hybrids_parts():
@@ -324,3 +326,78 @@ def test_per_head_mixers_are_split_by_head_and_per_channel_ones_are_not(model_ty
     for (b, part), heads in att.heads.items():
         assert heads.sum() == pytest.approx(att.values[b, att.parts.index(part)], abs=1e-5)
     assert not block_attribution(_loaded("mamba"), CLEAN).heads  # Mamba-1: per channel, one component
+
+
+@pytest.mark.parametrize(("model_type", "proj_of"), [("qwen3_5_text", "linear_attn"), ("mamba2", "mixer")])
+def test_mixer_head_patching_equals_a_hand_patched_out_proj_input(model_type, proj_of):
+    """over='heads_by_position' on a mixer block: head h's slice of out_proj's input (its output
+    before out_proj, gates and norm applied) at one position copied from the clean run, written
+    here with plain pre-hooks; softmax blocks' heads as before; a head a block lacks is NaN."""
+    lm = _loaded(model_type)
+    model, clean, corrupt = lm.model, _ids(lm, CLEAN), _ids(lm, CORRUPT)
+    res = attnviz.patch(lm, CLEAN, CORRUPT, over="heads_by_position")
+    proj = getattr(_blocks(model)[0], proj_of).out_proj
+    kept: list = []
+    h0 = proj.register_forward_pre_hook(lambda _m, a: kept.append(a[0][0].clone()))
+    try:
+        _run(model, clean)
+    finally:
+        h0.remove()
+    n_heads = res.values.shape[1]
+    d = proj.in_features // n_heads
+    for h in range(n_heads):
+        for i, p in list(enumerate(res.positions))[-2:]:
+            src = kept[0][res.pairing.source_of(p), h * d : (h + 1) * d]
+
+            def swap(_m, a, p=p, h=h, src=src):
+                x = a[0].clone()
+                x[0, p, h * d : (h + 1) * d] = src
+                return (x, *a[1:])
+
+            hook = proj.register_forward_pre_hook(swap)
+            try:
+                logits = _run(model, corrupt)
+            finally:
+                hook.remove()
+            assert abs(float(logits[res.answer] - logits[res.wrong]) - res.raw[0, h, i]) <= ATOL
+    est = attnviz.attribution_patch(lm, CLEAN, CORRUPT, over="heads", verify=2)
+    for idx, (_, checked) in est.verified.items():
+        real = attnviz.patch(lm, CLEAN, CORRUPT, over="heads")
+        assert checked == pytest.approx(float(real.values[idx]), abs=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_mixer_head_ablation_equals_a_hand_ablated_out_proj_input(mode):
+    """Qwen3.5's gated delta block 0, head 1: its slice of out_proj's input set to 0 (or its mean
+    over the positions) at every position, by a plain pre-hook; the logit of the prediction."""
+    from attnviz.explain.mixer_ablation import ablate_mixer_heads
+
+    lm = _loaded("qwen3_5_text")
+    model, ids = lm.model, _ids(lm, CLEAN)
+    proj = _blocks(model)[0].linear_attn.out_proj
+    n_heads = lm.model.config.linear_num_value_heads
+    d = proj.in_features // n_heads
+    seen: list = []
+    h0 = proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0].clone()))
+    try:
+        own = _run(model, ids)
+    finally:
+        h0.remove()
+    fill = 0.0 if mode == "zero" else seen[0][:, d : 2 * d].mean(0)
+
+    def ablate(_m, a):
+        x = a[0].clone()
+        x[0, :, d : 2 * d] = fill
+        return (x, *a[1:])
+
+    hook = proj.register_forward_pre_hook(ablate)
+    try:
+        hand = _run(model, ids)
+    finally:
+        hook.remove()
+    got = ablate_mixer_heads(lm, CLEAN, [(0, 1)], mode=mode)
+    top = int(own.argmax())
+    assert got.target == top and got.logit_before == pytest.approx(float(own[top]), abs=1e-5)
+    assert got.logit_after == pytest.approx(float(hand[top]), abs=1e-5) and got.kl >= 0
+    with pytest.raises(attnviz.AttnvizError, match="no per-head mixer"):
+        ablate_mixer_heads(lm, CLEAN, [(1, 0)])  # block 1 is softmax attention

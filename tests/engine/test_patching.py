@@ -282,17 +282,17 @@ def test_progress_hears_every_batch_and_cancels():
         patch(lm, CLEAN, CORRUPT, over="heads", batch=3, progress=cancel)
 
 
-def test_patching_needs_no_decomposition_and_hybrid_heads_wait_for_their_mixers():
+def test_patching_needs_no_decomposition_and_runs_over_a_hybrids_heads():
     """A residual multiplier (Granite) breaks the explanations' sums, not patching: its grid still
-    equals the hand-written runs. A hybrid's heads are refused with the reason (its residual and
-    blocks are patched: tests/engine/test_hybrid_stream.py)."""
+    equals the hand-written runs. A hybrid's mixer heads are patched too (their oracles:
+    tests/engine/test_hybrid_stream.py)."""
     lm = TE.build("granite", residual_multiplier=0.5)
     clean, corrupt = ids_of(lm, CLEAN), ids_of(lm, CORRUPT)
     res = patch(lm, CLEAN, CORRUPT, over="residual")
     cells = [("residual", la, -1, [p], [p]) for la in range(lm.layout.n_layers) for p in range(len(clean))]
     assert np.allclose(res.raw.ravel(), hand_grid(lm, res, clean, corrupt, cells), atol=ATOL)
-    with pytest.raises(AttnvizError, match="per-head outputs of these mixers are not patchable yet"):
-        patch(TE.build("qwen3_next"), CLEAN, CORRUPT)
+    hybrid = patch(TE.build("qwen3_next"), CLEAN, CORRUPT)  # gated delta heads and softmax heads
+    assert hybrid.values.shape[0] == 4 and np.isfinite(hybrid.values[0]).all()
 
 
 @pytest.mark.parametrize("name", [*LAYOUTS, "mistral-sliding", "gemma2", "gpt2"])

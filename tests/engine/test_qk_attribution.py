@@ -179,3 +179,18 @@ def test_refusals():
         qk_attribution(lm, tr, layer=1, head=0, query=-1, key=0)
     with pytest.raises(AttnvizError, match="head 9 is out of range"):
         qk_attribution(lm, tr, layer=1, head=9)
+
+
+@pytest.mark.slow
+def test_smollm2_at_1k_tokens_sums_to_the_hooked_score(smollm):
+    """The built-in model at 1,024 random tokens: the last layer's head 3, rows spread over the text."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 40000, (1024,), generator=g).tolist()
+    tr = attnviz.explain.trace(smollm, ids)
+    oracle = qk_oracle.scores(smollm.model, ids, 29)
+    for query in (1, 300, 777, 1023):
+        row = qk_row(smollm, tr, layer=29, head=3, query=query)
+        want = oracle[3, query, row.keys].numpy()
+        scale = max(1.0, np.abs(want).max())
+        assert np.abs(row.key_terms.sum(1) - want).max() <= TOL * scale, query
+        assert np.abs(row.query_terms.sum(1) - want).max() <= TOL * scale, query
