@@ -336,7 +336,9 @@ direct effect by hand through the frozen final norm).
 | direct logit attribution | the attention as one part (`block_attribution`); per head on pure transformers (`logit_attribution`) | the mixer's part, and each head through out_proj (`.heads`; gates and output norm frozen; lightning's norm spans heads: its split rests on the frozen scale) | the mixer as one part (no heads) |
 | patching `residual` / `blocks` | yes | yes, the mixer module's output | yes, the mixer module's output |
 | attribution patching `residual` / `blocks` | yes | yes | yes |
-| patching `heads`, routes, ablation, head search | pure transformers only | refused: per-head outputs not built yet | refused: no heads |
+| patching `heads` / `heads_by_position`, attribution patching over them | softmax heads | each head's output before out_proj (its slice of out_proj's input, gates and norm applied); a block running two head-bearing branches side by side (Falcon-H1, Zamba2) refuses: use `blocks` | refused: no heads |
+| head ablation (zero, mean) | `ablate_heads` (pure transformers) | `ablate_mixer_heads`: the head's output before out_proj set to 0 or its mean over the positions | refused: no heads |
+| routes, head search, node inspection | pure transformers only | refused (not built yet for mixers) | refused |
 
 Blocks that are not a sum of their parts keep their boundaries (lens, residual patching) and refuse
 the attribution with the reason: RWKV's block 0 (its pre_ln normalises the embedding inside the

@@ -82,3 +82,16 @@ def test_table_in_docs_matches_the_code():
     want = archs.render(list(rows().values()))
     have = archs.DOC.read_text(encoding="utf-8") if archs.DOC.exists() else ""
     assert have == want, "docs/architectures.md is stale: run `python tests/archs.py --write`"
+
+
+def test_docs_prose_is_the_generators_header():
+    """Fast: the prose above the table (hand-edited sections included) lives in
+    tests/arch_configs.py's HEADER, else the slow table test fails after the next merge."""
+    import transformers
+    from arch_configs import HEADER
+
+    have = archs.DOC.read_text(encoding="utf-8")
+    assert have.startswith(HEADER.format(version=transformers.__version__)), (
+        "docs/architectures.md's prose differs from tests/arch_configs.py HEADER: edit HEADER, then "
+        "`python tests/archs.py --write`"
+    )
