@@ -129,3 +129,14 @@ def test_bad_requests_and_per_channel_mixers_are_refused_with_the_reason(qwen):
         search_mixer_heads(mamba, -1, 2)
     sizes = search_mixer_heads(mamba, -1, 2, by=CONTRIBUTION)
     assert [kind for _, kind, _ in sizes.heads] == ["mamba"] * len(mamba.layout.mixers)
+
+
+def test_the_head_level_refusal_on_a_hybrid_names_what_runs_and_is_true(qwen):
+    """The old reason ("the per-head parts of these mixers are not built yet") was no longer true:
+    block_attribution splits them by head, and head search and ablation run on them."""
+    lm, _ = qwen
+    with pytest.raises(attnviz.explain.Unsupported) as err:
+        attnviz.explain.trace(lm, TEXT)
+    said = str(err.value)
+    assert "not built yet" not in said
+    assert all(name in said for name in ("block_attribution", "ablate_mixer_heads", "search_mixer_heads"))
