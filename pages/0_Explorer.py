@@ -41,9 +41,18 @@ READING = (
 
 
 def summary_sentence(res: AttentionResult) -> str:
-    """One plain sentence: the model, the text's length and whether the weights are checked."""
+    """One plain sentence: the model, the text's length and whether the weights are checked; a
+    hybrid's blocks counted as blocks ("1 layers of 4 heads" named a 4-block hybrid)."""
     lay = res.layout
-    shape = f"{lay.n_layers} layers of {lay.n_heads} heads" if lay.n_layers else f"{len(lay.mixers)} blocks"
+
+    def many(n: int, what: str) -> str:
+        return f"{n} {what}" + ("" if n == 1 else "s")
+
+    if models.mixer_line(lay) or not lay.n_layers:  # a hybrid or a pure recurrent model
+        shape = many(len(lay.mixers), "block")
+        shape += f", {many(lay.n_layers, 'softmax attention layer')}" if lay.n_layers else ""
+    else:
+        shape = f"{many(lay.n_layers, 'layer')} of {many(lay.n_heads, 'head')}"
     checked = "checked against eager attention" if res.checks else "not checked against eager attention"
     return (
         f"**{md(res.model_name)}** read {res.n_tokens} tokens through {shape}; the weights are its own, "

@@ -198,3 +198,14 @@ def test_the_share_link_keeps_the_chosen_block(env):
     far = new_app(model=QWEN, text=TEXT, block=9).run()  # past the last block: said, and the last
     assert not far.exception and far.selectbox(key=BLOCK_KEY).value == 3
     assert [w.value for w in far.warning] == ["Block 9 is out of range (0–3); showing block 3."]
+
+
+def test_the_summary_sentence_counts_a_hybrids_blocks(env):
+    """Issue 40: the one-sentence summary said "1 layers of 4 heads" of a hybrid; it counts blocks."""
+    at = new_app(model=QWEN, text=TEXT).run()
+    ok(at)
+    first = at.markdown[0].value
+    res = _engine(QWEN.split(":")[1])
+    n_blocks, n_attn = len(res.layout.mixers), res.layout.n_layers
+    assert f"through {n_blocks} blocks, {n_attn} softmax attention layer" in first, first
+    assert "1 layers" not in first
