@@ -15,15 +15,19 @@ from attnviz.capture import mixers as mixer_capture
 from attnviz.capture.hook import recording
 
 IDS = [3 + (i * 37) % 300 for i in range(40)]  # past every chunk (16) and both kernels' blocks
-MODELS = ("qwen3_5", "bamba", "mamba", "kimi_linear", "lfm2")
+MODELS = ("qwen3_5", "qwen3_next", "bamba", "falcon_h1", "zamba2", "mamba", "kimi_linear", "lfm2")
 # model_type -> (mixer kind, the transformers core function, the package kernel behind it, and
 # the package kernels one prefill calls)
 BOUND = {
     "qwen3_5_text": ("gated_delta", "torch_chunk_gated_delta_rule",
                      "fla.ops.gated_delta_rule.chunk_gated_delta_rule",
                      {"fla.chunk_gated_delta_rule", "causal_conv1d.causal_conv1d_fn"}),
-    "bamba": ("mamba2", "mamba2_chunk_scan", "mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined",
-              {"mamba_ssm.mamba_chunk_scan_combined", "causal_conv1d.causal_conv1d_fn"}),
+    "qwen3_next": ("gated_delta", "torch_chunk_gated_delta_rule",
+                   "fla.ops.gated_delta_rule.chunk_gated_delta_rule",
+                   {"fla.chunk_gated_delta_rule", "causal_conv1d.causal_conv1d_fn"}),
+    **{mt: ("mamba2", "mamba2_chunk_scan", "mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined",
+            {"mamba_ssm.mamba_chunk_scan_combined", "causal_conv1d.causal_conv1d_fn"})
+       for mt in ("bamba", "falcon_h1", "zamba2")},
     "mamba": ("mamba", "mamba_selective_scan", "mamba_ssm.ops.selective_scan_interface.selective_scan_fn",
               {"mamba_ssm.selective_scan_fn", "causal_conv1d.causal_conv1d_fn"}),
     "kimi_linear": ("kimi_delta", "chunk_kimi_delta_attention", "fla.ops.kda.chunk_kda",
