@@ -283,6 +283,8 @@ its decoder from the token the model's own `generate` starts from.
 - **fast exact**: captured queries and keys, probabilities computed on demand (long inputs work).
 - **eager exact (one layer at a time)**: the model's own eager attention module is run again on
   one layer's recorded input when that layer is asked for; never all layers' (heads, N, N) at once.
+- **mixers exact**: no softmax layer (Mamba, RWKV); the token mixers' captured kernel inputs,
+  each mixer self-checked against its reference.
 - **refused**: attnviz says why, in the sentence shown.
 - **skipped**: not a text model (the reason).
 - **not covered**: no tiny model could be built here from the config class with small sizes (the
@@ -320,6 +322,28 @@ kernel runs). The matrices are signed and not probabilities ("effective attentio
   zaya and inkling attention also mixes tokens through a short conv on q/k/v, which the softmax
   map does not show (`mixer_note`).
 
+### What each Explain view does on each mixer (attnviz.explain.stream)
+
+Hybrids and recurrent models are explained at block boundaries: `read_stream` keeps what each
+block reads and what each part adds, each branch of a parallel block on its own, a μP scalar per
+part read from the tensors and checked on every row (tests/engine/test_hybrid_stream.py holds the
+oracles: final norm + LM head at each boundary, hand-patched runs, Σ parts = the logit, a branch's
+direct effect by hand through the frozen final norm).
+
+| view | softmax attention block | per-head mixer (mamba2, gated_delta, kimi_delta, lightning) | per-channel mixer (mamba, rwkv, short_conv, rglru) |
+|---|---|---|---|
+| logit lens | block boundary | block boundary | block boundary |
+| direct logit attribution | the attention as one part (`block_attribution`); per head on pure transformers (`logit_attribution`) | the mixer's part, and each head through out_proj (`.heads`; gates and output norm frozen; lightning's norm spans heads: its split rests on the frozen scale) | the mixer as one part (no heads) |
+| patching `residual` / `blocks` | yes | yes, the mixer module's output | yes, the mixer module's output |
+| attribution patching `residual` / `blocks` | yes | yes | yes |
+| patching `heads` / `heads_by_position`, attribution patching over them | softmax heads | each head's output before out_proj (its slice of out_proj's input, gates and norm applied); a block running two head-bearing branches side by side (Falcon-H1, Zamba2) refuses: use `blocks` | refused: no heads |
+| head ablation (zero, mean) | `ablate_heads` (pure transformers) | `ablate_mixer_heads`: the head's output before out_proj set to 0 or its mean over the positions | refused: no heads |
+| routes, head search, node inspection | pure transformers only | refused (not built yet for mixers) | refused |
+
+Blocks that are not a sum of their parts keep their boundaries (lens, residual patching) and refuse
+the attribution with the reason: RWKV's block 0 (its pre_ln normalises the embedding inside the
+block), Zamba2's hybrid blocks (the shared attention reads the embeddings too).
+
 Exactness measured 2026-11-26 on tiny random models of each family (tests/engine/test_mixers.py
 shapes, initializer_range 0.2, N = 150 tokens, past every kernel chunk; fp32 CPU). Each block's
 check compares the rebuilt core output with the kernel's and the summed token contributions with
@@ -355,4 +379,4 @@ The matrices themselves agree with the token-by-token textbook recurrences
 
 | architecture | attnviz | notes |
 |---|---|---|
-"""
+"""  # noqa: E501 - the Explain table's rows are one Markdown line each

@@ -27,7 +27,7 @@ DOC = ROOT / "docs" / "architectures.md"
 @dataclass
 class Row:
     model_type: str
-    status: str  # "fast exact" | "eager exact (one layer at a time)" | "refused" | "skipped"
+    status: str  # "fast exact", "eager exact (one layer at a time)", MIXERS_ONLY_METHOD, "refused", "skipped"
     detail: str = ""  # refusal reason, skip reason, or "attention layers 1, 3 of 4"
     max_diff: float | None = None
 
@@ -329,6 +329,8 @@ def quiet_check(model_type: str) -> Row:
 def render(rows: list[Row]) -> str:
     import transformers
 
+    from attnviz.extract import MIXERS_ONLY_METHOD
+
     lines = [HEADER.format(version=transformers.__version__)]
     for r in sorted(rows, key=lambda r: r.model_type):
         if r.model_type in NOT_TEXT:
@@ -337,6 +339,8 @@ def render(rows: list[Row]) -> str:
             status, note = "not covered", r.detail
         elif r.status == "refused":
             status, note = "refused", r.detail
+        elif r.status == MIXERS_ONLY_METHOD:
+            status, note = "mixers exact", r.detail
         else:
             status, note = r.status, r.detail
         note = " ".join(note.split()).replace("|", "/")[:320]

@@ -1,10 +1,8 @@
 """Figures of the explanations (`attnviz.explain`): routes, logit lens, attribution, ablation,
 rotary bands. Pure builders, the engine's typed results in, ``go.Figure`` out; the same calls
-are the notebook views: ``attnviz.flow_view(attnviz.information_flow(lm, text))`` ...
-
-Clickable marks carry ``customdata`` whose first two entries are (layer, head) (-1: not a head),
-so a page can open the clicked head in the explorer.
-"""
+are the notebook views: ``attnviz.flow_view(attnviz.information_flow(lm, text))`` ... Clickable
+marks carry ``customdata`` whose first two entries are (layer, head) (-1: not a head), so a page
+can open the clicked head in the explorer."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ def _width(weight: float) -> int:
 
 
 def _subplot_title(text: str) -> dict:
-    """A figure title above subplot titles (anchored to the container, not the plot area). Plotly
-    lifted a two-line one's first line out of the figure: the padding sets it back by the lines
-    after the first (1.3 em each at the title's default 17 px)."""
+    """A figure title above subplot titles, anchored to the container; a two-line one is padded
+    back down by its extra lines (1.3 em each at 17 px), which Plotly lifted out of the figure."""
     pad = dict(t=round(text.count("<br>") * 1.3 * 17))
     return dict(text=text, x=0.01, xref="container", y=0.985, yref="container", yanchor="top", pad=pad)
 

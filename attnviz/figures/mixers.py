@@ -27,6 +27,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from attnviz.errors import BadIndex
 from attnviz.figures.bins import SINGLE_MAX_CELLS, SINGLE_MAX_KEYS, downsample
 from attnviz.figures.colour import DIVERGING
 from attnviz.figures.labels import TITLE_MARGIN, _title, bin_labels, escape, token_ticks
@@ -143,7 +144,10 @@ def mixer_grid(
     cols = min(cols, len(heads))
     n_rows = math.ceil(len(heads) / cols)
     names = [f"head {h}" for h in heads]
-    fig = make_subplots(n_rows, cols, subplot_titles=names, horizontal_spacing=0.03, vertical_spacing=0.08)
+    # A gap of ~40 px per row for its head's title: plotly refuses a spacing over 1 / (rows - 1),
+    # which a fixed fraction passes at 16 or 32 heads (GLM-5-Next, Nemotron-H).
+    spacing = min(0.08, 40 / (220 * n_rows))
+    fig = make_subplots(n_rows, cols, subplot_titles=names, horizontal_spacing=0.03, vertical_spacing=spacing)
     for i, (z, rows, cs, _) in enumerate(pooled):
         x, y = [escape(s) for s in cs], [escape(s) for s in rows]
         fig.add_trace(
@@ -268,8 +272,10 @@ def block_view(
     with one non-softmax mixer as a grid of its heads (`mixer_grid`), a block with parallel
     branches as the branches side by side (`parallel_block`, head ``head`` of each; ``shares``
     from ``result.branch_shares(block).shares``). Raises for a block of softmax attention only
-    (draw it with `head_view`)."""
+    (draw it with `head_view`) and for a block that mixes no tokens (an MLP-only block), saying so."""
     kinds = tuple(result.mixers(block))
+    if not kinds:
+        raise BadIndex(f"block {block} mixes no tokens (an MLP-only block): there is no token mixer to draw")
     labels = list(result.tokens.labels)
     where = f"{result.model_name} · block {block}"
     if len(kinds) > 1:

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import BadIndex
 from ..layout import AttentionLayout, Stack
-from ..mixers.kinds import PER_HEAD
+from ..mixers.kinds import MIXERS
 from ..tokens import Tokens
 from .bins import GRID_MAX_CELLS, GRID_MAX_SIDE, grid_side, pooled_rows
 from .grid import head_grid
@@ -249,6 +249,7 @@ def _mixer_view(
     if block is None:
         raise BadIndex(f"a {mixer} view needs its block: head_view(res, layer=block, mixer={mixer!r})")
     n_heads = result.mixer_heads(int(block), mixer)
+    per_head = MIXERS[mixer].per_head  # the record says: one signed A per head, or norms per channel
     chosen = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     labels = result.tokens.labels
     n = result.n_tokens
@@ -279,7 +280,7 @@ def _mixer_view(
             text="<br>".join(html.escape(t) for t in lines), x=0.01, xanchor="left", y=0.99, yanchor="top"
         ),
         margin=dict(t=40 + 22 * len(lines)),
-        coloraxis_colorbar_title="effective attention<br>(signed)" if mixer in PER_HEAD else "‖contribution‖",
+        coloraxis_colorbar_title="effective attention<br>(signed)" if per_head else "‖contribution‖",
     )
     return fig
 

@@ -34,9 +34,9 @@ from ..capture import mixers as mixer_capture
 from ..capture.hook import recording
 from ..errors import BadIndex
 from ..mixers import delta, ssd
+from ..mixers.kinds import MIXERS
 from ..records import CapturedMixer
 
-KINDS = ("gated_delta", "mamba2")  # the two layers this walkthrough explains
 FORMULAS = {  # what a page shows above the numbers (the module docstring's, one per kind)
     "gated_delta": "S_t = α_t (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ      (d_k × d_v state)\n"
     "o_t = S_tᵀ q_t\n"
@@ -48,6 +48,9 @@ FORMULAS = {  # what a page shows above the numbers (the module docstring's, one
     "A[t,s] = (C_t·B_s) · exp(A_h (Δ_{s+1} + … + Δ_t)) · Δ_s\n"
     "y_t = Σ_s A[t,s] x_s + D_h x_t",
 }
+# The layers this walkthrough explains: those it has formulas for, each a per-head kind in the
+# registry (its closed form is one signed A per head); the registry is asked, not repeated.
+KINDS: tuple[str, ...] = tuple(k for k in FORMULAS if MIXERS[k].per_head)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ def test_predicting_position_row_and_layer_means(env):
     means = np.stack([res.layer(i, rows=slice(q, q + 1))[:, 0, : q + 1].mean(0) for i in range(3)])
     np.testing.assert_allclose(z_of(layers), means, atol=1e-6)
     assert np.abs(means[0] - means[2]).max() > 1e-3  # the layers differ: a wrong layer would show
-    assert [b.label for b in at.get("download_button")] == ["⬇ NPZ", "⬇ CSV", "⬇ HTML"]
+    assert [b.label for b in at.get("download_button")] == ["⬇ NPZ", "⬇ CSV", "⬇ HTML", "⬇ SVG", "⬇ PDF"]
 
 
 def test_step_out_of_range_in_a_link_falls_back(env):
