@@ -18,7 +18,7 @@ from ..mixers import MIXERS
 
 SHOWN = ("distance", "self", "negative")  # of mixer_stats.STATISTICS; row_sum is not a change to rank
 LABELS = {"distance": "distance back (tokens)", "self": "self share", "negative": "negative share"}
-__all__ = ["SHOWN", "MixerComparison", "compare_mixer_heads", "mixer_heads_of"]
+__all__ = ["SHOWN", "MixerAtlas", "MixerComparison", "compare_mixer_heads", "mixer_atlas", "mixer_heads_of"]
 
 
 def mixer_heads_of(layout: Any) -> tuple[tuple[int, str], ...]:
@@ -83,3 +83,59 @@ def compare_mixer_heads(res_a: Any, res_b: Any) -> MixerComparison:
     if tuple((b, kind, h) for b, kind in mixers for h in range(res_b.mixer_heads(b, kind))) != heads:
         raise AttnvizError("the two results' mixers have different numbers of heads: they cannot be paired")
     return MixerComparison(heads=heads, a=_table(res_a, mixers), b=_table(res_b, mixers))
+
+
+@dataclass(frozen=True)
+class MixerAtlas:
+    """Every non-softmax mixer head's statistics of ``SHOWN`` averaged over a corpus's texts
+    (float64 (heads, 3); NaN where one does not apply), and how many texts were read."""
+
+    heads: tuple[tuple[int, str, int], ...]
+    means: np.ndarray
+    n_texts: int
+    skipped: int  # texts refused (too long for the limits, empty)
+
+    def to_frame(self) -> Any:
+        """One row per mixer head, longest distance back first."""
+        import pandas as pd
+
+        rows = [
+            {
+                "block": block,
+                "mixer": MIXERS[kind].display,
+                "head": head,
+                **{LABELS[name]: self.means[i, j] for j, name in enumerate(SHOWN)},
+            }
+            for i, (block, kind, head) in enumerate(self.heads)
+        ]
+        order = np.argsort(-np.nan_to_num(self.means[:, 0]), kind="stable")
+        return pd.DataFrame(rows).iloc[order].reset_index(drop=True)
+
+
+def mixer_atlas(lm: Any, texts: list[str], *, max_tokens: int) -> MixerAtlas:
+    """The mixer heads of ``lm`` (an `attnviz.LoadedModel`) over ``texts``: each text extracted
+    (refused texts, e.g. longer than ``max_tokens``, are skipped and counted) and each head's
+    statistics averaged over the texts read."""
+    from ..extract import extract
+
+    mixers = mixer_heads_of(lm.layout)
+    if not mixers:
+        raise AttnvizError(f"{lm.spec} has no non-softmax token mixer")
+    total: np.ndarray | None = None
+    heads: tuple[tuple[int, str, int], ...] = ()
+    n = skipped = 0
+    for text in texts:
+        try:
+            res = extract(lm, text, max_tokens=max_tokens)
+        except AttnvizError:
+            skipped += 1
+            continue
+        table = _table(res, mixers)
+        if total is None:
+            heads = tuple((b, kind, h) for b, kind in mixers for h in range(res.mixer_heads(b, kind)))
+            total = np.zeros_like(table)
+        total += table
+        n += 1
+    if total is None:
+        raise AttnvizError(f"none of the {len(texts)} texts could be read (all {skipped} refused)")
+    return MixerAtlas(heads=heads, means=total / n, n_texts=n, skipped=skipped)
