@@ -371,5 +371,6 @@ test_gate_machine = GateMachine.TestCase
 
 @pytest.mark.slow
 def test_gate_machine_slow_profile():
-    """The same machine under the slow profile: 10,000 examples."""
+    """The same machine with longer runs: 1,000 examples in ``make test``, 10,000 under
+    ``ATTNVIZ_HYPOTHESIS_PROFILE=slow`` (property_settings)."""
     run_state_machine_as_test(GateMachine, settings=slow_settings(stateful_step_count=40))
