@@ -70,8 +70,11 @@ def test_the_first_screen_holds_the_grid_and_the_big_head_and_frames_the_open_he
     assert framed(seen, 2), seen
     with reran(page):
         click_tile(page, "tile head 3")
+    # a click draws the grid under a new key (`ui.clicks`): Plotly draws a new chart, the old
+    # one's frame goes with it, and the component frames the new chart on its own run, after
+    # Streamlit's run is over (so after `reran`): wait for the frame to exist and name head 3
     page.wait_for_function(
-        "() => document.querySelector('[data-testid=attnvizOpenHead]').dataset.head === '3'"
+        "() => document.querySelector('[data-testid=attnvizOpenHead]')?.dataset.head === '3'"
     )
     assert "head 3" in head_title(page) and framed(page.evaluate(TILES_JS), 3)
 
