@@ -78,6 +78,9 @@ class CapturedMixer:
     # branch wrote in this forward (multipliers applied), and one sentence saying what was measured
     branches: dict[str, torch.Tensor] = field(default_factory=dict)
     branch_how: str = ""
+    # the package kernel transformers bound behind ``function`` and that ran
+    # ("fla.ops.gated_delta_rule.chunk_gated_delta_rule"); "": the function's own torch body
+    implementation: str = ""
 
     @property
     def nbytes(self) -> int:

@@ -4,7 +4,11 @@
    dense oracle on tiny architectures and the built-in model, fp32 and bf16; fails on any fallback);
 2. the benchmark rows of the Llama-3.2-3B-shaped random bf16 model (attnviz/bench/gpu.py) at 1k, 8k,
    32k and, when memory and the time budget allow, 128k tokens;
-3. one Markdown report: ``--out`` (default test-output/gpu-check.md) and the ``gpu-check`` section of
+3. the hybrid rows (attnviz/bench/gpu_hybrid.py): Qwen3.5- and Bamba-shaped random bf16 models,
+   which kernel transformers bound behind each mixer (fla / mamba_ssm / causal_conv1d or the torch
+   body), a forward and extract with every mixer's self-check at 1k and 8k tokens (``--no-hybrid``
+   leaves them out);
+4. one Markdown report: ``--out`` (default test-output/gpu-check.md) and the ``gpu-check`` section of
    docs/benchmarks.md (unless ``--no-write``). Exit status 1 on any failure (a test, an error, a
    fallback path), 0 otherwise; ``--strict`` also fails on a missed target. Without a GPU: one line,
    status 0.
@@ -45,6 +49,8 @@ def main(argv: list[str] | None = None, model: Callable | None = None) -> int:
     parser.add_argument("--budget", type=float, default=520.0, help="seconds for everything")
     parser.add_argument("--skip-tests", action="store_true", help="benchmark only")
     parser.add_argument("--strict", action="store_true", help="a missed target is a failure too")
+    parser.add_argument("--no-hybrid", action="store_true", help="leave out the hybrid rows")
+    parser.add_argument("--hybrid-sizes", default="1024,8192")
     args = parser.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s.strip())
     from attnviz import backend
@@ -62,13 +68,22 @@ def main(argv: list[str] | None = None, model: Callable | None = None) -> int:
 
     lm = (model or llama3b_shaped)(cuda.device())
     left = args.budget - (time.perf_counter() - t0)
-    report = gpu.run(lm, sizes, repeats=args.repeats, budget_s=max(60.0, left - 60.0))
+    report = gpu.run(lm, sizes, repeats=args.repeats, budget_s=max(60.0, left - 90.0))
+    del lm
+    cuda.empty_cache()
     report.tests = tests
     if not passed:
         report.failures.insert(0, f"GPU suite: {tests}")
     if args.strict:
         report.failures += [f"target not met: {what}" for what, ok in gpu.targets(report) if not ok]
     text = gpu.markdown(report)
+    if not args.no_hybrid:
+        from attnviz.bench import gpu_hybrid
+
+        hybrid_sizes = tuple(int(s) for s in args.hybrid_sizes.split(",") if s.strip())
+        hybrid, why = gpu_hybrid.rows(hybrid_sizes, repeats=args.repeats)
+        report.failures += gpu_hybrid.failures(hybrid)
+        text += "\n\n" + gpu_hybrid.markdown(hybrid, why)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(f"# GPU check\n\n{text}\n")
     if not args.no_write:

@@ -1,9 +1,9 @@
 """README screenshot docs/img/why_head.png: "why this head attends" on the built-in SmolLM2.
 
-Runs the app on the built-in smollm2-135m (offline), opens the Explain page's "why this head
-attends" view for an induction head of SmolLM2 (L17H3) on a repeated sentence, at the query that
-("was", second copy) looking at the token after the first "was" ("quiet"), split by layer of origin, and saves a headless Chromium screenshot
-with Playwright and the system Chromium. About a minute on 2 cores.
+Runs the app on the built-in smollm2-135m (offline) and opens the Explain page's "why this head
+attends" view for SmolLM2's induction head L17H3 on a repeated sentence: the query is the second
+"was", the key the token after the first "was" ("quiet"), split by layer of origin. Saves a
+headless Chromium screenshot (Playwright, the system Chromium). About a minute on 2 cores.
 
     python scripts/screenshot_qk.py [out.png]
 """

@@ -100,8 +100,25 @@ def _wrap_core_functions(modeling: Any, names: tuple[str, ...]) -> None:
             setattr(modeling, fname, _recording_core(fn, fname))
 
 
+def kernel_behind(fn: Callable) -> str:
+    """The package function (``fla``, ``mamba_ssm``, ``causal_conv1d``) that transformers'
+    ``use_kernel_func_from_hub_with_fallback`` bound behind ``fn`` when its module was imported,
+    as "module.name"; "" when ``fn`` runs its own torch body (or is not such a wrapper)."""
+    seen: Any = fn
+    while seen is not None:  # the wrapper may itself be wrapped (functools.wraps chains)
+        code, closure = getattr(seen, "__code__", None), getattr(seen, "__closure__", None)
+        if code is not None and closure:
+            cells = dict(zip(code.co_freevars, closure, strict=True))
+            if "implementation" in cells and "torch_function" in cells:
+                impl, body = cells["implementation"].cell_contents, cells["torch_function"].cell_contents
+                return "" if impl is body else f"{impl.__module__}.{impl.__qualname__}"
+        seen = getattr(seen, "__wrapped__", None)
+    return ""
+
+
 def _recording_core(fn: Callable, fname: str) -> Callable:
     signature = inspect.signature(fn)
+    implementation = kernel_behind(fn)  # bound once, at the modeling module's import
 
     @functools.wraps(fn)
     def core(*args, **kwargs):
@@ -118,7 +135,7 @@ def _recording_core(fn: Callable, fname: str) -> Callable:
             if last is None or last.function:  # a second call in one module call (Zamba's per-head
                 last = CapturedMixer(kind, name, block, "", {}, _EMPTY)  # scans): the store refuses it
                 rec.mixers.append(last)
-            last.function = fname
+            last.function, last.implementation = fname, implementation
             last.inputs.update(inputs)
             _keep_output(last, output)
         return out

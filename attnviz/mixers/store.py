@@ -218,7 +218,8 @@ class MixerStore:
         assert spec.reference is not None  # a shown kind has one
         got = spec.reference(parts, idx).reshape(len(idx), -1)  # (T, ...): the core output rebuilt
         want = (out.T if spec.channels_first else out)[idx].reshape(len(idx), -1)
-        against = spec.against.format(function=rec.function)
+        ran = f"{rec.function} → {rec.implementation}" if rec.implementation else rec.function
+        against = spec.against.format(function=ran)  # names the package kernel when one ran
         pairs = [(got, want)]
         if rec.out_weight is not None and rec.out_out is not None:  # and the mixer's output
             # the projection's output is always kept at the check's rows only

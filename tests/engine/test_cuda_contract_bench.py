@@ -96,11 +96,12 @@ def test_gpu_check_driver_on_the_emulated_device(tmp_path, capsys):
     bench_md = tmp_path / "benchmarks.md"
     bench_md.write_text("# Benchmarks\n\n<!-- gpu-check:start -->\nnot measured\n<!-- gpu-check:end -->\n")
     argv = ["--skip-tests", "--sizes", "32", "--repeats", "1", "--out", str(tmp_path / "r.md"),
-            "--benchmarks", str(bench_md)]  # fmt: skip
+            "--benchmarks", str(bench_md), "--hybrid-sizes", "32"]  # fmt: skip
     with emulate():
         assert _driver().main(argv, model=lambda device: sharp("llama-gqa")) == 0
     report = (tmp_path / "r.md").read_text()
     assert report.startswith("# GPU check") and "| 32 |" in report
+    assert "| Qwen3.5-shaped | 32 |" in report and "| Bamba-shaped | 32 |" in report  # the hybrid rows
     assert "not measured" not in bench_md.read_text() and "| 32 |" in bench_md.read_text()
     with emulate(refuse="cutlassF: no kernel found to launch!"):
         assert _driver().main([*argv, "--no-write"], model=lambda device: sharp("llama-gqa")) == 1
