@@ -38,12 +38,11 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_load import ROOT, Visit, free_port, fresh_atlas_cache, visit
+from demo_load import ROOT, Visit, app_server, free_port, fresh_atlas_cache, visit
 
 sys.path.insert(0, str(ROOT))
 from attnviz.server.healthcheck import check, read_status
@@ -209,35 +208,8 @@ def demo_server(folder: Path, log_path: Path, extra_env: dict[str, str]):
         PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]),
     )  # fmt: skip
     env.update(extra_env)
-    cmd = [
-        sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
-        "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-        "--server.fileWatcherType", "none",
-    ]  # fmt: skip
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited: see {log_path}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/_stcore/health", timeout=2):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the server was not healthy after 120 s: see {log_path}")
-            time.sleep(0.25)
+    with app_server(env, port, log_path) as (url, proc):
         yield Soak(url, proc, status_file, diag_file)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 def warm_mark(rec: Record) -> Sample | None:
