@@ -32,7 +32,6 @@ import logging
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import server_diag
 from demo_load import ROOT, Visit, app_server, free_port, fresh_atlas_cache, visit
 
 sys.path.insert(0, str(ROOT))
@@ -56,37 +56,7 @@ HEALTH_EVERY = 15.0
 PEAK_EVERY = 5.0
 GROWTH_BOUND = 1.1
 
-DIAG_HOOK = """
-import gc, json, os, signal, sys
-
-
-def _dump(signum, frame):
-    out = {}
-    models = sys.modules.get("ui.models")
-    if models is not None:
-        cache = models.results_cache()
-        out["results"] = {"entries": len(cache), "mib": cache.total_bytes / 2**20,
-                          "evictions": getattr(cache, "evictions", None)}
-    try:
-        from streamlit.runtime import Runtime
-
-        mgr = Runtime.instance()._session_mgr
-        out["sessions_active"] = len(mgr.list_active_sessions())
-        out["sessions_kept"] = len(mgr.list_sessions())
-    except Exception as err:  # noqa: BLE001 - diagnostics only
-        out["sessions_error"] = repr(err)
-    gc.collect()
-    result_type = getattr(sys.modules.get("attnviz.result"), "AttentionResult", None)
-    if result_type is not None:
-        out["results_alive"] = sum(1 for o in gc.get_objects() if isinstance(o, result_type))
-    path = os.environ["ATTNVIZ_SOAK_DIAG"]
-    with open(path + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.replace(path + ".tmp", path)
-
-
-signal.signal(signal.SIGUSR1, _dump)
-"""
+DIAG_HOOK = server_diag.hook("ATTNVIZ_SOAK_DIAG")
 
 
 @dataclass
@@ -128,15 +98,8 @@ class Soak:
         return 0
 
     def diag(self, timeout: float = 30) -> dict:
-        before = self.diag_file.stat().st_mtime_ns if self.diag_file.exists() else 0
-        os.kill(self.proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.diag_file.exists() and self.diag_file.stat().st_mtime_ns != before:
-                with contextlib.suppress(json.JSONDecodeError):
-                    return json.loads(self.diag_file.read_text())
-            time.sleep(0.1)
-        return {"error": "no answer to the diagnostics signal"}
+        answer = server_diag.ask(self.proc.pid, self.diag_file, timeout)
+        return {"error": "no answer to the diagnostics signal"} if answer is None else answer
 
     def watch(self, rec: Record, t0: float) -> None:
         """Peak RSS every few seconds, health every 15 s, a full sample every minute."""
