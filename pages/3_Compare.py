@@ -45,8 +45,9 @@ def main() -> None:
         res_b, ref_b = models.extract(lm_b, text_b, spec=spec_b, token=frame.token, chat=chat_b)
     if res_b is None or ref_b is None:
         shell.stop()
+    compare.mixer_heads(res_a, res_b)  # hybrids, recurrent models: by the statistics that apply
     for lm in (lm_a, lm_b):
-        shell.need_attention(lm, "Compare (head by head)")
+        shell.need_attention(lm, "Comparing α head by head (see the mixer heads above)")
     la, lb = lm_a.layout, lm_b.layout
     shape_a = (la.n_layers, la.n_decoder_layers, la.n_heads, la.stacks)
     if shape_a != (lb.n_layers, lb.n_decoder_layers, lb.n_heads, lb.stacks):

@@ -5,7 +5,7 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.extract import Sampling
-from ui import export, pickers, shell, state
+from ui import export, generation_mixers, pickers, shell, state
 from ui.params import GEN_ROWS, SCALE_CHOICES, GenerationParams
 from ui.text import continuation, md
 
@@ -57,7 +57,6 @@ def main() -> None:
                 "text. Pick a decoder such as smollm2-135m, or an encoder-decoder model."
             )
             shell.stop()
-        shell.need_attention(lm, "Generation (each new token's attention)")
     lm, res, _ = shell.load_and_extract(frame, generate=int(k), sampling=sampling)
 
     stack = pickers.stack_picker([s for s in res.stacks if s in ("self", "decoder", "cross")])
@@ -73,7 +72,6 @@ def main() -> None:
 
     state.clamp("gstep", 1, n_steps, "step")
     n_layers, n_heads = res.n_layers(stack), res.n_heads
-    state.clamp("layer", 0, n_layers - 1, "layer")
     labels_q = F.token_labels(q_tokens.display)
     labels_k = F.token_labels(k_tokens.display)
     step = (
@@ -95,6 +93,17 @@ def main() -> None:
         f"⟦ ⟧ marks step {step}."
     )
 
+    if not n_layers:  # a pure recurrent / state-space model: its mixer heads' rows are the view
+        st.info(
+            f"{md(spec)} has no softmax attention; below is each new token's own row in its mixers' heads.",
+            icon=":material/info:",
+        )
+        generation_mixers.draw(
+            res, pos, pos + 1, labels_k, labels_q[pos], F.figure_name(spec, f"step{step}", "mixer")
+        )
+        state.share_box()
+        return
+    state.clamp("layer", 0, n_layers - 1, "layer")
     c1, c2, c3, c4 = st.columns([3, 3, 2, 2])
     with c1:
         layer = st.slider("Layer", 0, n_layers - 1, key="layer") if n_layers > 1 else 0
@@ -134,6 +143,7 @@ def main() -> None:
     export.chart(fig, name, key="gen_heads")
     if scale_note:
         st.caption(scale_note)
+    generation_mixers.draw(res, q, n_keys, labels_k, labels_q[q], name)  # a hybrid's mixer blocks
 
     # every layer's mean row only when asked for: a collapsed expander still ran all the layers
     every_layer = st.toggle("Every layer at this step (mean over heads)", key="glayers", wrap=True)

@@ -246,14 +246,39 @@ def show(atlas: AT.Atlas, explorer: ExplorerParams) -> None:
         c2.caption("Parquet export needs pyarrow.")
 
 
+def mixer_heads(lm, texts: list[str]) -> None:
+    """The non-softmax mixer heads over the same texts, ranked by distance back (nothing without them)."""
+    from attnviz.metrics.mixer_compare import mixer_atlas, mixer_heads_of
+
+    if not mixer_heads_of(lm.layout):
+        return
+    st.subheader("Mixer heads (not softmax)")
+    with st.spinner("Reading the mixer heads over the texts…", show_time=True):
+        try:
+            found = mixer_atlas(lm, texts, max_tokens=MAX_TOKENS)
+        except AttnvizError as err:
+            st.error(str(err))
+            return
+    st.caption(
+        f"Each non-softmax mixer head's exact effective attention A (signed, not probabilities), its "
+        f"statistics averaged over {found.n_texts} texts"
+        + (f" ({found.skipped} skipped: too long or empty)" if found.skipped else "")
+        + ": distance back (|A|-weighted), self share and negative share of Σ|A| (a per-channel "
+        "mixer's one head is its contribution norms: no negative share). Entropy, sink share and the "
+        "induction score do not apply to these heads. Longest distance back first."
+    )
+    st.dataframe(found.to_frame(), hide_index=True, key="atlas_mixer_heads")
+
+
 def main() -> None:
     p = frame.params
     lm = shell.load(p.model, frame.token)
     st.caption(f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)}")
-    shell.need_attention(lm, "The head atlas (softmax heads' roles over a corpus)")
     texts = texts_to_run()
     if not texts:
         shell.stop()
+    mixer_heads(lm, texts)  # hybrids, recurrent models: their mixer heads by the statistics that apply
+    shell.need_attention(lm, "The corpus atlas of softmax heads' roles (the mixer heads are above)")
     atlas = run(lm, texts)
     if atlas is not None and atlas.n_texts:
         show(atlas, ExplorerParams(model=p.model, chat=False))

@@ -338,7 +338,9 @@ direct effect by hand through the frozen final norm).
 | attribution patching `residual` / `blocks` | yes | yes | yes |
 | patching `heads` / `heads_by_position`, attribution patching over them | softmax heads | each head's output before out_proj (its slice of out_proj's input, gates and norm applied); a block running two head-bearing branches side by side (Falcon-H1, Zamba2) refuses: use `blocks` | refused: no heads |
 | head ablation (zero, mean) | `ablate_heads` (pure transformers) | `ablate_mixer_heads`: the head's output before out_proj set to 0 or its mean over the positions | refused: no heads |
-| routes, head search, node inspection | pure transformers only | refused (not built yet for mixers) | refused |
+| head search | `search_heads` (α) | `search_mixer_heads`: by signed A and by contribution size ‖c_{{t,s}}‖, labelled which | contribution size only (no signed A per head) |
+| Compare, Generation | α head by head | distance back, self share, negative share per head (`attnviz.metrics.mixer_compare`); each new token's row | the same on ‖c‖, no negative share |
+| routes, node inspection | pure transformers only | refused: c_{{t,s}} through out_proj not fed to the routes yet | refused |
 
 Blocks that are not a sum of their parts keep their boundaries (lens, residual patching) and refuse
 the attribution with the reason: RWKV's block 0 (its pre_ln normalises the embedding inside the

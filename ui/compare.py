@@ -202,3 +202,29 @@ def matched(lm_a, res_a: AttentionResult, ref_a, lm_b, res_b: AttentionResult, r
         height=320,
     )
     st.caption("Pearson correlation of the two heads' weights between aligned tokens (1 = same pattern).")
+
+
+def mixer_heads(res_a: AttentionResult, res_b: AttentionResult) -> None:
+    """Hybrids and recurrent models: every non-softmax mixer head of A beside B by the statistics
+    that apply to a signed matrix (`attnviz.metrics.mixer_compare`); nothing without such mixers."""
+    import streamlit as st
+
+    from attnviz.errors import AttnvizError
+    from attnviz.metrics.mixer_compare import compare_mixer_heads, mixer_heads_of
+
+    if not (mixer_heads_of(res_a.layout) or mixer_heads_of(res_b.layout)):
+        return
+    st.subheader("Mixer heads (not softmax)")
+    try:
+        found = compare_mixer_heads(res_a, res_b)
+    except AttnvizError as err:
+        st.info(f"{err}. Each model's mixer heads are on its Model overview.", icon=":material/info:")
+        return
+    st.caption(
+        "Each non-softmax mixer head's exact effective attention A (signed, not probabilities) on "
+        "A's text and on B's, each over its own rows: distance back (|A|-weighted), self share and "
+        "negative share of Σ|A| (a per-channel mixer's one head is its contribution norms: no sign, "
+        "so no negative share). Entropy and sink share do not apply to these heads. Largest change "
+        "in distance back first."
+    )
+    st.dataframe(found.to_frame(), hide_index=True, key="cmp_mixer_heads")

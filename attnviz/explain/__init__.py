@@ -27,7 +27,7 @@ from .qk import QKAttribution, QKRow, qk_attribution, qk_row
 from .residual import Trace, Unsupported, trace
 from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
 from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
-from .search import HeadScores, previous_occurrence_heads, search_heads
+from .search import HeadScores, MixerHeadScores, previous_occurrence_heads, search_heads, search_mixer_heads
 from .stream import Stream, needs_stream, read_stream, stream
 from .writes import NodeWrites, node_writes
 
@@ -45,6 +45,7 @@ __all__ = [
     "HeadScores",
     "LogitLens",
     "MixerAblation",
+    "MixerHeadScores",
     "Node",
     "NodeWrites",
     "OVCircuits",
@@ -77,6 +78,7 @@ __all__ = [
     "read_stream",
     "rotary_bands",
     "search_heads",
+    "search_mixer_heads",
     "stream",
     "trace",
 ]

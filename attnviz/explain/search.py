@@ -4,6 +4,7 @@ occurrence of the current token, across every layer, from an extracted result.
     res = attnviz.extract(lm, text)
     attnviz.explain.search_heads(res, query=12, key=4).ranking(5)   # (layer, head, α) best first
     attnviz.explain.previous_occurrence_heads(res).ranking(5)
+    attnviz.explain.search_mixer_heads(res, 12, 4, by="signed A").ranking(5)  # hybrids, SSMs
 
 Every α is exact, the model's own probability (`AttentionResult.layer_tensor` with ``rows``: on the
 fast path one query row per head computed from the captured Q and K, never the full maps; the
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..errors import AttnvizError
 from ..layout import Stack
@@ -24,7 +26,16 @@ from ..result import AttentionResult
 from ..tokens import Tokens
 
 ROW_SPAN = 64  # query rows computed together at most (previous-occurrence search)
-__all__ = ["HeadScores", "previous_occurrence_heads", "previous_occurrences", "search_heads"]
+__all__ = [
+    "CONTRIBUTION",
+    "SIGNED",
+    "HeadScores",
+    "MixerHeadScores",
+    "previous_occurrence_heads",
+    "previous_occurrences",
+    "search_heads",
+    "search_mixer_heads",
+]
 
 
 @dataclass(frozen=True)
@@ -115,4 +126,90 @@ def previous_occurrence_heads(
         what=f"mean α to {target} over {len(pairs)} positions",
         scores=scores,
         rows=tuple(pairs),
+    )
+
+
+SIGNED = "signed A"
+CONTRIBUTION = "contribution size"
+
+
+@dataclass(frozen=True)
+class MixerHeadScores:
+    """One number per head of every token mixer (softmax and non-softmax) from ``query`` to
+    ``key``, with which measure it is (``by``): ``"signed A"`` (a mixer's exact effective
+    attention, signed and not a probability; a softmax head's α) or ``"contribution size"``
+    (‖c_{t,s}‖: how much token ``key`` adds to the mixer's output at ``query`` through its output
+    projection, gates and norms frozen at their forward values). ``heads[i]`` is (block, mixer,
+    head) for ``scores[i]``; ``skipped`` names the mixers not scored and why."""
+
+    model_name: str
+    tokens: Tokens
+    by: str  # SIGNED or CONTRIBUTION
+    what: str
+    heads: tuple[tuple[int, str, int], ...]
+    scores: np.ndarray  # (len(heads),) float64
+    query: int
+    key: int
+    skipped: tuple[str, ...] = ()
+
+    def ranking(self, top: int | None = None) -> list[tuple[int, str, int, float]]:
+        """(block, mixer, head, score): signed A by |A| (its sign kept), contribution size by
+        size, largest first."""
+        order = np.argsort(-np.abs(self.scores), kind="stable")
+        out = [(*self.heads[i], float(self.scores[i])) for i in order]
+        return out if top is None else out[:top]
+
+    def to_frame(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.ranking(), columns=["block", "mixer", "head", self.by])
+
+
+def search_mixer_heads(res: AttentionResult, query: int, key: int, *, by: str = SIGNED) -> MixerHeadScores:
+    """Every head of every block's token mixers scored from ``query`` to ``key`` (positions;
+    negative counts from the end) by ``by``: ``"signed A"`` or ``"contribution size"`` (see
+    `MixerHeadScores`). One query row per mixer; a mixer the measure does not apply to is named
+    in ``skipped`` with the reason (a per-channel mixer has no signed A, only contribution sizes;
+    a softmax head's contribution size is not computed here: its α · ‖W_O v‖ is the Explorer's
+    value-weighted view)."""
+    from ..mixers import MIXERS
+
+    if by not in (SIGNED, CONTRIBUTION):
+        raise AttnvizError(f"by must be {SIGNED!r} or {CONTRIBUTION!r}, not {by!r}")
+    q, k = _position(res, query, "query"), _position(res, key, "key")
+    if k > q and res.layout.kind != "encoder":
+        raise AttnvizError(f"key {k} comes after query {q}: a causal model's query never sees a later key")
+    rows = slice(q, q + 1)
+    heads: list[tuple[int, str, int]] = []
+    scores: list[float] = []
+    skipped: list[str] = []
+    for block, kinds in enumerate(res.layout.mixers):
+        for kind in kinds:
+            per_head = kind == "attention" or MIXERS[kind].per_head
+            if by == SIGNED and not per_head:
+                skipped.append(f"block {block}'s {kind}: mixes per channel, no signed A per head")
+                continue
+            if by == CONTRIBUTION and kind == "attention":
+                skipped.append(f"block {block}'s attention: softmax heads are scored by signed A (α)")
+                continue
+            if by == SIGNED:
+                row = res.mixer_tensor(block, rows=rows, mixer=kind)  # (heads, 1, keys)
+            else:
+                row = torch.as_tensor(res.mixer_contributions(block, kind, rows=rows))
+            for h in range(row.shape[0]):
+                heads.append((block, kind, h))
+                scores.append(float(row[h, 0, k]))
+    if not heads:
+        raise AttnvizError(f"no mixer of this model has a {by} per head: {'; '.join(skipped)}")
+    shown = res.tokens.display
+    return MixerHeadScores(
+        model_name=res.model_name,
+        tokens=res.tokens,
+        by=by,
+        what=f"{by} from query {q} {shown[q]!r} to key {k} {shown[k]!r}",
+        heads=tuple(heads),
+        scores=np.asarray(scores, dtype=np.float64),
+        query=q,
+        key=k,
+        skipped=tuple(skipped),
     )

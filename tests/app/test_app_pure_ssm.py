@@ -32,9 +32,7 @@ def test_explorer_and_overview_show_the_mixers(env, model_type):
 
 
 @pytest.mark.parametrize("model_type", PURE)
-@pytest.mark.parametrize(
-    "page", ["pages/3_Compare.py", "pages/4_Generation.py", "pages/5_Head_atlas.py", "pages/6_Explain.py"]
-)
+@pytest.mark.parametrize("page", ["pages/3_Compare.py", "pages/5_Head_atlas.py", "pages/6_Explain.py"])
 def test_pages_that_need_softmax_heads_say_why(env, model_type, page):
     at = new_app(page, model=f"hybrid:{model_type}", text=TEXT).run()
     assert not at.exception, [e.value for e in at.exception]
