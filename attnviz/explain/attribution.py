@@ -35,8 +35,9 @@ PartKind = Literal["head", "mlp", "embedding"]
 
 
 @dataclass(frozen=True)
-class Attribution:
-    """Direct contributions to ``logit`` = logit(target) − logit(contrast) at ``position``."""
+class TargetLogit:
+    """What a direct logit attribution explains: ``logit`` = logit(target) − logit(contrast) at
+    ``position`` (the fields `target_fields` fills), and the embedding's direct part of it."""
 
     model_name: str
     tokens: Tokens
@@ -45,8 +46,14 @@ class Attribution:
     target_token: str
     contrast: int | None
     contrast_token: str
-    logit: float  # the model's logit difference, before any soft-capping
+    logit: float  # the model's logit difference (its logit multiplier applied, before a soft-cap)
     embedding: float
+
+
+@dataclass(frozen=True)
+class Attribution(TargetLogit):
+    """Direct contributions to ``logit`` = logit(target) − logit(contrast) at ``position``."""
+
     heads: np.ndarray  # (n_layers, heads) float64
     mlps: np.ndarray  # (n_layers,) float64
     rest: float  # biases and norm constants: owned by no head or MLP

@@ -23,8 +23,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..loading import LoadedModel
-from ..tokens import Tokens
-from .attribution import readout, target_fields
+from .attribution import TargetLogit, readout, target_fields
 from .residual import unembed
 from .stream import Stream, stream
 
@@ -37,19 +36,10 @@ ONE_COMPONENT = (
 
 
 @dataclass(frozen=True)
-class BlockAttribution:
+class BlockAttribution(TargetLogit):
     """Direct contributions to ``logit`` = logit(target) − logit(contrast) at ``position``, per
     block and part (``values[b, i]`` for ``parts[i]``; NaN where block b has no such part)."""
 
-    model_name: str
-    tokens: Tokens
-    position: int
-    target: int
-    target_token: str
-    contrast: int | None
-    contrast_token: str
-    logit: float  # the model's logit difference (its logit multiplier applied, before a soft-cap)
-    embedding: float
     parts: tuple[str, ...]
     values: np.ndarray  # (n_blocks, parts) float64
     rest: float  # the final norm's and the LM head's biases
