@@ -147,7 +147,8 @@ def load_and_extract(
     if frame.cap_slot is not None:
         sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
-    cached = models.is_cached(lm, frame.token, p.text, chat=chat, generate=generate, sampling=sampling)
+    key = models.result_key(lm, frame.token, p.text, chat=chat, generate=generate, sampling=sampling)
+    cached = models.is_cached(key)
     stop_here, admission = admitted(lm, p.text, chat=chat, generate=generate, cached=cached)
     if stop_here:
         stop()
