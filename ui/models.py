@@ -238,6 +238,20 @@ def result_key(
     return (lm.spec, token_key(token), text, bool(chat), int(generate), settings().max_tokens, sampling)
 
 
+def is_cached(
+    lm: LoadedModel,
+    token: str | None,
+    text: str,
+    *,
+    chat: bool,
+    generate: int = 0,
+    sampling: Sampling | None = None,
+) -> bool:
+    """A result for these inputs is in the cache (a page shows it without a new forward)."""
+    key = result_key(lm, token, text, chat=chat, generate=generate, sampling=sampling)
+    return results_cache().get(key) is not None
+
+
 @dataclass(frozen=True)
 class ResultRef:
     """How to get a result back without holding it: what fragments and download callables keep.
