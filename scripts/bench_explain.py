@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import attnviz  # noqa: E402
 from attnviz.explain import ablate_heads, information_flow, logit_attribution, logit_lens, trace  # noqa: E402
-from attnviz.explain.residual import forward_kwargs  # noqa: E402
+from attnviz.loading.forward import forward_kwargs  # noqa: E402
 
 WORDS = ["the", "bank", "river", "money", "water", "loan", "fish", "stream", "account", "shore", "deposit"]
 COLUMNS = ("trace", "routes", "routes total", "lens", "dla", "ablation")
@@ -63,7 +63,7 @@ def floor(lm, ids: list[int]) -> None:
     with lm.lock, torch.inference_mode():
         lm.model.set_attn_implementation("sdpa")
         try:
-            lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
+            lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm.model))
         finally:
             lm.model.set_attn_implementation("attnviz")
 

@@ -34,7 +34,7 @@ sys.path[:0] = [str(ROOT / "tests")]
 import numpy as np  # noqa: E402
 import plotly  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
-import psutil  # noqa: E402
+from browser_cpu import chromium_cpu  # noqa: E402
 from browser_page import chromium  # noqa: E402
 from PIL import Image  # noqa: E402
 from plotly.colors import sample_colorscale  # noqa: E402
@@ -84,17 +84,6 @@ def page(form: str, folder: Path) -> Path:
     path = folder / f"{form}.html"
     path.write_text(f'<html><head><script src="plotly.min.js"></script></head><body>{body}</body></html>')
     return path
-
-
-def chromium_cpu() -> float:
-    total = 0.0
-    for p in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            if "chrom" in p.name().lower():
-                total += sum(p.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            continue
-    return total
 
 
 DRAWN_JS = """n => { const g = document.querySelectorAll('.js-plotly-plot');

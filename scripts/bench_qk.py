@@ -17,35 +17,27 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_explain import floor
+from bench_explain import timed as wall_and_cpu
 
 import attnviz
 from attnviz.explain import qk_attribution, qk_row, trace
-from attnviz.explain.residual import forward_kwargs
 
 LAYER, HEAD = 29, 3
 
 
-def floor(lm, ids: list[int]) -> None:
-    with lm.lock, torch.inference_mode():
-        lm.model.set_attn_implementation("sdpa")
-        try:
-            lm.model(input_ids=torch.tensor([ids], device=lm.device), **forward_kwargs(lm))
-        finally:
-            lm.model.set_attn_implementation("attnviz")
-
-
 def timed(fn) -> tuple[tuple[float, float], object]:
     """((wall s, process CPU s), result): the CPU time moves less with other sessions' load."""
-    t, c = time.perf_counter(), time.process_time()
-    out = fn()
-    return (time.perf_counter() - t, time.process_time() - c), out
+    wall, cpu, out = wall_and_cpu(fn)
+    return (wall, cpu), out
 
 
 def one_repeat(lm, ids: list[int], n: int) -> dict[str, tuple[float, float]]:

@@ -33,6 +33,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 import psutil  # noqa: E402
 from bench_ui_common import forward_median, texts  # noqa: E402
+from browser_cpu import chromium_cpu  # noqa: E402
 from browser_page import chromium, wait_idle  # noqa: E402
 from server import streamlit_server  # noqa: E402
 
@@ -66,18 +67,6 @@ def server_run(
                 status = ForwardMsg_pb2.ForwardMsg.ScriptFinishedStatus.Name(msg.script_finished)
                 if status != "FINISHED_EARLY_FOR_RERUN":
                     return time.monotonic() - t0, sum(proc.cpu_times()[:2]) - cpu0
-
-
-def chromium_cpu() -> float:
-    """CPU seconds of every Chromium process under this one (Playwright's browser)."""
-    total = 0.0
-    for p in psutil.Process(os.getpid()).children(recursive=True):
-        try:
-            if "chrom" in p.name().lower():
-                total += sum(p.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            continue
-    return total
 
 
 def open_link(pg, url: str, path: str, query: str) -> float:

@@ -208,12 +208,14 @@ def demo_server(log_path: Path):
     env.update(ATTNVIZ_DEMO="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(prefix="attnviz-demo-load-") as tmp:
         env["ATTNVIZ_CACHE"] = str(fresh_atlas_cache(Path(tmp) / "cache"))
-        with _server(env, port, log_path) as running:
-            yield running
+        with app_server(env, port, log_path) as (url, proc):
+            yield url, proc.pid
 
 
 @contextlib.contextmanager
-def _server(env: dict[str, str], port: int, log_path: Path):
+def app_server(env: dict[str, str], port: int, log_path: Path):
+    """``streamlit run app.py`` on loopback ``port`` with ``env``, its output in ``log_path``; yields
+    (url, process) once healthy, and stops the whole process group after."""
     cmd = [
         sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
         "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
@@ -234,7 +236,7 @@ def _server(env: dict[str, str], port: int, log_path: Path):
             if time.monotonic() > deadline:
                 raise SystemExit(f"the server was not healthy after 120 s: see {log_path}")
             time.sleep(0.25)
-        yield url, proc.pid
+        yield url, proc
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

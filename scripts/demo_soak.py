@@ -32,18 +32,17 @@ import logging
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_load import ROOT, Visit, free_port, fresh_atlas_cache, visit
+import server_diag
+from demo_load import ROOT, Visit, app_server, free_port, fresh_atlas_cache, visit
 
 sys.path.insert(0, str(ROOT))
 from attnviz.server.healthcheck import check, read_status
@@ -57,37 +56,7 @@ HEALTH_EVERY = 15.0
 PEAK_EVERY = 5.0
 GROWTH_BOUND = 1.1
 
-DIAG_HOOK = """
-import gc, json, os, signal, sys
-
-
-def _dump(signum, frame):
-    out = {}
-    models = sys.modules.get("ui.models")
-    if models is not None:
-        cache = models.results_cache()
-        out["results"] = {"entries": len(cache), "mib": cache.total_bytes / 2**20,
-                          "evictions": getattr(cache, "evictions", None)}
-    try:
-        from streamlit.runtime import Runtime
-
-        mgr = Runtime.instance()._session_mgr
-        out["sessions_active"] = len(mgr.list_active_sessions())
-        out["sessions_kept"] = len(mgr.list_sessions())
-    except Exception as err:  # noqa: BLE001 - diagnostics only
-        out["sessions_error"] = repr(err)
-    gc.collect()
-    result_type = getattr(sys.modules.get("attnviz.result"), "AttentionResult", None)
-    if result_type is not None:
-        out["results_alive"] = sum(1 for o in gc.get_objects() if isinstance(o, result_type))
-    path = os.environ["ATTNVIZ_SOAK_DIAG"]
-    with open(path + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.replace(path + ".tmp", path)
-
-
-signal.signal(signal.SIGUSR1, _dump)
-"""
+DIAG_HOOK = server_diag.hook("ATTNVIZ_SOAK_DIAG")
 
 
 @dataclass
@@ -129,15 +98,8 @@ class Soak:
         return 0
 
     def diag(self, timeout: float = 30) -> dict:
-        before = self.diag_file.stat().st_mtime_ns if self.diag_file.exists() else 0
-        os.kill(self.proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.diag_file.exists() and self.diag_file.stat().st_mtime_ns != before:
-                with contextlib.suppress(json.JSONDecodeError):
-                    return json.loads(self.diag_file.read_text())
-            time.sleep(0.1)
-        return {"error": "no answer to the diagnostics signal"}
+        answer = server_diag.ask(self.proc.pid, self.diag_file, timeout)
+        return {"error": "no answer to the diagnostics signal"} if answer is None else answer
 
     def watch(self, rec: Record, t0: float) -> None:
         """Peak RSS every few seconds, health every 15 s, a full sample every minute."""
@@ -209,35 +171,8 @@ def demo_server(folder: Path, log_path: Path, extra_env: dict[str, str]):
         PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]),
     )  # fmt: skip
     env.update(extra_env)
-    cmd = [
-        sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
-        "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
-        "--server.fileWatcherType", "none",
-    ]  # fmt: skip
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited: see {log_path}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/_stcore/health", timeout=2):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the server was not healthy after 120 s: see {log_path}")
-            time.sleep(0.25)
+    with app_server(env, port, log_path) as (url, proc):
         yield Soak(url, proc, status_file, diag_file)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 def warm_mark(rec: Record) -> Sample | None:

@@ -11,15 +11,13 @@ DeltaNet block) with Playwright and the system Chromium. Offline; about a minute
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from screenshot_app import ROOT, screenshot_app  # also puts the root and tests/ on the path
 
 TEXT = "the bank of the river is where the fox jumps"
 
@@ -55,27 +53,8 @@ if __name__ == "__main__":
     shutil.rmtree(folder, ignore_errors=True)
     try:
         build(folder)
-        from browser_page import chromium
-        from server import free_port, server_env
-
-        port = free_port()
-        app = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless=true",
-             f"--server.port={port}", "--server.address=127.0.0.1"],
-            cwd=ROOT, env=server_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            time.sleep(8)
-            query = urllib.parse.urlencode({"model": str(folder), "text": TEXT})
-            with chromium() as browser:
-                page = browser.new_page(viewport={"width": 1400, "height": 1400})
-                page.goto(f"http://127.0.0.1:{port}/?{query}")
-                page.wait_for_selector('[data-testid="stPlotlyChart"] .js-plotly-plot', timeout=120_000)
-                page.wait_for_timeout(3000)  # the charts finish drawing
-                page.screenshot(path=str(out), full_page=False)
-        finally:
-            app.terminate()
-            app.wait(timeout=30)
+        query = urllib.parse.urlencode({"model": str(folder), "text": TEXT})
+        screenshot_app(f"/?{query}", out, height=1400, wait_ms=120_000, settle_ms=3000)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     print(out)

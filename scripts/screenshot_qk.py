@@ -10,14 +10,12 @@ headless Chromium screenshot (Playwright, the system Chromium). About a minute o
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 import urllib.parse
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from screenshot_app import ROOT, screenshot_app  # also puts the root and tests/ on the path
 
 TEXT = "The river bank was quiet at dawn. The river bank was quiet at dawn."
 PARAMS = {
@@ -28,24 +26,7 @@ PARAMS = {
 
 if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "docs" / "img" / "why_head.png")
-    from browser_page import chromium
-    from server import free_port, server_env
-
-    port = free_port()
-    app = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless=true",
-         f"--server.port={port}", "--server.address=127.0.0.1"],
-        cwd=ROOT, env=server_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        time.sleep(8)
-        with chromium() as browser:
-            page = browser.new_page(viewport={"width": 1400, "height": 1500})
-            page.goto(f"http://127.0.0.1:{port}/Explain?{urllib.parse.urlencode(PARAMS)}")
-            page.wait_for_selector('[data-testid="stPlotlyChart"] .js-plotly-plot', timeout=300_000)
-            page.wait_for_timeout(5000)  # the charts finish drawing
-            page.screenshot(path=str(out), full_page=False)
-    finally:
-        app.terminate()
-        app.wait(timeout=30)
+    screenshot_app(
+        f"/Explain?{urllib.parse.urlencode(PARAMS)}", out, height=1500, wait_ms=300_000, settle_ms=5000
+    )
     print(out)

@@ -13,7 +13,6 @@ is killed (group and all) on exit. Nothing listens beyond 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -27,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "test-output"
+sys.path.append(str(ROOT / "scripts"))  # the diagnostics hook, shared with scripts/demo_soak.py
+import server_diag  # noqa: E402
 
 
 def free_port() -> int:
@@ -62,15 +63,10 @@ class Server:
         """Ask the server (started with ``diag=True``) what it holds: live AttentionResults, the
         UI caches' entries and bytes, Streamlit sessions (active and kept after disconnect)."""
         assert self.diag_path is not None, "start the server with diag=True"
-        before = self.diag_path.stat().st_mtime_ns if self.diag_path.exists() else 0
-        os.kill(self.proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.diag_path.exists() and self.diag_path.stat().st_mtime_ns != before:
-                with contextlib.suppress(json.JSONDecodeError):
-                    return json.loads(self.diag_path.read_text())
-            time.sleep(0.1)
-        raise TimeoutError("the server did not answer the diagnostics signal")
+        answer = server_diag.ask(self.proc.pid, self.diag_path, timeout)
+        if answer is None:
+            raise TimeoutError("the server did not answer the diagnostics signal")
+        return answer
 
     def get(self, path: str, timeout: float = 10) -> tuple[int, str]:
         try:
@@ -97,39 +93,7 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 # Loaded into a test server (never the app) as sitecustomize when diag=True: SIGUSR1 writes what
 # the process holds to $ATTNVIZ_TEST_DIAG.
-DIAG_HOOK = """
-import json, os, signal, sys
-
-
-def _dump(signum, frame):
-    import gc
-
-    out = {}
-    models = sys.modules.get("ui.models")
-    if models is not None:
-        for name, cache in (("results", models.results_cache()), ("derived", models._derived())):
-            out[name] = {"entries": len(cache), "mib": cache.total_bytes / 2**20}
-        out["gate"] = vars(sys.modules["ui.gate"].status())  # queue length, oldest ticket, run times
-    try:
-        from streamlit.runtime import Runtime
-
-        mgr = Runtime.instance()._session_mgr
-        out["sessions_active"] = len(mgr.list_active_sessions())
-        out["sessions_kept"] = len(mgr.list_sessions())
-    except Exception as err:  # noqa: BLE001 - diagnostics only
-        out["sessions_error"] = repr(err)
-    gc.collect()
-    result_type = getattr(sys.modules.get("attnviz.result"), "AttentionResult", None)
-    if result_type is not None:
-        out["results_alive"] = sum(1 for o in gc.get_objects() if isinstance(o, result_type))
-    path = os.environ["ATTNVIZ_TEST_DIAG"]
-    with open(path + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.replace(path + ".tmp", path)
-
-
-signal.signal(signal.SIGUSR1, _dump)
-"""
+DIAG_HOOK = server_diag.hook("ATTNVIZ_TEST_DIAG", caches="all")
 
 
 @contextlib.contextmanager

@@ -36,25 +36,22 @@ def vector_buttons(
     """ "⬇ SVG" and "⬇ PDF" of ``fig`` (a figure or a callable that builds it), made when clicked;
     in ``columns`` (two) when given, else in two new columns."""
     build = fig if callable(fig) else (lambda: fig)
-    c1, c2 = columns or st.columns(2)
-    c1.download_button(
-        "⬇ SVG",
-        data=lambda: vector.to_svg(build()),
-        file_name=f"{name}.svg",
-        mime="image/svg+xml",
-        key=f"{key}_svg",
-        on_click="ignore",
-        help="For papers: a vector file, text selectable, each heatmap one pixel per cell (no smoothing).",
-    )
-    c2.download_button(
-        "⬇ PDF",
-        data=lambda: vector_pdf.to_pdf(build()),
-        file_name=f"{name}.pdf",
-        mime="application/pdf",
-        key=f"{key}_pdf",
-        on_click="ignore",
-        help="For papers: one PDF page, text selectable (Helvetica: characters outside Latin-1 show as ?).",
-    )
+    formats = (
+        ("SVG", vector.to_svg, "svg", "image/svg+xml",
+         "For papers: a vector file, text selectable, each heatmap one pixel per cell (no smoothing)."),
+        ("PDF", vector_pdf.to_pdf, "pdf", "application/pdf",
+         "For papers: one PDF page, text selectable (Helvetica: characters outside Latin-1 show as ?)."),
+    )  # fmt: skip
+    for column, (label, convert, ext, mime, tip) in zip(columns or st.columns(2), formats, strict=True):
+        column.download_button(
+            f"⬇ {label}",
+            data=lambda convert=convert: convert(build()),
+            file_name=f"{name}.{ext}",
+            mime=mime,
+            key=f"{key}_{ext}",
+            on_click="ignore",
+            help=tip,
+        )
 
 
 def chart(

@@ -238,6 +238,11 @@ def result_key(
     return (lm.spec, token_key(token), text, bool(chat), int(generate), settings().max_tokens, sampling)
 
 
+def is_cached(key: tuple) -> bool:
+    """A result under this `result_key` is in the cache (a page shows it without a new forward)."""
+    return results_cache().get(key) is not None
+
+
 @dataclass(frozen=True)
 class ResultRef:
     """How to get a result back without holding it: what fragments and download callables keep.

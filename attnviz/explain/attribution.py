@@ -35,8 +35,9 @@ PartKind = Literal["head", "mlp", "embedding"]
 
 
 @dataclass(frozen=True)
-class Attribution:
-    """Direct contributions to ``logit`` = logit(target) − logit(contrast) at ``position``."""
+class TargetLogit:
+    """What a direct logit attribution explains: ``logit`` = logit(target) − logit(contrast) at
+    ``position`` (the fields `target_fields` fills), and the embedding's direct part of it."""
 
     model_name: str
     tokens: Tokens
@@ -45,8 +46,14 @@ class Attribution:
     target_token: str
     contrast: int | None
     contrast_token: str
-    logit: float  # the model's logit difference, before any soft-capping
+    logit: float  # the model's logit difference (its logit multiplier applied, before a soft-cap)
     embedding: float
+
+
+@dataclass(frozen=True)
+class Attribution(TargetLogit):
+    """Direct contributions to ``logit`` = logit(target) − logit(contrast) at ``position``."""
+
     heads: np.ndarray  # (n_layers, heads) float64
     mlps: np.ndarray  # (n_layers,) float64
     rest: float  # biases and norm constants: owned by no head or MLP
@@ -154,9 +161,8 @@ def logit_attribution(
     with torch.inference_mode():
         head = lm.model.get_output_embeddings()
         logits = head(final_norm(lm)[1](tr.stream[-1][t : t + 1][None]))[0, 0].float() * logit_multiplier(lm)
-        tgt = token_id(lm, target, int(logits.argmax()))
-        con = token_id(lm, contrast, None)
-        assert tgt is not None
+        chosen = target_fields(lm, logits, target, contrast)
+        tgt, con = chosen["target"], chosen["contrast"]
         r, rest = readout(lm, tr, t, tgt, con)
         f64 = torch.float64
         embedding = float(tr.stream[0][t].to(f64) @ r.to(f64))
@@ -167,24 +173,37 @@ def logit_attribution(
             heads[layer] = (writes.to(f64) @ r.to(f64)).cpu().numpy()
             mlps[layer] = float(tr.mlp_added[layer][t].to(f64) @ r.to(f64))
             rest += float(_layer_constant(tr, layer, t) @ r.double().cpu())
-        logit = float(logits[tgt] - (logits[con] if con is not None else 0.0))
     total = embedding + heads.sum() + mlps.sum() + rest
-    shown = displays(lm.tokenizer, [tgt] + ([con] if con is not None else []))  # each alone, never merged
     return Attribution(
         model_name=tr.model_name,
         tokens=tr.tokens,
         position=t,
-        target=tgt,
-        target_token=shown[0],
-        contrast=con,
-        contrast_token=shown[1] if con is not None else "",
-        logit=logit,
+        **chosen,
         embedding=embedding,
         heads=heads,
         mlps=mlps,
         rest=float(rest),
-        error=logit - float(total),
+        error=chosen["logit"] - float(total),
     )
+
+
+def target_fields(
+    lm: LoadedModel, logits: torch.Tensor, target: int | str | None, contrast: int | str | None
+) -> dict[str, Any]:
+    """The target (default: the argmax of ``logits``) and contrast as the attributions record them:
+    ``target``, ``target_token``, ``contrast``, ``contrast_token`` (each token shown alone, never
+    merged) and ``logit``, the target's logit minus the contrast's."""
+    tgt = token_id(lm, target, int(logits.argmax()))
+    con = token_id(lm, contrast, None)
+    assert tgt is not None
+    shown = displays(lm.tokenizer, [tgt] + ([con] if con is not None else []))
+    return {
+        "target": tgt,
+        "target_token": shown[0],
+        "contrast": con,
+        "contrast_token": shown[1] if con is not None else "",
+        "logit": float(logits[tgt] - (logits[con] if con is not None else 0.0)),
+    }
 
 
 def _layer_constant(tr: Trace, layer: int, row: int) -> torch.Tensor:

@@ -23,8 +23,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..loading import LoadedModel
-from ..tokens import Tokens, displays
-from .attribution import readout, token_id
+from .attribution import TargetLogit, readout, target_fields
 from .residual import unembed
 from .stream import Stream, stream
 
@@ -37,19 +36,10 @@ ONE_COMPONENT = (
 
 
 @dataclass(frozen=True)
-class BlockAttribution:
+class BlockAttribution(TargetLogit):
     """Direct contributions to ``logit`` = logit(target) − logit(contrast) at ``position``, per
     block and part (``values[b, i]`` for ``parts[i]``; NaN where block b has no such part)."""
 
-    model_name: str
-    tokens: Tokens
-    position: int
-    target: int
-    target_token: str
-    contrast: int | None
-    contrast_token: str
-    logit: float  # the model's logit difference (its logit multiplier applied, before a soft-cap)
-    embedding: float
     parts: tuple[str, ...]
     values: np.ndarray  # (n_blocks, parts) float64
     rest: float  # the final norm's and the LM head's biases
@@ -108,10 +98,8 @@ def block_attribution(
     f64 = torch.float64
     with torch.inference_mode():
         logits = _logits_before_cap(lm, st, t)
-        tgt = token_id(lm, target, int(logits.argmax()))
-        con = token_id(lm, contrast, None)
-        assert tgt is not None
-        r, rest = readout(lm, st, t, tgt, con)
+        chosen = target_fields(lm, logits, target, contrast)
+        r, rest = readout(lm, st, t, chosen["target"], chosen["contrast"])
         r64 = r.to(f64)
         embedding = float(st.stream[0][t].to(f64) @ r64)
         values = np.full((st.n_layers, len(st.parts)), np.nan)
@@ -120,23 +108,17 @@ def block_attribution(
                 if part in added:
                     values[b, i] = float(added[part][t].to(f64) @ r64)
         heads = _split_heads(st, t, r64, values)
-        logit = float(logits[tgt] - (logits[con] if con is not None else 0.0))
     total = embedding + np.nansum(values) + rest
-    shown = displays(lm.tokenizer, [tgt] + ([con] if con is not None else []))
     return BlockAttribution(
         model_name=st.model_name,
         tokens=st.tokens,
         position=t,
-        target=tgt,
-        target_token=shown[0],
-        contrast=con,
-        contrast_token=shown[1] if con is not None else "",
-        logit=logit,
+        **chosen,
         embedding=embedding,
         parts=st.parts,
         values=values,
         rest=float(rest),
-        error=logit - float(total),
+        error=chosen["logit"] - float(total),
         heads=heads,
     )
 

@@ -306,19 +306,11 @@ def qk_attribution(
         terms = cap.scaling * (q_img[0].double() @ k_img[0].double().T)
         score = float(_own_scores(cap, head, kv, i)[j]) + float(add[j])
     return QKAttribution(
-        model_name=tr.model_name,
-        tokens=tr.tokens,
-        layer=layer,
-        head=head,
-        kv_head=kv,
-        query=i,
+        **_head_fields(tr, cap, layer, head, kv, i, names),
         key=j,
-        components=names,
         terms=terms.numpy(),
         position_bias=float(add[j]),
         score=score,
-        softcap=cap.softcap,
-        notes=_notes(cap, tr),
     )
 
 
@@ -353,18 +345,28 @@ def qk_row(
         query_terms = cap.scaling * (k_whole @ q_img.T)
         scores = _own_scores(cap, head, kv, i)[keys] + add[keys]
     return QKRow(
-        model_name=tr.model_name,
-        tokens=tr.tokens,
-        layer=layer,
-        head=head,
-        kv_head=kv,
-        query=i,
-        components=names,
+        **_head_fields(tr, cap, layer, head, kv, i, names),
         keys=keys.numpy(),
         key_terms=key_terms.numpy(),
         query_terms=query_terms.numpy(),
         position_bias=add[keys].double().numpy(),
         scores=scores.double().numpy(),
-        softcap=cap.softcap,
-        notes=_notes(cap, tr),
     )
+
+
+def _head_fields(
+    tr: Trace, cap: Any, layer: int, head: int, kv: int, query: int, names: tuple[str, ...]
+) -> dict[str, Any]:
+    """The fields `QKAttribution` and `QKRow` share: which head, which query, its parts, the
+    soft-cap and the notes."""
+    return {
+        "model_name": tr.model_name,
+        "tokens": tr.tokens,
+        "layer": layer,
+        "head": head,
+        "kv_head": kv,
+        "query": query,
+        "components": names,
+        "softcap": cap.softcap,
+        "notes": _notes(cap, tr),
+    }

@@ -183,7 +183,7 @@ def _decoder_layers(lm: LoadedModel) -> tuple[list[Any], list[Any], list[str]]:
             + (
                 f"has no softmax attention: its token mixers are {what}"
                 if not lay.n_layers
-                else f"mixes tokens with {what}"
+                else f"is a hybrid: it mixes tokens with {what}"
             )
             + ". This trace, routes and node inspection split each block into softmax heads' parts "
             "α·W_O v; the per-head parts of these mixers, c_{t,s} through out_proj (their sizes: "

@@ -60,7 +60,8 @@ def test_long_text_grid_and_head_are_pooled_on_the_device(env, how):
     dense = dense_pooled(res, LAYER, list(range(res.n_heads)), side, how)
     assert np.abs(drawn - dense).max() <= 1e-5  # = dense pooling of res.layer
     assert any(
-        f"{how}-pooled to {len(edges)}×{len(edges)} on the device from Q/K" in m.value for m in at.markdown
+        f"{how}-pooled to {len(edges)}×{len(edges)} on the device from q/k" in m.value.lower()
+        for m in [*at.markdown, *at.caption]  # the grid's caption says how it was drawn
     )
 
     head = heatmaps(titled(at, f"layer {LAYER} · head {HEAD} "))[0]

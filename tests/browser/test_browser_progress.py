@@ -55,8 +55,9 @@ def test_cancel_mid_run_then_run_again(server):
         assert not [a for a in alerts(page) if "rror" in a or "Cancelled" in a], alerts(page)
         long_runs = [n for n in extracted(server.log()) if n > 1000]
         assert len(long_runs) == 1, long_runs  # one full extraction: the run again
-        summary = page.locator('[data-testid="stMain"] [data-testid="stCaptionContainer"]')
-        assert f" {long_runs[0]} tokens " in summary.filter(has_text=" tokens ").first.inner_text()
+        # the page's one-sentence summary: "smollm2-135m read N tokens through ..."
+        summary = page.locator('[data-testid="stMain"] [data-testid="stMarkdownContainer"]')
+        assert f" {long_runs[0]} tokens " in summary.filter(has_text=" tokens through ").first.inner_text()
         titles = page.evaluate(
             "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => "
             "(gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '')"

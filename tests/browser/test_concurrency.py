@@ -175,6 +175,38 @@ def test_model_loaded_once_under_concurrent_sessions(server, sessions):
 
 
 # -- in process: AppTest sessions in threads, counted loads, freed models -----------------------
+def one_runtime_for_threaded_apptests(monkeypatch) -> None:
+    """A real server has one Streamlit Runtime for all its sessions; AppTest instead puts a mock
+    Runtime into the process-wide `Runtime._instance` at the start of each run and sets it back to
+    None at the end. AppTests run in threads therefore take the singleton from under each other:
+    a session still running finds no Runtime (`RuntimeError: Runtime hasn't been created!`) or
+    another session's component registry (the Explorer's `st.components.v2` grid_hover mounts
+    on every run). Here every AppTest run shares one mock Runtime, as sessions share the server's:
+    AppTest's own swaps go to a subclass's attribute, leaving the singleton set for all threads."""
+    from unittest.mock import MagicMock
+
+    import streamlit.testing.v1.app_test as app_test
+    from streamlit.components.v2.component_manager import BidiComponentManager
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.caching.storage.dummy_cache_storage import MemoryCacheStorageManager
+    from streamlit.runtime.dataframe_source_manager import DataframeSourceManager
+    from streamlit.runtime.media_file_manager import MediaFileManager
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    shared = MagicMock(spec=Runtime)
+    shared.media_file_mgr = MediaFileManager(MemoryMediaFileStorage("/mock/media"))
+    shared.dataframe_source_mgr = DataframeSourceManager()
+    shared.cache_storage_manager = MemoryCacheStorageManager()
+    shared.bidi_component_registry = BidiComponentManager()
+    shared.bidi_component_registry.discover_and_register_components(start_file_watching=False)
+
+    class PerRunRuntime(Runtime):
+        """What AppTest._run assigns `_instance` on (its module's name `Runtime`)."""
+
+    monkeypatch.setattr(Runtime, "_instance", shared)
+    monkeypatch.setattr(app_test, "Runtime", PerRunRuntime)
+
+
 def test_one_load_for_many_simultaneous_sessions(monkeypatch):
     """8 AppTest sessions in 8 threads ask for the same (new) model at once; the loader runs once
     and every session gets that one model object. The loader holds until all 8 sessions have
@@ -208,6 +240,7 @@ def test_one_load_for_many_simultaneous_sessions(monkeypatch):
 
     monkeypatch.setattr(models, "_load_uncached", load_when_all_asked)
     monkeypatch.setattr(models, "_cached_model", counted)
+    one_runtime_for_threaded_apptests(monkeypatch)
     spec = "tiny:gpt2"
     errors: list[str] = []
 

@@ -54,6 +54,13 @@ def attention_of(model, layer: int):
     return block, getattr(block, "self_attn", None) or block.attention
 
 
+def head_dims(cfg) -> tuple[int, int, int]:
+    """(query heads, key/value heads, d_head) from a config."""
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    return heads, kv, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+
+
 def scores(model, ids: list[int], layer: int) -> torch.Tensor:
     """scaling · q_i · k_j of every head and pair: (heads, N, N) float64 (GQA resolved)."""
     _block, attn = attention_of(model, layer)
@@ -67,10 +74,7 @@ def scores(model, ids: list[int], layer: int) -> torch.Tensor:
     try:
         with torch.no_grad():
             model(input_ids=torch.tensor([ids]))
-            cfg = model.config
-            heads = cfg.num_attention_heads
-            kv = getattr(cfg, "num_key_value_heads", None) or heads
-            d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+            heads, kv, d = head_dims(model.config)
             q, k = q_k(attn, seen["x"], heads, kv, d)
             if seen["pe"] is not None:
                 q, k = rope(attn, q, k, *seen["pe"])
@@ -112,10 +116,7 @@ def term(model, ids: list[int], layer: int, head: int, query: int, key: int, a: 
     try:
         with torch.no_grad():
             model(input_ids=torch.tensor([ids]))
-            cfg = model.config
-            heads = cfg.num_attention_heads
-            kv = getattr(cfg, "num_key_value_heads", None) or heads
-            d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+            heads, kv, d = head_dims(model.config)
 
             def part(name: str, p: int) -> torch.Tensor:
                 m = int(name[1:].split(".")[0].split("H")[0])

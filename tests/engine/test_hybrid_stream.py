@@ -114,6 +114,15 @@ def _run(model, ids, *, pre=None, post=None):
             h.remove()
 
 
+def _run_hooked(model, ids, module, pre_hook, **run_kwargs):
+    """`_run` with ``pre_hook`` a forward pre-hook on ``module`` for that one run."""
+    handle = module.register_forward_pre_hook(pre_hook)
+    try:
+        return _run(model, ids, **run_kwargs)
+    finally:
+        handle.remove()
+
+
 @pytest.mark.parametrize("model_type", MODELS)
 def test_the_logit_lens_is_the_final_norm_and_head_at_each_block_boundary(model_type):
     """Row b of the lens = softmax(lm_head(final_norm(input of block b))) (× Falcon-H1's
@@ -122,11 +131,9 @@ def test_the_logit_lens_is_the_final_norm_and_head_at_each_block_boundary(model_
     model, ids = lm.model, _ids(lm, CLEAN)
     inputs: dict = {}
     finals: list = []
-    h = _final_norm(model).register_forward_pre_hook(lambda _m, a: finals.append(a[0][0].clone()))
-    try:
-        own = _run(model, ids, pre=inputs)
-    finally:
-        h.remove()
+    own = _run_hooked(
+        model, ids, _final_norm(model), lambda _m, a: finals.append(a[0][0].clone()), pre=inputs
+    )
     rows = [inputs[b] for b in range(len(inputs))] + [finals[0]]
     multiplier = getattr(model.config, "lm_head_multiplier", 1.0)
     with torch.no_grad():
@@ -257,11 +264,7 @@ def test_a_branchs_direct_effect_is_its_output_through_the_frozen_final_norm_by_
     seen: dict = {"modules": [blk.mamba]}
     finals: list = []
     norm = _final_norm(model)
-    h = norm.register_forward_pre_hook(lambda _m, a: finals.append(a[0][0, -1].clone()))
-    try:
-        _run(model, _ids(lm, CLEAN), post=seen)
-    finally:
-        h.remove()
+    _run_hooked(model, _ids(lm, CLEAN), norm, lambda _m, a: finals.append(a[0][0, -1].clone()), post=seen)
     x, o = finals[0].double(), seen[id(blk.mamba)][-1].double()
     rms = torch.sqrt(x.pow(2).mean() + norm.variance_epsilon)
     att = block_attribution(lm, CLEAN)
@@ -338,11 +341,7 @@ def test_mixer_head_patching_equals_a_hand_patched_out_proj_input(model_type, pr
     res = attnviz.patch(lm, CLEAN, CORRUPT, over="heads_by_position")
     proj = getattr(_blocks(model)[0], proj_of).out_proj
     kept: list = []
-    h0 = proj.register_forward_pre_hook(lambda _m, a: kept.append(a[0][0].clone()))
-    try:
-        _run(model, clean)
-    finally:
-        h0.remove()
+    _run_hooked(model, clean, proj, lambda _m, a: kept.append(a[0][0].clone()))
     n_heads = res.values.shape[1]
     d = proj.in_features // n_heads
     for h in range(n_heads):
@@ -354,11 +353,7 @@ def test_mixer_head_patching_equals_a_hand_patched_out_proj_input(model_type, pr
                 x[0, p, h * d : (h + 1) * d] = src
                 return (x, *a[1:])
 
-            hook = proj.register_forward_pre_hook(swap)
-            try:
-                logits = _run(model, corrupt)
-            finally:
-                hook.remove()
+            logits = _run_hooked(model, corrupt, proj, swap)
             assert abs(float(logits[res.answer] - logits[res.wrong]) - res.raw[0, h, i]) <= ATOL
     est = attnviz.attribution_patch(lm, CLEAN, CORRUPT, over="heads", verify=2)
     for idx, (_, checked) in est.verified.items():
@@ -378,11 +373,7 @@ def test_mixer_head_ablation_equals_a_hand_ablated_out_proj_input(mode):
     n_heads = lm.model.config.linear_num_value_heads
     d = proj.in_features // n_heads
     seen: list = []
-    h0 = proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0][0].clone()))
-    try:
-        own = _run(model, ids)
-    finally:
-        h0.remove()
+    own = _run_hooked(model, ids, proj, lambda _m, a: seen.append(a[0][0].clone()))
     fill = 0.0 if mode == "zero" else seen[0][:, d : 2 * d].mean(0)
 
     def ablate(_m, a):
@@ -390,11 +381,7 @@ def test_mixer_head_ablation_equals_a_hand_ablated_out_proj_input(mode):
         x[0, :, d : 2 * d] = fill
         return (x, *a[1:])
 
-    hook = proj.register_forward_pre_hook(ablate)
-    try:
-        hand = _run(model, ids)
-    finally:
-        hook.remove()
+    hand = _run_hooked(model, ids, proj, ablate)
     got = ablate_mixer_heads(lm, CLEAN, [(0, 1)], mode=mode)
     top = int(own.argmax())
     assert got.target == top and got.logit_before == pytest.approx(float(own[top]), abs=1e-5)

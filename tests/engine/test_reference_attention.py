@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import tiny_explain as TE
 import torch
+from reference_call import reference_of
 from transformers import masking_utils as MU
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
@@ -77,28 +78,6 @@ def test_repeat_kv_is_transformers_order():
         [False, False, True, True, False],
         [False, False, False, True, True],
     ]  # three queries at positions 2..4 of 5, window 2: each sees itself and the key before
-
-
-def reference_of(cap) -> torch.Tensor:
-    """The reference on one captured call: (heads, q, k) float32. A float mask is its allowed
-    entries plus whatever finite bias it carries (Falcon adds ALiBi into its mask)."""
-    bias, mask = cap.position_bias, None
-    if cap.mask is not None:
-        m = cap.mask.float()
-        mask = m > torch.finfo(cap.mask.dtype).min / 2 if cap.mask.dtype != torch.bool else cap.mask
-        if cap.mask.dtype != torch.bool:
-            extra = m.masked_fill(~mask, 0.0)
-            bias = extra if bias is None else bias + extra
-    p = attention_probabilities(
-        cap.query,
-        cap.key,
-        scaling=cap.scaling,
-        causal=cap.is_causal and cap.mask is None,
-        mask=mask,
-        softcap=cap.softcap,
-        bias=bias,
-    )
-    return p[0]
 
 
 FAST = ("llama-gqa", "mistral-sliding", "gemma2", "qwen2-bias", "gpt2")

@@ -133,6 +133,14 @@ def settle(condition, what: str) -> None:
         time.sleep(0.0005)
 
 
+def nest_or_unnest(v: Visitor, unnest: bool) -> None:
+    """A nested turn: one level out when asked and nested, else one level in (at most 3 deep)."""
+    if unnest and v.depth:
+        v.tell("unnest")
+    elif v.depth < 3:
+        v.tell("nest")
+
+
 class GateMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -251,10 +259,7 @@ class GateMachine(RuleBasedStateMachine):
     @rule(unnest=st.booleans())
     def nested_turn(self, unnest: bool):
         v = self.queue[0]
-        if unnest and v.depth:
-            v.tell("unnest")
-        elif v.depth < 3:
-            v.tell("nest")
+        nest_or_unnest(v, unnest)
         self.sync("nested turn")
 
     @precondition(lambda self: self.holder() is not None and self.holder().outcome == "running")
@@ -271,10 +276,7 @@ class GateMachine(RuleBasedStateMachine):
         """A holder the watchdog released is still inside its run: a nested turn (engine code's
         ``lm.lock``) is its own, at once, and queues nowhere."""
         v = self.stale[0]
-        if unnest and v.depth:
-            v.tell("unnest")
-        elif v.depth < 3:
-            v.tell("nest")
+        nest_or_unnest(v, unnest)
         self.sync("a released holder's nested turn")
 
     @precondition(lambda self: self.stale)

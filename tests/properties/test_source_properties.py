@@ -11,29 +11,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from property_settings import examples
+from reference_call import reference_of
 
 import attnviz
-from attnviz.reference.attention import attention_probabilities
 
 MODELS = ("llama-gqa", "mistral-sliding", "gemma2")  # grouped K/V heads, a sliding window, soft-capping
 CLOSE = dict(atol=2e-6, rtol=1e-5)
-
-
-def reference_of(cap) -> torch.Tensor:
-    """The reference on one captured call, (heads, q, k) float32 (as
-    tests/engine/test_reference_attention.py: a float mask is its allowed entries plus its bias)."""
-    bias, mask = cap.position_bias, None
-    if cap.mask is not None:
-        m = cap.mask.float()
-        mask = m > torch.finfo(cap.mask.dtype).min / 2 if cap.mask.dtype != torch.bool else cap.mask
-        if cap.mask.dtype != torch.bool:
-            extra = m.masked_fill(~mask, 0.0)
-            bias = extra if bias is None else bias + extra
-    causal = cap.is_causal and cap.mask is None
-    p = attention_probabilities(
-        cap.query, cap.key, scaling=cap.scaling, causal=causal, mask=mask, softcap=cap.softcap, bias=bias
-    )
-    return p[0]
 
 
 @pytest.fixture(scope="module")
