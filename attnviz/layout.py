@@ -97,6 +97,11 @@ class AttentionLayout:
         return f"layer {self.model_layer(layer)}"
 
     @property
+    def has_mixers(self) -> bool:
+        """Whether any block mixes tokens with something other than softmax attention."""
+        return any(kind != "attention" for kinds in self.mixers for kind in kinds)
+
+    @property
     def blocks_without_attention(self) -> tuple[int, ...]:
         """Block indices with no attention map (recurrent / state-space blocks of a hybrid)."""
         if not self.attention_layers:

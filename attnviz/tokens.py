@@ -240,3 +240,23 @@ def displays(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     raw = [str(t) for t in tokenizer.convert_ids_to_tokens(ids)]
     decode, bl = _decoder(tokenizer), byte_level(tokenizer)
     return [readable([r], decode, [i], byte_level=bl)[0][0] for r, i in zip(raw, ids, strict=True)]
+
+
+def previous_occurrences(ids: Sequence[int], offset: int = 0) -> list[tuple[int, int]]:
+    """The one definition of what a previous-occurrence head (``offset=0``) and an induction head
+    (``offset=1``: the token after that occurrence) attend to: (query_pos t, key_pos j + offset)
+    for every t whose token occurred before, j its latest earlier occurrence, where j + offset < t.
+
+    On the induction probe (one copy of distinct tokens, repeated) these are exactly the second
+    copy's rows i with key_pos i - length + 1: what `induction_score` gathers by index;
+    `attnviz.explain.search.previous_occurrence_heads` reads them on any text, and
+    `attnviz.metrics.definitions.induction_score` on the probe (here, beside the tokens, so both
+    read it from below).
+    """
+    last: dict[int, int] = {}
+    out = []
+    for t, tok in enumerate(ids):
+        if tok in last and last[tok] + offset < t:
+            out.append((t, last[tok] + offset))
+        last[tok] = t
+    return out

@@ -1,11 +1,13 @@
-"""Long texts in a link: deflated and URL-safe base64 (the ``tz`` parameter), decoded with a
-bound on the output so a small link cannot expand into gigabytes."""
+"""A link's query (`Query`) and long texts in it: deflated and URL-safe base64 (the ``tz``
+parameter), decoded with a bound on the output so a small link cannot expand into gigabytes."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import urllib.parse
 import zlib
+from dataclasses import dataclass
 
 MAX_TEXT_CHARS = 60_000  # the longest text the app accepts
 
@@ -32,3 +34,15 @@ def unpack_text(raw: str) -> str:
         return text
     except (binascii.Error, zlib.error, UnicodeDecodeError):
         raise ValueError("not a compressed text (copy the whole link)") from None
+
+
+@dataclass(frozen=True)
+class Query:
+    """A link's parameters and what had to be left out of it (texts past the budget)."""
+
+    params: dict[str, str]
+    left_out: tuple[str, ...] = ()
+
+    def url(self, root: str, path: str) -> str:
+        """``<root>/<path>?<params>``, every value percent-encoded."""
+        return f"{root}/{path}?{urllib.parse.urlencode(self.params, quote_via=urllib.parse.quote)}"

@@ -17,51 +17,40 @@ import dataclasses
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Self, get_args
+from typing import Any, ClassVar, Self
 
 import attnviz
 from attnviz.atlas import STATISTICS as ATLAS_STATISTICS
 from attnviz.errors import AttnvizError
 from attnviz.explain import DEFAULT_THRESHOLD
 from attnviz.explain import MODES as ABLATION_MODES
-from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS, SCALES
+from attnviz.figures import COLORSCALES, DIRECTIONS, POOLS
 from attnviz.loading.names import check_id
 from attnviz.metrics import METRICS
-from ui.link_text import MAX_TEXT_CHARS, pack_text, unpack_text
+from ui.choices import (
+    CHANGES,
+    COMPARE_MODES,
+    COMPARE_SCALES,
+    EXPLAIN_VIEWS,
+    EXPLORER_SCALES,
+    GEN_ROWS,
+    PATCH_DIRECTION_CHOICES,
+    PATCH_OVER_CHOICES,
+    QK_BY_CHOICES,
+    SCALE_CHOICES,
+    SCRATCH_MODES,
+    STACKS,
+    TOKEN_VIEWS,
+)
+from ui.link_text import MAX_TEXT_CHARS, Query, pack_text, unpack_text
 
 DEFAULT_TEXT = "the financial bank is located on river bank"
 DEFAULT_TEXT_B = "the river bank is located near the financial bank"
 PLAIN_TEXT_CHARS = 2_000  # texts up to this length stay readable in a link; longer ones are compressed
 LINK_BUDGET = 60_000  # characters of query string a link may have (browsers and the server take more)
 
-CompareMode = Literal["two texts", "two models"]
-COMPARE_MODES: tuple[str, ...] = get_args(CompareMode)
-ScratchMode = Literal["real layer", "toy"]
-SCRATCH_MODES: tuple[str, ...] = get_args(ScratchMode)
-Change = Literal["none", "no RoPE", "no mask", "no scaling", "ungrouped K/V"]
-CHANGES: tuple[str, ...] = get_args(Change)
-TokenView = Literal["lines", "text"]  # the explorer's token view: lines between tokens or coloured text
-TOKEN_VIEWS: tuple[str, ...] = get_args(TokenView)
-ExplainView = Literal["routes", "logit lens", "attribution", "ablation", "patching", "why this head attends"]
-QKBy = Literal["part", "layer"]  # why a head attends: the split by part or by layer of origin
-QK_BY_CHOICES: tuple[str, ...] = get_args(QKBy)
-EXPLAIN_VIEWS: tuple[str, ...] = get_args(ExplainView)
-PATCH_OVER_CHOICES: tuple[str, ...] = attnviz.explain.OVERS  # the Patching view (issue 33)
-PATCH_DIRECTION_CHOICES: tuple[str, ...] = attnviz.explain.DIRECTIONS
-GenRow = Literal["new token", "predicting position"]
-GEN_ROWS: tuple[str, ...] = get_args(GenRow)
-STACKS: tuple[str, ...] = ("", *get_args(attnviz.layout.Stack))
-SCALE_CHOICES: tuple[str, ...] = ("auto", *SCALES)
-# Every page's one colour control ("Colour scale"), with the options that make sense there:
-# the explorer adds "perhead" (auto's scale, each head its own range); Compare leaves out "rank"
-# (a percentile per figure: the same colour would mean different weights in A and in B).
-EXPLORER_SCALES: tuple[str, ...] = (*SCALE_CHOICES, "perhead")
-COMPARE_SCALES: tuple[str, ...] = tuple(s for s in SCALE_CHOICES if s != "rank")
 
-
-# ---------------------------------------------------------------------------------------------
 # Field codecs: parse(raw) -> value (ValueError says what to use), dump(value) -> raw
-# ---------------------------------------------------------------------------------------------
 
 
 def _bool(raw: str) -> bool:
@@ -198,18 +187,6 @@ class Problem:
     raw: str
     reason: str
     kept: str
-
-
-@dataclass(frozen=True)
-class Query:
-    """A link's parameters and what had to be left out of it (texts past the budget)."""
-
-    params: dict[str, str]
-    left_out: tuple[str, ...] = ()
-
-    def url(self, root: str, path: str) -> str:
-        """``<root>/<path>?<params>``, every value percent-encoded."""
-        return f"{root}/{path}?{urllib.parse.urlencode(self.params, quote_via=urllib.parse.quote)}"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ..loading.forward import grad_mode
 from ..tokens import Tokens
 from .blocks import MLP_NAMES, Unsupported
 from .residual import _decoder_layers
-from .stream import block_sites, has_mixers, out_projection
+from .stream import block_sites, needs_stream, out_projection
 
 Over = Literal["heads", "heads_by_position", "residual", "blocks"]
 OVERS: tuple[str, ...] = get_args(Over)
@@ -140,7 +140,7 @@ class Sites:
 def sites(lm: LoadedModel, over: str) -> Sites:
     """The patching sites of ``lm``, or `Unsupported` with the reason."""
     lay = lm.layout
-    if has_mixers(lay) or lay.attention_layers or not lay.n_layers:  # hybrids, Mamba, RWKV
+    if needs_stream(lay):  # hybrids, Mamba, RWKV
         bs = block_sites(lm)
         attn = bs.modules.get("attention", [None] * bs.n_blocks)
         names = [lm.module_names.get(id(m), "") if m is not None else "" for m in attn]

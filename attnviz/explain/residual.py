@@ -39,7 +39,6 @@ from ..records import CapturedAttention
 from ..tokens import Tokens
 from .blocks import Block, BlockHooks, Residual, Unsupported
 from .norms import FrozenNorm, close
-from .stream import has_mixers
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +172,7 @@ def _decoder_layers(lm: LoadedModel) -> tuple[list[Any], list[Any], list[str]]:
             "decoder's next-token prediction through its residual stream (encoders normalise the "
             "stream after each block and predict no next token)"
         )
-    if not lay.n_layers or lay.attention_layers or has_mixers(lay):  # hybrids, Mamba, RWKV, ...
+    if not lay.n_layers or lay.attention_layers or lay.has_mixers:  # hybrids, Mamba, RWKV, ...
         what = (
             lay.mixer_summary()
             or f"other mixers in blocks {', '.join(map(str, lay.blocks_without_attention))}"

@@ -21,9 +21,8 @@ import torch
 
 from ..errors import AttnvizError
 from ..layout import Stack
-from ..metrics.definitions import previous_occurrences
 from ..result import AttentionResult
-from ..tokens import Tokens
+from ..tokens import Tokens, previous_occurrences
 
 ROW_SPAN = 64  # query rows computed together at most (previous-occurrence search)
 __all__ = [
@@ -97,7 +96,7 @@ def previous_occurrence_heads(
 ) -> HeadScores:
     """Every head scored by its mean exact α from each token to the previous occurrence of the
     same token (``offset=1``: to the token after that occurrence, induction heads), over every
-    position whose token occurred before (`attnviz.metrics.definitions.previous_occurrences`, the
+    position whose token occurred before (`attnviz.tokens.previous_occurrences`, the
     one definition). Rows are computed at most ``ROW_SPAN`` at a time."""
     pairs = previous_occurrences(list(res.tokens.ids), offset)
     if not pairs:

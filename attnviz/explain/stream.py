@@ -34,15 +34,10 @@ from .norms import close
 _BLOCK = re.compile(r"^(.*\.(\d+))\.([^.]+)")
 
 
-def has_mixers(layout: AttentionLayout) -> bool:
-    """Whether any block mixes tokens with something other than softmax attention."""
-    return any(kind != "attention" for kinds in layout.mixers for kind in kinds)
-
-
 def needs_stream(layout: AttentionLayout) -> bool:
     """Whether the explanations read this model by block boundaries (`stream`), not by heads
     (`attnviz.explain.trace`): hybrids and recurrent models."""
-    return has_mixers(layout) or bool(layout.attention_layers) or not layout.n_layers
+    return layout.has_mixers or bool(layout.attention_layers) or not layout.n_layers
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,19 @@ import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .model import LoadedModel
+
+class Runnable(Protocol):
+    """What the door needs of `attnviz.loading.model.LoadedModel` (named here, not imported: the
+    model's methods call this module)."""
+
+    model: Any
+    lock: Any
+    device: torch.device
+
 
 # Where the LM head runs: the last position, every position, none, or these positions.
 LogitsAt = Literal["last", "all", "none"] | Sequence[int]
@@ -84,7 +91,7 @@ def _mine(fn: Callable[..., Any], owner: int) -> Callable[..., Any]:
 
 
 @contextlib.contextmanager
-def hooked(lm: LoadedModel, hooks: Sequence[Hook]) -> Iterator[None]:
+def hooked(lm: Runnable, hooks: Sequence[Hook]) -> Iterator[None]:
     """``hooks`` on ``lm``'s modules for the block, under its lock, for this thread only; removed
     on exit, also after an exception (an engine call that runs the model through `extract`)."""
     with lm.lock:
@@ -116,7 +123,7 @@ def grad_mode(grad: bool) -> contextlib.ExitStack:
 
 
 def run(
-    lm: LoadedModel,
+    lm: Runnable,
     ids: Sequence[int] | torch.Tensor | None = None,
     *,
     inputs: Mapping[str, Any] | None = None,

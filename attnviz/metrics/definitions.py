@@ -23,6 +23,7 @@ import torch
 
 from ..errors import AttnvizError
 from ..layout import by_kv_group
+from ..tokens import previous_occurrences  # noqa: F401  (the one definition; M.definitions.* reads it)
 
 log = logging.getLogger(__name__)
 
@@ -202,24 +203,6 @@ def group_coherence(probs, group_size: int, *, causal: bool | None = None) -> np
     if group_size < 2 or p.shape[-3] % group_size:
         raise AttnvizError(f"group_size must be >= 2 and divide the {p.shape[-3]} heads")
     return _means(p, ["gqa_coherence"], causal=causal, window=None, group_size=group_size)["gqa_coherence"]
-
-
-def previous_occurrences(ids: Sequence[int], offset: int = 0) -> list[tuple[int, int]]:
-    """The one definition of what a previous-occurrence head (``offset=0``) and an induction head
-    (``offset=1``: the token after that occurrence) attend to: (query_pos t, key_pos j + offset)
-    for every t whose token occurred before, j its latest earlier occurrence, where j + offset < t.
-
-    On the induction probe (one copy of distinct tokens, repeated) these are exactly the second
-    copy's rows i with key_pos i - length + 1: what `induction_score` gathers by index;
-    `attnviz.explain.search.previous_occurrence_heads` reads them on any text.
-    """
-    last: dict[int, int] = {}
-    out = []
-    for t, tok in enumerate(ids):
-        if tok in last and last[tok] + offset < t:
-            out.append((t, last[tok] + offset))
-        last[tok] = t
-    return out
 
 
 def _induction_sums(
