@@ -126,3 +126,13 @@ def test_zamba2_and_kimi_linear_are_refused_with_the_reason():
         qk_attribution(hybrids_tiny.loaded("zamba2"), te.TEXT, layer=0, head=0)
     with pytest.raises(Unsupported, match="latent attention"):
         qk_attribution(hybrids_tiny.loaded("kimi_linear"), te.TEXT, layer=0, head=0)
+
+
+def test_a_text_too_large_for_memory_is_a_message(monkeypatch):
+    """The block-by-block read asks for its memory first (the stream, every branch's write)."""
+    import attnviz.limits as L
+    from attnviz.errors import OutOfMemory
+
+    monkeypatch.setattr(L, "free_bytes", lambda device: 1 << 16)
+    with pytest.raises(OutOfMemory, match="reading .* tokens block by block"):
+        qk_attribution(hybrids_tiny.loaded("lfm2"), te.TEXT, layer=0, head=0)
