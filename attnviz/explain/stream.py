@@ -19,6 +19,7 @@ run on this stream for hybrids and pure state-space models alike.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,9 +188,10 @@ def out_projection(module: Any, kind: str) -> tuple[Any, int] | None:
     return proj, heads
 
 
-def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
+def read_stream(lm: LoadedModel, ids: list[int], *, more_hooks: Sequence[Hook] = ()) -> Stream:
     """One forward of ``ids`` keeping the residual stream at every block boundary and what each
-    block's parts add (see the module docstring), through `LoadedModel.forward` (this thread's hooks)."""
+    block's parts add (see the module docstring), through `LoadedModel.forward` (this thread's hooks);
+    ``more_hooks``: run in the same forward (the routes read the output projections' inputs)."""
     from .residual import final_norm, unembed
 
     if lm.layout.kind != "decoder":
@@ -231,7 +233,7 @@ def read_stream(lm: LoadedModel, ids: list[int]) -> Stream:
 
         return hook
 
-    hooks: list[Hook] = []
+    hooks: list[Hook] = list(more_hooks)
     for b, blk in enumerate(st.blocks):
         for name in st.parts:
             found = out_projection(st.modules[name][b], name)
