@@ -1,8 +1,8 @@
 """Explorer: type a sentence, pick a model, see every head of a layer and one head up close.
 
 The page reads top to bottom: the result (cached per model and text), its summary, then a
-fragment with the layer's controls (`ui.layer_controls`) and grid (`ui.layer_grid`), and inside
-it a fragment with the big head (`ui.big_head`) and the token views (`ui.token_views`). A layer
+fragment with the layer's controls (`layer_controls`) and grid (`layer_grid`), and inside it a
+fragment with the big head (`big_head`) and the token views (`token_views`), all in ui/explorer/. A layer
 change reruns the first; a head change only the second (the grid is not sent again); the model
 never reruns. The fragments get a `models.ResultRef` and fetch the result when they run:
 Streamlit keeps fragments (and this page's globals) for the session's lifetime, so a result in
@@ -13,19 +13,8 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import (
-    big_head,
-    exactness,
-    grid_hover,
-    layer_controls,
-    layer_grid,
-    mixers,
-    models,
-    shell,
-    shown,
-    state,
-    token_views,
-)
+from ui import mixers, models, shell, shown, state
+from ui.explorer import big_head, exactness, grid_hover, layer_controls, layer_grid, token_views
 from ui.params import ExplorerParams
 from ui.text import md
 

@@ -9,19 +9,8 @@ from attnviz import AttentionResult, LoadedModel
 from attnviz import figures as F
 from attnviz.layout import Stack
 from attnviz.metrics import HeadMetrics
-from ui import (
-    clicks,
-    export,
-    flow,
-    head_stats,
-    mixers,
-    models,
-    pickers,
-    progress,
-    shell,
-    shown,
-    state,
-)
+from ui import clicks, export, head_stats, mixers, models, pickers, progress, shell, shown, state
+from ui.overview import flow
 from ui.params import SCALE_CHOICES, ExplorerParams, OverviewParams
 from ui.text import guarded, md
 

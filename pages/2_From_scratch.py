@@ -12,8 +12,10 @@ from attnviz.layout import AttentionLayout
 from attnviz.reference import walkthrough as W
 from attnviz.reference.walkthrough import Walkthrough
 from attnviz.server.settings import settings
-from ui import export, gate, models, pickers, rotary, scratch_mixers, shell, sidebar, state, steps
+from ui import export, gate, models, pickers, shell, sidebar, state
 from ui.params import CHANGES, SCALE_CHOICES, SCRATCH_MODES, ScratchParams
+from ui.scratch import mixers as scratch_mixers
+from ui.scratch import rotary, steps
 from ui.text import guarded, md
 
 TOY_HEADS = [1, 2, 4, 8, 16]

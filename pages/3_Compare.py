@@ -7,7 +7,8 @@ import streamlit as st
 from attnviz import AttentionResult
 from attnviz import figures as F
 from attnviz.layout import Stack
-from ui import compare, export, gate, head_stats, models, pickers, shell, sidebar, state
+from ui import export, gate, head_stats, models, pickers, shell, sidebar, state
+from ui.compare import aligned as compare
 from ui.params import COMPARE_MODES, COMPARE_SCALES, MAX_TEXT_CHARS, CompareParams
 from ui.text import md
 

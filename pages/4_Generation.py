@@ -5,7 +5,8 @@ import streamlit as st
 
 from attnviz import figures as F
 from attnviz.extract import Sampling
-from ui import export, generation_mixers, pickers, shell, state
+from ui import export, pickers, shell, state
+from ui.generation import mixers as generation_mixers
 from ui.params import GEN_ROWS, SCALE_CHOICES, GenerationParams
 from ui.text import continuation, md
 

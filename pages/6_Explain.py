@@ -6,8 +6,9 @@ import streamlit as st
 
 from attnviz import AttnvizError
 from attnviz import explain as X
-from ui import explain as E
-from ui import models, patching, qk, shell, sidebar, state
+from ui import models, shell, sidebar, state
+from ui.explain import patching, qk
+from ui.explain import views as E
 from ui.params import EXPLAIN_VIEWS, ExplainParams
 from ui.text import md
 
@@ -30,7 +31,7 @@ def main() -> None:
         sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
     view = st.segmented_control("View", list(EXPLAIN_VIEWS), key="view", required=True)
-    if view == "patching":  # two prompts, a trace of neither (ui/patching.py, issue 33)
+    if view == "patching":  # two prompts, a trace of neither (ui/explain/patching.py, issue 33)
         patching.page(lm, p, frame.token, chat)
         state.share_box()
         return

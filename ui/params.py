@@ -373,7 +373,7 @@ class ExplainParams(Params):
     contrast: str = p("", _short_text)  # attribution: minus this token's logit
     abl: str = p("", _heads)  # ablation: the heads, "layer.head,..."
     amode: str = p("zero", _choice(ABLATION_MODES))
-    # patching (issue 33, ui/patching.py): the corrupted prompt, the grid, direction, estimate or real
+    # patching (issue 33, ui/explain/patching.py): the corrupted prompt, the grid, direction, estimate or real
     corrupt: str = p("", _text, packed="tzc")
     over: str = p("heads", _choice(PATCH_OVER_CHOICES))
     pdir: str = p("denoise", _choice(PATCH_DIRECTION_CHOICES))
@@ -383,7 +383,7 @@ class ExplainParams(Params):
     sq: int = p(-1, _int(-1))  # head search: the query position (-1: the last token)
     sk: int = p(-1, _int(-1))  # head search: the key position (-1: the query token's previous
     # occurrence, else the token before it; key 0 is the sink column every head fills)
-    # why this head attends (ui/qk.py): the head, the key (-1: the one it attends to most), the split
+    # why this head attends (ui/explain/qk.py): the head, the key (-1: the one it attends to most), the split
     wl: int = p(0, _int())
     wh: int = p(0, _int())
     wk: int = p(-1, _int(-1))

@@ -289,7 +289,7 @@ def share_box(*, note: str = "") -> None:
 SESSION_KEYS = {
     "visitor": "_attnviz_visitor",  # ui.gate: this session's random id (the queue's key)
     "cancelled": "_attnviz_cancelled",  # ui.progress: the run key whose Cancel was pressed
-    "checks_asked": "_attnviz_checks_asked",  # ui.exactness: layers whose check was asked for
+    "checks_asked": "_attnviz_checks_asked",  # ui.explorer.exactness: layers whose check was asked for
     "seen_clicks": "_attnviz_seen_clicks",  # ui.clicks: the selection already handled per chart
     "click_rounds": "_attnviz_click_rounds",  # ui.clicks: a clickable chart's key generation
     "atlas_just_ran": "_attnviz_atlas_just_ran",  # the atlas page: its last run (key, atlas, s)

@@ -9,7 +9,7 @@ import numpy as np
 from apptest import TEXT, heatmaps, new_app, ok, specs, titled, z_of
 
 import attnviz
-from ui.generation_mixers import BLOCK_KEY
+from ui.generation.mixers import BLOCK_KEY
 
 hybrids_tiny.register()
 PAGE = "pages/4_Generation.py"

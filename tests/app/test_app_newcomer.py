@@ -101,7 +101,7 @@ CORRUPT = "the bank of the fox"
 def test_the_head_search_does_not_start_on_the_sink_column(env):
     from apptest import TINY, specs
 
-    from ui.patching import default_key
+    from ui.explain.patching import default_key
 
     at = new_app(PATCH_PAGE, model=TINY, text=TEXT, view="patching", corrupt=CORRUPT, over="heads").run()
     ok(at)

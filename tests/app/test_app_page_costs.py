@@ -91,7 +91,7 @@ def test_a_widget_change_pools_only_the_view_it_changes(env, monkeypatch):
 def test_a_long_texts_overview_rolls_out_when_asked(env, monkeypatch):
     """The rollout (below the fold, ~half a forward at 1,500 tokens) runs past 1,024 tokens only
     when its toggle is on; a short text still shows it at once."""
-    from ui import flow
+    from ui.overview import flow
 
     calls = []
     real = flow.token_rollout

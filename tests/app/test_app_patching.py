@@ -74,17 +74,17 @@ def test_the_forward_guard_counts_the_grid_the_engine_runs(env):
     different lengths pair fewer positions than the longer prompt has (here 7 of 10). Caught: the
     page re-derived the grid as layers × heads × the longer prompt's length (120 cells, not 84),
     so it could refuse (or allow) another grid than the one that runs."""
-    import ui.patching
+    import ui.explain.patching
 
     longer = "the bank of the quick brown fox"
     lm = tiny.loaded("llama-gqa")
     cells = attnviz.patch(lm, TEXT, longer, over="heads_by_position").values.size
     assert cells == 3 * 4 * 7
-    env.setattr(ui.patching, "MAX_UI_CELLS", cells - 1)
+    env.setattr(ui.explain.patching, "MAX_UI_CELLS", cells - 1)
     at = new_app(PAGE, model=TINY, text=TEXT, view="patching", corrupt=longer, over="heads_by_position").run()
     ok(at)
     assert any(w.value.startswith(f"{cells} cells would be {cells} forwards") for w in at.warning)
-    env.setattr(ui.patching, "MAX_UI_CELLS", cells)
+    env.setattr(ui.explain.patching, "MAX_UI_CELLS", cells)
     at.run()
     ok(at)
     assert not at.warning and any("activation patching" in t for t in titles(at))

@@ -14,7 +14,7 @@ RAW = re.compile(r"session_state(\[|\.get\(|\.setdefault\(|\.pop\(|\.update\()")
 
 
 def test_no_module_but_ui_state_keeps_its_own_session_key():
-    files = sorted([*ROOT.glob("ui/*.py"), *ROOT.glob("pages/*.py"), ROOT / "app.py"])
+    files = sorted([*ROOT.glob("ui/**/*.py"), *ROOT.glob("pages/*.py"), ROOT / "app.py"])
     raw = [
         f"{f.relative_to(ROOT)}:{i}: {line.strip()}"
         for f in files

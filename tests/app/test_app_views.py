@@ -195,7 +195,7 @@ def _mounted(node, found: list) -> list:
 
 
 def grid_mark(at) -> int | None:
-    """The open head the grid's browser side frames (`ui.grid_hover`), from its mount data."""
+    """The open head the grid's browser side frames (`ui.explorer.grid_hover`), from its mount data."""
     import json
 
     marks = [e for e in _mounted(at._tree, []) if "attnviz_grid_hover" in str(getattr(e, "proto", ""))]

@@ -85,7 +85,7 @@ def test_tiny_models_come_only_from_the_test_suite():
     root = pathlib.Path(__file__).resolve().parents[2]
     for path in [
         root / "app.py",
-        *root.glob("ui/*.py"),
+        *root.glob("ui/**/*.py"),
         *root.glob("pages/*.py"),
         *root.glob("attnviz/**/*.py"),
     ]:

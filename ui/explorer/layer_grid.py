@@ -1,10 +1,10 @@
 """The explorer's layer grid: every head of one layer; a click on a head's tile selects it (read
-by `ui.big_head.current`, the one place the head is written).
+by `ui.explorer.big_head.current`, the one place the head is written).
 
 The grid is sized to the first screen (`SPACE`: half the page at 1280x800, under the controls):
 square tiles as large as fit, token labels only where they fit (the hover gives every value).
 A head change reruns only the big head's fragment, so the grid is not sent or drawn again: the
-frame on the open head and the hover preview are drawn in the browser (`ui.grid_hover`)."""
+frame on the open head and the hover preview are drawn in the browser (`ui.explorer.grid_hover`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import contextlib
 import streamlit as st
 
 from attnviz import figures as F
-from ui import big_head, clicks, export, shown
+from ui import clicks, export, shown
+from ui.explorer import big_head
 from ui.models import ResultRef
 from ui.shown import Drawing
 from ui.text import guarded

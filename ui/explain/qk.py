@@ -15,7 +15,7 @@ from attnviz import explain as X
 from attnviz.figures import figure_name
 from attnviz.figures import qk as FQ
 from ui import clicks, export, models, shell, state
-from ui.explain import PICKER_OPTIONS, computed, open_in_explorer
+from ui.explain.views import PICKER_OPTIONS, computed, open_in_explorer
 from ui.params import QK_BY_CHOICES, ExplainParams, ExplorerParams
 from ui.text import md
 

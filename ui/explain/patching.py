@@ -18,7 +18,7 @@ from attnviz.explain.patch_sites import pair
 from attnviz.figures import figure_name
 from attnviz.figures import patching as FP
 from ui import clicks, export, models, state
-from ui.explain import computed, open_in_explorer
+from ui.explain.views import computed, open_in_explorer
 from ui.params import ExplainParams
 from ui.text import guarded, md
 

@@ -19,13 +19,16 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import clicks, export, models, pickers, qk, shown, state
+from ui import clicks, export, models, pickers, shown, state
+from ui.explain import qk
 from ui.shown import Drawing
 from ui.text import guarded
 
 KEY = "head"
 HEAD_PX = 400  # the big head's height: it and the grid fit the first screen at 1280x800
-GRID_CHART = "grid_chart"  # the layer grid's chart (`ui.layer_grid`): a click on a tile picks its head
+GRID_CHART = (
+    "grid_chart"  # the layer grid's chart (`ui.explorer.layer_grid`): a click on a tile picks its head
+)
 
 
 def current(n_heads: int) -> int:

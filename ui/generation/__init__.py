@@ -1,0 +1,1 @@
+"""The Generation page's parts (mixer rows on hybrids)."""

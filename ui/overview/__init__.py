@@ -1,0 +1,1 @@
+"""The Model overview page's parts (the rollout flow)."""
