@@ -12,12 +12,11 @@ import numpy as np
 import torch
 
 from .capture.layerwise import LayerInput
-from .checks import Check, checks_caption
 from .errors import BadIndex
 from .exact.sources import Captured, Recomputed, Source, Stored
 from .layout import AttentionLayout, Stack
 from .mixers.store import MixerStore, meaning
-from .records import CapturedAttention
+from .records import CapturedAttention, Check, checks_caption
 from .tokens import Tokens
 
 # How a result was asked for: "fast" (captured Q/K/V, probabilities on demand) or "eager"

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .checks import Check
 from .errors import AttnvizError
 from .exact.eager import comparable, eager_probabilities
 from .layout import Stack
+from .records import Check
 from .result import AttentionResult
 
 log = logging.getLogger(__name__)

@@ -110,3 +110,26 @@ def vals(v) -> np.ndarray:
     if isinstance(v, dict):
         return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
     return np.asarray(v, dtype=float)
+
+
+def mounted(at: AppTest, component: str) -> list[dict]:
+    """The mount data (``data=``) of every `st.components.v2` element named ``component`` that the
+    last run drew, in page order."""
+    found: list = []
+
+    def walk(node: object) -> None:
+        for child in getattr(node, "children", {}).values():
+            proto = getattr(child, "proto", None)
+            if proto is not None and getattr(proto, "component_name", "") == component:
+                found.append(json.loads(proto.json))
+            walk(child)
+
+    walk(at._tree)
+    return found
+
+
+def share_link(at: AppTest) -> str:
+    """The share box's link (`ui.share_link`: plain text with a Copy button, not a code block)."""
+    links = mounted(at, "attnviz_share_link")
+    assert links, "no share link on the page"
+    return links[-1]["url"]

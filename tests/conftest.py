@@ -65,15 +65,3 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 def lm():
     """The tiny GQA model, one per module."""
     return tiny.loaded("llama-gqa")
-
-
-# Test files that import transformers' modeling modules afresh under the kernel stand-ins
-# (tests/kernel_path.py). Their restore leaves a trace that a later Bamba model's capture trips
-# over when another test imported modeling_bamba before them (seen: test_cli_mixers, then
-# test_gpu_hybrid, then test_hybrid_stream: 12 Bamba failures). Until that trace is found, they
-# run after every other test of the session.
-KERNEL_STANDIN_FILES = ("test_gpu_hybrid.py", "test_kernel_path.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name in KERNEL_STANDIN_FILES)  # stable: others keep their order

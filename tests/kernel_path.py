@@ -17,13 +17,15 @@ import hybrids_tiny
 import tiny
 import torch
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils import output_capturing
 
 STANDINS = Path(__file__).parent / "kernel_standins"
 PACKAGES = ("fla", "mamba_ssm", "causal_conv1d", "standin_reference")
 MODULE = {"qwen3_5_text": "qwen3_5"}  # model_type -> its modeling module, where they differ
 
 
-def _modeling(model: str) -> str:
+def modeling(model: str) -> str:
+    """The import name of transformers' modeling module of ``model``."""
     return f"transformers.models.{model}.modeling_{model}"
 
 
@@ -31,9 +33,18 @@ def _modeling(model: str) -> str:
 def kernel_packages(*models: str):
     """Within: the stand-ins importable and ``modeling_<model>`` of each of ``models`` imported
     afresh (its kernels bound to the stand-ins); yields those modules. Afterwards every module
-    is as it was (the stand-ins gone from sys.modules and sys.path)."""
-    names = [_modeling(m) for m in models]
+    is as it was (the stand-ins gone from sys.modules and sys.path), and so is transformers'
+    registry of what each model class records (``output_attentions`` and the like).
+
+    That registry (``transformers.utils.output_capturing._CAN_RECORD_REGISTRY``) is keyed by the
+    class's *name*, and every model's ``__init__`` writes its class's ``_can_record_outputs``
+    there: a model built from a fresh module overwrites the entry of the original class of the
+    same name with the fresh attention class. A model of the original module built before (a
+    cached tiny model) then hooks no attention module (``isinstance`` against the fresh class
+    fails) and returns no attention probabilities. The entries are put back on exit."""
+    names = [modeling(m) for m in models]
     saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    recorded = dict(output_capturing._CAN_RECORD_REGISTRY)  # name -> what that class records
     sys.path.insert(0, str(STANDINS))
     try:
         yield {m: importlib.import_module(n) for m, n in zip(models, names, strict=True)}
@@ -45,6 +56,8 @@ def kernel_packages(*models: str):
             sys.modules[name] = module
             package, _, attr = name.rpartition(".")
             setattr(sys.modules[package], attr, module)
+        dict.clear(output_capturing._CAN_RECORD_REGISTRY)
+        dict.update(output_capturing._CAN_RECORD_REGISTRY, recorded)
 
 
 def calls() -> list[str]:

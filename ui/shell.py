@@ -144,12 +144,12 @@ def load_and_extract(
         st.info("Type a text in the sidebar to see its attention.")
         stop()
     lm = load(p.model, frame.token)
-    if frame.cap_slot is not None:
-        sidebar.token_cap(lm, frame.cap_slot)
     chat = sidebar.chat_toggle(lm, frame.chat_slot)
     key = models.result_key(lm, frame.token, p.text, chat=chat, generate=generate, sampling=sampling)
     cached = models.is_cached(key)
-    stop_here, admission = admitted(lm, p.text, chat=chat, generate=generate, cached=cached)
+    stop_here, admission = admitted(
+        lm, p.text, chat=chat, generate=generate, cached=cached, cap_slot=frame.cap_slot
+    )
     if stop_here:
         stop()
     res, ref = models.extract(
@@ -162,20 +162,31 @@ def load_and_extract(
 
 
 def admitted(
-    lm: LoadedModel, text: str, *, chat: bool, generate: int = 0, cached: bool = False
+    lm: LoadedModel,
+    text: str,
+    *,
+    chat: bool,
+    generate: int = 0,
+    cached: bool = False,
+    cap_slot: DeltaGenerator | None = None,
 ) -> tuple[bool, Admission | None]:
     """Up front, before any progress bar: the engine's admission of the text
     (`attnviz.inputs.admit`: the model's position table, e.g. minilm-l6's 512, this server's cap,
-    the demo's 512 or ``ATTNVIZ_MAX_TOKENS``, and the free memory). A refused text gets the reason
-    and a button that keeps its first tokens. (True when the page must stop, the admission for
+    the demo's 512 or ``ATTNVIZ_MAX_TOKENS``, and the free memory). The sidebar's cap caption
+    (``cap_slot``), the refusal with its button that keeps the text's first tokens, and the
+    extraction all read this one admission. (True when the page must stop, the admission for
     the extraction: the text is tokenized once; None for a bad text, which the extraction names.)
     ``cached``: the result is in the cache, so free memory, which only a new forward needs, does
     not stop the page (its views guard their own memory)."""
     cfg = settings()
     try:
-        adm = admit(lm, text, chat=chat, generate=generate, max_tokens=cfg.max_tokens)
+        adm: Admission | None = admit(lm, text, chat=chat, generate=generate, max_tokens=cfg.max_tokens)
     except AttnvizError:
-        return False, None  # an empty or bad text: the extraction says why
+        adm = None  # an empty or bad text: the extraction says why
+    if cap_slot is not None:
+        sidebar.token_cap(lm, cap_slot, adm)
+    if adm is None:
+        return False, None
     if adm.admitted or (cached and adm.limit == "memory"):
         return False, adm
     if adm.limit == "cap":  # this server's limit: said as the server's, with why it has one

@@ -14,7 +14,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 import attnviz
 from attnviz import LoadedModel
-from attnviz.inputs import token_limit
+from attnviz.inputs import Admission, token_limit
 from attnviz.server.settings import settings
 from ui import state
 from ui.params import MAX_TEXT_CHARS
@@ -123,12 +123,17 @@ def draw(*, text_label: str = "Text") -> tuple[str | None, DeltaGenerator, Delta
     return token, chat_slot, cap_slot
 
 
-def token_cap(lm: LoadedModel, slot: DeltaGenerator) -> None:
+def token_cap(lm: LoadedModel, slot: DeltaGenerator, admission: Admission | None = None) -> None:
     """Rewrite the cap caption (``slot``) once the model is known: the engine's limit for this
     model on its device (`attnviz.inputs.token_limit`: the configured cap, the model's position
-    table or the free memory, whichever is smallest), and which one it is."""
+    table or the free memory, whichever is smallest), and which one it is. With the text's
+    ``admission`` (`ui.shell.admitted`), the limit it was admitted against: the caption and a
+    refusal read the same figures."""
     cfg = settings()
-    cap, limit = token_limit(lm, max_tokens=cfg.max_tokens)
+    if admission is not None:
+        cap, limit = admission.limit_tokens, admission.limit
+    else:
+        cap, limit = token_limit(lm, max_tokens=cfg.max_tokens)
     why = {
         "positions": " (the model's own position limit)",
         "memory": f" (the free memory on {lm.device})",

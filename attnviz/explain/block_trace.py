@@ -149,7 +149,7 @@ def block_trace(
         if isinstance(norm, torch.nn.Module):
             hooks.append(Hook(norm, keep_output(pre_ln, b)))
     with recording(lm.module_names) as rec:
-        st = read_stream(lm, ids, more_hooks=hooks)
+        st = read_stream(lm, ids, hooks)
     store = MixerStore(rec.mixers, lm.dtype)
     calls = {c.module_name: c for c in rec.calls}
     residual_in, mlp, all_parts, problems, block_added = [], [], [], [], []

@@ -1,11 +1,14 @@
 """Why a head attends: one pre-softmax score split exactly into what wrote the query and the key.
 
-The stream entering layer l at position p is the sum of what wrote it (`Trace`, checked):
+The stream entering layer l at position p is the sum of what wrote it (`qk_parts`, checked):
 
     x(p) = embed(p) [+ pos(p)] + Σ_{m<l} ( Σ_g N_m(W_O^g z^g(p)) + mlp_m(p) ) + bias(p)
 
-(``bias``: b_O and the norms' biases, owned by no head). With every norm frozen at its forward
-scale, the head's query and key are affine in x (`qk_maps`), so the score is bilinear:
+(``bias``: b_O and the norms' biases, owned by no head); in a hybrid, each earlier block's
+branches: softmax heads ``L{m}H{g}``, mixer heads ``L{m}.{kind}{h}`` through their output
+projection, per-channel mixers ``L{m}.{kind}`` and MLPs ``L{m}.mlp`` (`qk_mixed`).
+With every norm frozen at its forward scale, the head's query and key are affine in x
+(`qk_maps`), so the score is bilinear:
 
     s_h(i, j) = scaling · q(i) · k(j) = Σ_a Σ_b T[a, b],
     T[a, b]   = scaling · q_a(i) · k_b(j)
@@ -14,7 +17,8 @@ with q_a(i) the image of part a at i (the query side's constants, b_Q and the no
 ``bias``). What the model adds after the product is its own term (``position_bias``: ALiBi, a
 relative bias, an additive mask's value). A soft-capped score (Gemma 2) is split before the cap,
 c·tanh(s/c) acting on the whole sum; a learned sink (gpt-oss) is no pair of tokens and is not
-in any score. Hybrids (recurrent blocks) are refused by the trace with the reason.
+in any score. With rotary tables, each term splits further by rotary band (`by_band`): the
+dims of a head pair up, and a term is the sum of its pairs' products (`qk_bands`).
 
 `qk_attribution` splits one cell; `qk_row` one query over all its keys (key side per key, query
 side per key, and both per layer of origin). Parts are streamed by layer of origin, so a row at
@@ -23,7 +27,6 @@ side per key, and both per layer of origin). Parts are streamed by layer of orig
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +37,12 @@ from ..errors import AttnvizError
 from ..layout import kv_heads_of
 from ..loading import LoadedModel
 from ..tokens import Tokens
-from .norms import close
+from .qk_bands import BandSplit, band_split
 from .qk_maps import SideMap, layer_maps
-from .residual import Trace, trace
+from .qk_mixed import MixedTrace
+from .qk_parts import Source, block_of, parts, source
+from .residual import Trace
 
-ROW_CHUNK = 256  # query rows of an earlier layer's α recomputed at once (memory: chunk x heads x N)
 POSITION_BIAS = "position_bias"
 
 
@@ -64,6 +68,8 @@ class QKAttribution:
     score: float  # the model's own pre-softmax score (before any soft-cap), float32 tensors
     softcap: float | None
     notes: tuple[str, ...] = ()
+    block: int = -1  # the model's own block index of ``layer`` (= layer but in hybrids)
+    bands: BandSplit | None = None  # each part's image per rotary band (`by_band`)
 
     @property
     def total(self) -> float:
@@ -105,6 +111,17 @@ class QKAttribution:
         np.add.at(m, (index[:, None], index[None, :]), self.terms)
         return labels, m
 
+    def by_band(self, k: int = 10) -> tuple[tuple[str, ...], list[tuple[str, str]], np.ndarray]:
+        """The top ``k`` terms split by rotary band: (band labels, [(query part, key part)],
+        (bands, k) values); each column sums to its term exactly (the dims of the bands
+        partition d_head). Without rotary tables (ALiBi, NoPE, learned positions): one band."""
+        if self.bands is None:
+            raise AttnvizError("this split kept no per-band images")
+        top = self.top(k)
+        c = self.components
+        pairs = [(c.index(a), c.index(b)) for a, b, _ in top]
+        return self.bands.labels, [(a, b) for a, b, _ in top], self.bands.terms(pairs)
+
     def to_frame(self) -> Any:
         """One row per term: query_component, key_component, value (+ the position bias row)."""
         import pandas as pd
@@ -134,6 +151,7 @@ class QKRow:
     scores: np.ndarray  # (keys,) the model's own pre-softmax scores (before any soft-cap)
     softcap: float | None
     notes: tuple[str, ...] = ()
+    block: int = -1  # the model's own block index of ``layer``
 
     def top_key_parts(self, key: int, k: int = 3) -> list[tuple[str, float]]:
         """The key-side parts that add most to key ``key``'s score (largest |value| first)."""
@@ -157,62 +175,7 @@ def _origins(components: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray]:
     return labels, np.array([labels.index(origin(c)) for c in components])
 
 
-def _position_split(lm: LoadedModel, tr: Trace) -> torch.Tensor | None:
-    """A learned position table's rows (N, d_model), where the first stream is exactly wte + wpe."""
-    base = getattr(lm.model, "base_model", lm.model)
-    wte, wpe = getattr(base, "wte", None), getattr(base, "wpe", None)
-    if not isinstance(wte, torch.nn.Embedding) or not isinstance(wpe, torch.nn.Embedding):
-        return None
-    ids = torch.tensor(tr.tokens.ids, device=wte.weight.device)
-    pos = wpe.weight.detach()[: tr.n_tokens].float().cpu()
-    whole = wte.weight.detach()[ids].float().cpu() + pos
-    return pos if close(whole, tr.stream[0].float().cpu(), tr.stream[0].dtype) else None
-
-
-def parts(
-    lm: LoadedModel, tr: Trace, layer: int, rows: torch.Tensor
-) -> Iterator[tuple[tuple[str, ...], torch.Tensor]]:
-    """The parts of the stream entering ``layer`` at ``rows``, one layer of origin at a time:
-    (names, (rows, parts, d_model) float32 on the CPU). ``bias`` comes last."""
-    first = tr.stream[0].float().cpu()[rows]
-    pos = _position_split(lm, tr)
-    if pos is None:
-        yield ("embed",), first[:, None]
-    else:
-        yield ("embed", "pos"), torch.stack([first - pos[rows], pos[rows]], 1)
-    bias = torch.zeros_like(first)
-    for m in range(layer):
-        heads = torch.cat(
-            [_head_writes(lm, tr, m, rows[c : c + ROW_CHUNK]) for c in range(0, len(rows), ROW_CHUNK)]
-        )
-        names = (*tuple(f"L{m}H{g}" for g in range(heads.shape[1])), f"L{m}.mlp")
-        yield names, torch.cat([heads, tr.mlp_added[m].float().cpu()[rows][:, None]], 1)
-        bias += _layer_bias(tr, m, rows)
-    yield ("bias",), bias[:, None]
-
-
-def _head_writes(lm: LoadedModel, tr: Trace, layer: int, rows: torch.Tensor) -> torch.Tensor:
-    """N(W_O^g z^g) of every head g at ``rows``: (rows, heads, d_model), float32 on the CPU."""
-    alpha = tr.probs_rows(layer, rows.tolist()).cpu()  # (rows, heads, keys)
-    z = torch.einsum("rhk,hkd->rhd", alpha, tr.values(layer).cpu()[:, : alpha.shape[-1]])
-    vec = torch.einsum("hmd,rhd->rhm", tr.w_o(lm, layer).cpu(), z)
-    norm = tr.attn_norm[layer]
-    return vec if norm is None else norm.apply(vec, rows.to(norm.scale.device)).cpu()
-
-
-def _layer_bias(tr: Trace, layer: int, rows: torch.Tensor) -> torch.Tensor:
-    """What the layer's attention adds that no head owns: N(b_O) + the norm's bias, (rows, d_model)."""
-    out = torch.zeros(len(rows), tr.stream[0].shape[-1])
-    bias, norm = tr.out_bias[layer], tr.attn_norm[layer]
-    if bias is not None:
-        b = bias.cpu()[None].expand(len(rows), -1)
-        out += b if norm is None else norm.apply(b.to(norm.scale.device), rows.to(norm.scale.device)).cpu()
-    if norm is not None and norm.constant is not None:
-        out += norm.constant.cpu()
-    return out
-
-
-def _side(lm: LoadedModel, tr: Trace, layer: int, side: SideMap, head: int, rows: torch.Tensor):
+def _side(lm: LoadedModel, tr: Source, layer: int, side: SideMap, head: int, rows: torch.Tensor):
     """(names, images (rows, parts, d_head)) of every part, the side's constant folded into ``bias``."""
     names: list[str] = []
     images = []
@@ -225,20 +188,20 @@ def _side(lm: LoadedModel, tr: Trace, layer: int, side: SideMap, head: int, rows
     return tuple(names), torch.cat(images, 1)
 
 
-def _checked(lm: LoadedModel, text: str | list[int] | Trace, layer: int, head: int, chat: bool):
-    tr = text if isinstance(text, Trace) else trace(lm, text, chat=chat)
+def _checked(lm: LoadedModel, text: str | list[int] | Source, layer: int, head: int, chat: bool):
+    tr = text if isinstance(text, Trace | MixedTrace) else source(lm, text, chat=chat)
     if not 0 <= layer < tr.n_layers:
         raise AttnvizError(f"layer {layer} is out of range: this model has layers 0..{tr.n_layers - 1}")
     if not 0 <= head < tr.n_heads:
         raise AttnvizError(f"head {head} is out of range: layer {layer} has heads 0..{tr.n_heads - 1}")
-    if tr.heads_problem:
+    if isinstance(tr, Trace) and tr.heads_problem:
         raise AttnvizError(f"no per-head parts: {tr.heads_problem}")
     cap = tr.captured[layer]
     kv = kv_heads_of([head], int(cap.query.shape[1]), int(cap.key.shape[1]))[0]
     return tr, cap, kv
 
 
-def _notes(cap: Any, tr: Trace) -> tuple[str, ...]:
+def _notes(cap: Any, tr: Source) -> tuple[str, ...]:
     notes = list(tr.notes)
     if cap.softcap:
         notes.append(
@@ -280,7 +243,7 @@ def _own_scores(cap: Any, head: int, kv: int, i: int) -> torch.Tensor:
 
 def qk_attribution(
     lm: LoadedModel,
-    text: str | list[int] | Trace,
+    text: str | list[int] | Source,
     *,
     layer: int,
     head: int,
@@ -305,18 +268,20 @@ def qk_attribution(
         _, k_img = _side(lm, tr, layer, kmap, kv, torch.tensor([j]))
         terms = cap.scaling * (q_img[0].double() @ k_img[0].double().T)
         score = float(_own_scores(cap, head, kv, i)[j]) + float(add[j])
+        bands = band_split(qmap, q_img[0], k_img[0], cap.scaling)
     return QKAttribution(
         **_head_fields(tr, cap, layer, head, kv, i, names),
         key=j,
         terms=terms.numpy(),
         position_bias=float(add[j]),
         score=score,
+        bands=bands,
     )
 
 
 def qk_row(
     lm: LoadedModel,
-    text: str | list[int] | Trace,
+    text: str | list[int] | Source,
     *,
     layer: int,
     head: int,
@@ -355,7 +320,7 @@ def qk_row(
 
 
 def _head_fields(
-    tr: Trace, cap: Any, layer: int, head: int, kv: int, query: int, names: tuple[str, ...]
+    tr: Source, cap: Any, layer: int, head: int, kv: int, query: int, names: tuple[str, ...]
 ) -> dict[str, Any]:
     """The fields `QKAttribution` and `QKRow` share: which head, which query, its parts, the
     soft-cap and the notes."""
@@ -363,6 +328,7 @@ def _head_fields(
         "model_name": tr.model_name,
         "tokens": tr.tokens,
         "layer": layer,
+        "block": block_of(tr, layer),
         "head": head,
         "kv_head": kv,
         "query": query,

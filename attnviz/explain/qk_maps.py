@@ -16,7 +16,7 @@ rounding). A model it cannot rebuild that way is refused with the reason, never 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from ..errors import AttnvizError
 from ..loading import LoadedModel
 from .blocks import Unsupported
 from .norms import FrozenNorm, close, identify
+from .qk_mixed import MixedTrace
 from .residual import Trace
 from .rotary import spec_from_tables
 
@@ -48,6 +49,7 @@ class SideMap:
     cos: torch.Tensor | None  # (N, rot) rotary tables at each position, float32
     sin: torch.Tensor | None
     pairing: str  # "half" or "interleaved"
+    multiplier: float = 1.0  # a scalar on the side read from the tensors (Falcon-H1's μP multipliers)
 
     def linear(self, parts: torch.Tensor, rows: torch.Tensor, head: int) -> torch.Tensor:
         """The images of ``parts`` (len(rows), C, d_model) for ``head``, no constant: (rows, C, d_head)."""
@@ -92,6 +94,8 @@ class SideMap:
                     raise Unsupported("a LayerNorm over all heads' queries mixes the heads; not split")
                 gain = self.head_norm.gain[head * d : (head + 1) * d]
                 v = v * gain * self.head_norm.scale[rows][:, None, None]
+        if self.multiplier != 1.0:
+            v = v * self.multiplier
         if self.cos is None or self.sin is None:
             return v
         cos, sin = self.cos[rows][:, None], self.sin[rows][:, None]  # (rows, 1, rot)
@@ -111,7 +115,11 @@ def _weights(attn: Any, n_heads: int, n_kv: int, d_head: int) -> tuple[Projectio
         return Projection(w.reshape(heads, d_head, -1), None if b is None else b.reshape(heads, d_head))
 
     if hasattr(attn, "q_proj") and hasattr(attn, "k_proj"):
-        return split(*linear(attn.q_proj), n_heads), split(*linear(attn.k_proj), n_kv)
+        wq, bq = linear(attn.q_proj)
+        if wq.shape[0] == 2 * n_heads * d_head:  # Qwen3-Next / Qwen3.5: per head [query | gate]
+            wq = wq.reshape(n_heads, 2, d_head, -1)[:, 0].reshape(n_heads * d_head, -1)
+            bq = None if bq is None else bq.reshape(n_heads, 2, d_head)[:, 0].reshape(-1)
+        return split(wq, bq, n_heads), split(*linear(attn.k_proj), n_kv)
     hd_q, hd_k = n_heads * d_head, n_kv * d_head
     if hasattr(attn, "c_attn") and not getattr(attn, "is_cross_attention", False):  # GPT-2: [q | k | v]
         w, b = linear(attn.c_attn)
@@ -119,8 +127,8 @@ def _weights(attn: Any, n_heads: int, n_kv: int, d_head: int) -> tuple[Projectio
         return split(w[:hd_q], pick(b, 0, hd_q), n_heads), split(
             w[hd_q : 2 * hd_q], pick(b, hd_q, 2 * hd_q), n_kv
         )
-    if hasattr(attn, "qkv_proj"):  # Phi-3: [q | k | v]
-        w, b = linear(attn.qkv_proj)
+    if hasattr(attn, "qkv_proj") or hasattr(attn, "Wqkv"):  # Phi-3, MPT: [q | k | v]
+        w, b = linear(getattr(attn, "qkv_proj", None) or attn.Wqkv)
         pick = lambda t, a, z: None if t is None else t[a:z]  # noqa: E731
         return split(w[:hd_q], pick(b, 0, hd_q), n_heads), split(
             w[hd_q : hd_q + hd_k], pick(b, hd_q, hd_q + hd_k), n_kv
@@ -136,6 +144,12 @@ def _weights(attn: Any, n_heads: int, n_kv: int, d_head: int) -> tuple[Projectio
         return (
             Projection(w3[:, 0], None if b3 is None else b3[:, 0]),
             Projection(w3[:, 1], None if b3 is None else b3[:, 1]),
+        )
+    if hasattr(attn, "kv_a_proj_with_mqa"):
+        raise Unsupported(
+            f"{type(attn).__name__} is multi-head latent attention (MLA): its keys pass a norm on a "
+            "compressed latent (kv_a_layernorm) and share one rotary part across heads; the split does "
+            "not rebuild that path yet"
         )
     raise Unsupported(f"{type(attn).__name__}: attnviz does not know where its query and key projections are")
 
@@ -167,7 +181,9 @@ def _falcon(w, b, cfg, n_heads: int, n_kv: int, d_head: int) -> tuple[Projection
     )
 
 
-def _rotary(tr: Trace, layer: int, d_head: int) -> list[tuple[torch.Tensor | None, torch.Tensor | None, str]]:
+def _rotary(
+    tr: Trace | MixedTrace, layer: int, d_head: int
+) -> list[tuple[torch.Tensor | None, torch.Tensor | None, str]]:
     """Readings of the layer's rotary tables, each checked later: the pairing the tables show
     (partial rotary: narrower tables), a half-width table that turns dims m and m + d_head/2 by
     the same angle (gpt-oss), or no rotation (learned positions, ALiBi, NoPE layers)."""
@@ -228,7 +244,21 @@ def _head_norm(
     return frozen, width
 
 
-def layer_maps(lm: LoadedModel, tr: Trace, layer: int) -> tuple[SideMap, SideMap]:
+def _fitted(
+    side_map: SideMap, rebuilt: torch.Tensor, want: torch.Tensor, dtype: torch.dtype
+) -> SideMap | None:
+    """The map, or the map times the one scalar that makes it the model's own (a μP multiplier on
+    the attention's input or on its keys), each checked on every position and head; else None."""
+    if close(rebuilt, want, dtype):
+        return side_map
+    r, w = rebuilt.double().flatten(), want.double().flatten()
+    c = float((r @ w) / (r @ r).clamp_min(1e-300))
+    if c != 0.0 and close((rebuilt.double() * c).float(), want, dtype):
+        return replace(side_map, multiplier=c)
+    return None
+
+
+def layer_maps(lm: LoadedModel, tr: Trace | MixedTrace, layer: int) -> tuple[SideMap, SideMap]:
     """(query map, key map) of ``layer``, checked: the stream maps to the captured Q and K."""
     name = tr.attn_modules[layer]
     attn = lm.model.get_submodule(name)
@@ -239,6 +269,12 @@ def layer_maps(lm: LoadedModel, tr: Trace, layer: int) -> tuple[SideMap, SideMap
     if qp.weight.shape[:2] != (heads, d_head) or kp.weight.shape[:2] != (kv, d_head):
         raise Unsupported(f"layer {layer}'s projections do not split into {heads} / {kv} heads of {d_head}")
     x = tr.stream[layer].float().cpu()  # (N, d_model)
+    if qp.weight.shape[-1] != x.shape[-1]:
+        raise Unsupported(
+            f"layer {layer}'s attention reads {qp.weight.shape[-1]} features, not the stream's {x.shape[-1]} "
+            "(Zamba2's shared block reads the stream concatenated with the embeddings, then writes "
+            "through a linear layer inside a Mamba block): its score is not a map of the stream alone"
+        )
     rows = torch.arange(tr.n_tokens)
     dtype = cap.query.dtype
     readings = _rotary(tr, layer, d_head)
@@ -256,7 +292,7 @@ def layer_maps(lm: LoadedModel, tr: Trace, layer: int) -> tuple[SideMap, SideMap
             rebuilt = torch.stack(
                 [side_map.linear(x[:, None], rows, h)[:, 0] + side_map.constant(rows, h) for h in range(n)]
             )
-            maps.append(side_map if close(rebuilt, want[0].float().cpu(), dtype) else None)
+            maps.append(_fitted(side_map, rebuilt, want[0].float().cpu(), dtype))
         if maps[0] is not None and maps[1] is not None:
             return maps[0], maps[1]
     raise Unsupported(

@@ -10,7 +10,9 @@ RWKV, ...) and its MLP / MoE, and on the final norm. It keeps, for every token:
   ‖ Mamba-2). A μP-style scalar between a branch and the stream (Falcon-H1's
   ``ssm_out_multiplier``, ``attention_out_multiplier``) is read from the tensors: the one scalar
   per branch with ``stream[b+1] = stream[b] + Σ_part scale · output`` exactly, checked on every
-  row; a block that is not such a sum keeps its boundaries and says why in ``problem[b]``.
+  row; a block that is not such a sum keeps its boundaries and says why in ``problem[b]``. A branch
+  that adds the residual inside its own module (Bloom's attention and MLP, MPT's MLP: a
+  ``residual`` argument) adds its output minus that residual.
 
 Nothing here needs the mixers' internals: the logit lens and patching over ``residual`` / ``blocks``
 run on this stream for hybrids and pure state-space models alike.
@@ -18,6 +20,7 @@ run on this stream for hybrids and pure state-space models alike.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -188,10 +191,31 @@ def out_projection(module: Any, kind: str) -> tuple[Any, int] | None:
     return proj, heads
 
 
-def read_stream(lm: LoadedModel, ids: list[int], *, more_hooks: Sequence[Hook] = ()) -> Stream:
+def _residual_argument(module: Any) -> int | None:
+    """The position of a ``residual`` parameter in ``module``'s forward (Bloom, MPT), or None."""
+    try:
+        names = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("residual") if "residual" in names else None
+
+
+def _residual(args: tuple, kwargs: dict, at: int | None) -> torch.Tensor | None:
+    if at is None:
+        return None
+    return (
+        _first(kwargs.get("residual"))
+        if "residual" in kwargs
+        else _first(args[at])
+        if at < len(args)
+        else None
+    )
+
+
+def read_stream(lm: LoadedModel, ids: list[int], extra: Sequence[Hook] = ()) -> Stream:
     """One forward of ``ids`` keeping the residual stream at every block boundary and what each
-    block's parts add (see the module docstring), through `LoadedModel.forward` (this thread's hooks);
-    ``more_hooks``: run in the same forward (the routes read the output projections' inputs)."""
+    block's parts add (see the module docstring), through `LoadedModel.forward` (this thread's hooks;
+    ``extra``: more hooks for the same forward, e.g. the QK split's)."""
     from .residual import final_norm, unembed
 
     if lm.layout.kind != "decoder":
@@ -217,11 +241,11 @@ def read_stream(lm: LoadedModel, ids: list[int], *, more_hooks: Sequence[Hook] =
 
         return hook
 
-    def part(b: int, name: str):
-        def hook(_m, _a, output):
-            y = _first(output)
+    def part(b: int, name: str, residual_at: int | None):
+        def hook(_m, args, kwargs, output):
+            y, r = _first(output), _residual(args, kwargs, residual_at)
             if y is not None:
-                outs[b][name] = y[0].detach().clone()
+                outs[b][name] = (y[0] if r is None else y[0] - r[0]).detach().clone()
 
         return hook
 
@@ -233,7 +257,7 @@ def read_stream(lm: LoadedModel, ids: list[int], *, more_hooks: Sequence[Hook] =
 
         return hook
 
-    hooks: list[Hook] = list(more_hooks)
+    hooks: list[Hook] = []
     for b, blk in enumerate(st.blocks):
         for name in st.parts:
             found = out_projection(st.modules[name][b], name)
@@ -243,8 +267,9 @@ def read_stream(lm: LoadedModel, ids: list[int], *, more_hooks: Sequence[Hook] =
         for name in st.parts:
             mod = st.modules[name][b]
             if mod is not None:
-                hooks.append(Hook(mod, part(b, name)))
+                hooks.append(Hook(mod, part(b, name, _residual_argument(mod)), with_kwargs=True))
     hooks.append(Hook(norm, lambda _m, args: final.append(args[0][0].detach().clone()), "before"))
+    hooks += list(extra)
     out = lm.forward(ids, hooks=hooks, logits_at="last")
     if any(p is None for p in pre) or not final:
         raise Unsupported(f"{lm.spec!r}: the forward did not pass each block and the final norm once")

@@ -95,41 +95,30 @@ def token_lines(
         y_right[p] = y
         y += 1
     y_left = {p: float(r) for r, p in enumerate(row_positions)}
-    fig = go.Figure()
+    # The links are layout shapes, not one scatter per (head, weight band) (9 heads gave 18
+    # scatters): a shape takes its own colour and width, and Plotly's cost grows with traces.
+    # Each head's links share a legend group, so its legend entry still hides them.
+    shapes: list[dict] = []
+    in_legend: set[str] = set()
     for h in range(n_heads):
-        for level, (lo, (alpha, width)) in enumerate(zip(LINE_LEVELS, _LEVEL_STYLE, strict=True)):
-            hi = LINE_LEVELS[level + 1] if level + 1 < len(LINE_LEVELS) else np.inf
-            xs: list[float | None] = []
-            ys: list[float | None] = []
-            for d, r in enumerate(drawn):
-                for j, w in zip(top[h, d], weights[h, d], strict=True):
-                    if lo <= w < hi and w >= min_weight:
-                        xs += [0.0, 1.0, None]
-                        ys += [y_left[row_positions[r]], y_right[int(j)], None]
-            if xs:
-                fig.add_trace(
-                    go.Scatter(
-                        x=xs,
-                        y=ys,
-                        mode="lines",
-                        line=dict(color=_rgba(colours[h], alpha), width=width),
-                        hoverinfo="skip",
-                        legendgroup=names[h],
-                        name=escape(names[h]),
-                        showlegend=False,
+        for d, r in enumerate(drawn):
+            for j, w in zip(top[h, d], weights[h, d], strict=True):
+                if w < min_weight:
+                    continue
+                level = int(np.searchsorted(LINE_LEVELS, w, side="right")) - 1  # its weight band
+                if level < 0:  # under the lowest band (a min_weight below it): no line, as before
+                    continue
+                alpha, width = _LEVEL_STYLE[level]
+                first = names[h] not in in_legend
+                in_legend.add(names[h])
+                shapes.append(
+                    dict(
+                        type="line", x0=0.0, x1=1.0, y0=y_left[row_positions[r]], y1=y_right[int(j)],
+                        line=dict(color=_rgba(colours[h], alpha), width=width), layer="below",
+                        legendgroup=names[h], name=escape(names[h]), showlegend=first,
                     )
-                )
-    for h in range(n_heads):  # one legend entry per head (click to hide its lines)
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="lines",
-                line=dict(color=colours[h], width=3),
-                legendgroup=names[h],
-                name=escape(names[h]),
-            )
-        )
+                )  # fmt: skip
+    fig = go.Figure(layout=dict(shapes=shapes))
 
     in_window = set(row_positions)
 
@@ -154,17 +143,8 @@ def token_lines(
 
     fig.add_trace(column(0.0, row_positions, [y_left[p] for p in row_positions], "left", left_name))
     fig.add_trace(column(1.0, partners, [y_right[p] for p in partners], "right", right_name))
-    if gaps:
-        fig.add_trace(
-            go.Scatter(
-                x=[1.0] * len(gaps),
-                y=gaps,
-                mode="text",
-                text=["⋯"] * len(gaps),
-                hoverinfo="skip",
-                showlegend=False,
-            )
-        )
+    for g in gaps:  # "⋯" where positions jump (text, not a trace: nothing to click)
+        fig.add_annotation(x=1.0, y=g, text="⋯", showarrow=False, xanchor="center")
     height = int(max(y, n_rows) * ROW_PX + TITLE_MARGIN + 60)
     head = title or f"Each {left_name} → top {k} {right_name}s per head ({verb})"
     fig.update_layout(
@@ -174,6 +154,7 @@ def token_lines(
         xaxis=dict(range=[-0.75, 1.75], visible=False, fixedrange=True),
         yaxis=dict(range=[max(y, n_rows), -1], visible=False),
         legend=dict(orientation="h", y=-0.02, yanchor="top", x=0),
+        showlegend=bool(shapes),  # the legend lists the heads' links (shapes), not the traces
         plot_bgcolor="rgba(0,0,0,0)",
         dragmode=False,
     )

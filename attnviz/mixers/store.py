@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from ..checks import Check
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
-from ..records import CapturedMixer
+from ..records import CapturedMixer, Check
 from .branches import BranchShares, branch_shares
 from .kinds import MIXERS, MixerKind, check_rows
 
@@ -193,7 +192,7 @@ class MixerStore:
         return out.float()
 
     def check(self, block: int, kind: str):
-        """The block's self-check (a `attnviz.checks.Check`), run once; raises `MixerCheckFailed`."""
+        """The block's self-check (a `attnviz.records.Check`), run once; raises `MixerCheckFailed`."""
         key = (block, kind)
         if key not in self._checks:
             self._checks[key] = self._check(block, kind)

@@ -13,7 +13,21 @@ import json
 
 import numpy as np
 import pytest
-from apptest import ROOT, TEXT, TIMEOUT, TINY, engine, heatmaps, labels, new_app, ok, specs, titled, z_of
+from apptest import (
+    ROOT,
+    TEXT,
+    TIMEOUT,
+    TINY,
+    engine,
+    heatmaps,
+    labels,
+    new_app,
+    ok,
+    share_link,
+    specs,
+    titled,
+    z_of,
+)
 from streamlit.testing.v1 import AppTest
 
 import attnviz
@@ -73,7 +87,7 @@ def test_share_link_restores_layer_head_and_options(env):
         np.testing.assert_allclose(z_of(grid[h]), logged[h], atol=1e-5)
     assert np.abs(want[3] - engine(TEXT).layer(0)[0]).max() > 1e-2  # a wrong head would show
     assert at.query_params["layer"] == "2" and at.query_params["head"] == "3"
-    assert "layer=2" in at.code[-1].value and "head=3" in at.code[-1].value  # the share link
+    assert "layer=2" in share_link(at) and "head=3" in share_link(at)  # the share link
 
 
 def test_the_url_follows_the_widgets(env):
@@ -321,7 +335,7 @@ def test_the_token_stays_out_of_the_url_and_the_cache_key(env):
     at = new_app(model=TINY, text=TEXT).run()
     at.text_input(key="hf_token").set_value(secret).run()
     ok(at)
-    assert secret not in json.dumps(dict(at.query_params)) and secret not in at.code[-1].value
+    assert secret not in json.dumps(dict(at.query_params)) and secret not in share_link(at)
     import tiny
 
     from ui import models

@@ -233,3 +233,23 @@ def test_when_free_memory_is_the_limit_the_page_offers_the_first_tokens(env):
     next(b for b in at.button if b.label == "Use the first 40 tokens").click().run()
     ok(at)
     assert 0 < len(at.dataframe[0].value["token"]) <= 40 and heatmaps(titled(at, "layer 0 · head 0 "))
+
+
+def test_the_cap_caption_and_the_refusal_read_one_admission(env):
+    """Issue 38: the sidebar's caption, the cut offer and the extraction read one admission. Free
+    memory that moves between two measurements (here: room for 40 tokens, then for 80) must not
+    give a caption of one limit and a refusal of another."""
+    import re
+
+    import tiny
+
+    lm = tiny.loaded("llama-gqa")
+    rooms = iter([40] + [80] * 50)
+    env.setattr(limits, "free_bytes", lambda device: int(per_token(lm) * next(rooms) / limits.USABLE) + 1)
+    at = new_app(model=TINY, text="the bank of the river " * 24).run()
+    assert not at.exception
+    (error,) = [e.value for e in at.error]
+    refused = re.search(r"try at most (\d+) tokens", error)
+    shown = [re.search(r"Up to (\d+) tokens \(the free memory", c.value) for c in at.sidebar.caption]
+    captions = [m.group(1) for m in shown if m]
+    assert refused and captions == [refused.group(1)], (captions, error)

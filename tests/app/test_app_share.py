@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import streamlit as st
-from apptest import TEXT, TINY, engine, heatmaps, new_app, ok, titled, z_of
+from apptest import TEXT, TINY, engine, heatmaps, mounted, new_app, ok, share_link, titled, z_of
 
 from ui import params as P
 
@@ -71,9 +71,23 @@ def test_the_link_is_the_view(env, page):
 # -- the link of a page, and long texts compressed in it --------------------------------------
 def test_share_link_carries_the_page_path(env):
     at = new_app(model=TINY, text=TEXT).run()
-    assert at.code[-1].value.startswith("/?model=tiny%3Allama-gqa&")  # no browser here: root-relative
+    assert share_link(at).startswith("/?model=tiny%3Allama-gqa&")  # no browser here: root-relative
     at = new_app("pages/3_Compare.py", model=TINY, text=TEXT).run()
-    assert at.code[-1].value.startswith("/Compare?model=")
+    assert share_link(at).startswith("/Compare?model=")
+
+
+def test_the_share_link_is_plain_text_not_a_highlighted_code_block(env):
+    """Issue 40: ``st.code(link)`` syntax-highlighted a link carrying a compressed text (0.3–0.8 s
+    of the browser's CPU on every page). The link is one plain-text element with a Copy button;
+    no code block on the page carries it."""
+    from ui import share_link as SL
+
+    at = new_app(model=TINY, text="the bank " * 240).run()  # compressed into tz
+    ok(at)
+    link = share_link(at)
+    assert "tz=" in link and len(mounted(at, SL.COMPONENT)) == 1
+    assert not [c for c in at.code if "tz=" in c.value or c.value.startswith("/?")]
+    assert "textContent = data.url" in SL.JS and "innerHTML" not in SL.JS  # text, never markup
 
 
 def test_share_url_puts_the_path_before_the_query(env):
@@ -108,7 +122,7 @@ def test_a_compressed_link_restores_the_exact_view(env):
     head = titled(at, "layer 1 · head 2 ")
     np.testing.assert_allclose(z_of(heatmaps(head)[0]), engine(text).layer(1)[2][:, :], atol=1e-6)
     assert at.query_params == link  # written back unchanged: the share link is the same link
-    assert f"tz={link['tz']}" in at.code[-1].value and "text=" not in at.code[-1].value
+    assert f"tz={link['tz']}" in share_link(at) and "text=" not in share_link(at)
 
 
 def test_a_50000_character_text_survives_its_link(env):

@@ -91,9 +91,13 @@ def test_default_view_layer_head_and_share_link(server, browser, page):
     assert not np.allclose(np.array(changed["z"]), default_z)
 
     page.get_by_text("Share this view").click()
-    link = page.locator('[data-testid="stCode"]').last.inner_text().strip()
+    link = page.locator('[data-testid="attnvizShareLink"]').last.inner_text().strip()
     assert link.startswith(server.url) and "layer=7" in link and "head=4" in link, link
     assert "token" not in urllib.parse.parse_qs(urllib.parse.urlsplit(link).query)
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    # the link is plain text (ui.share_link): its button copies it
+    page.locator('[data-testid="attnvizShareCopy"]').last.click()
+    assert page.evaluate("() => navigator.clipboard.readText()") == link
     screenshot(page, "explorer_layer7_head4")
 
     fresh = browser.new_context(viewport={"width": WIDTH, "height": 1000}).new_page()
@@ -217,7 +221,7 @@ def test_long_texts_survive_their_share_links(server, browser, page):
     view = head_view(page)
     assert "layer 3 · head 2" in view["title"], view["title"]
     page.get_by_text("Share this view").click()
-    shared = page.locator('[data-testid="stCode"]').last.inner_text().strip()
+    shared = page.locator('[data-testid="attnvizShareLink"]').last.inner_text().strip()
     assert urllib.parse.parse_qs(urllib.parse.urlsplit(shared).query)["tz"] == [link.params["tz"]]
 
     big = long_text(50_000, seed=1)

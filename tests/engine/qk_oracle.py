@@ -15,6 +15,9 @@ import sys
 
 import torch
 
+ATTENTION_NAMES = ("self_attn", "self_attention", "attn", "attention")
+MIXER_KINDS = ("mamba2", "gated_delta", "kimi_delta")
+
 
 def q_k(attn, x: torch.Tensor, heads: int, kv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(q (heads, N, d), k (kv, N, d)) before rotary, after the q/k norms, float32."""
@@ -61,8 +64,9 @@ def head_dims(cfg) -> tuple[int, int, int]:
     return heads, kv, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
 
 
-def scores(model, ids: list[int], layer: int) -> torch.Tensor:
-    """scaling · q_i · k_j of every head and pair: (heads, N, N) float64 (GQA resolved)."""
+def vectors(model, ids: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(q (heads, N, d), k (heads, N, d) GQA resolved, scaling): a layer's queries and keys after
+    the q/k norms and RoPE, float32."""
     _block, attn = attention_of(model, layer)
     seen: dict = {}
 
@@ -80,13 +84,28 @@ def scores(model, ids: list[int], layer: int) -> torch.Tensor:
                 q, k = rope(attn, q, k, *seen["pe"])
     finally:
         h.remove()
-    k = k.repeat_interleave(heads // kv, dim=0)
-    return attn.scaling * (q.double() @ k.double().transpose(-1, -2))
+    return q, k.repeat_interleave(heads // kv, dim=0), float(attn.scaling)
+
+
+def scores(model, ids: list[int], layer: int) -> torch.Tensor:
+    """scaling · q_i · k_j of every head and pair: (heads, N, N) float64 (GQA resolved)."""
+    q, k, scaling = vectors(model, ids, layer)
+    return scaling * (q.double() @ k.double().transpose(-1, -2))
+
+
+def _mixer(block):
+    """A hybrid block's non-attention token mixer with heads read through its out_proj (or None)."""
+    return next(
+        (c for n, c in block.named_children() if n not in ATTENTION_NAMES and hasattr(c, "out_proj")), None
+    )
 
 
 def term(model, ids: list[int], layer: int, head: int, query: int, key: int, a: str, b: str) -> float:
-    """T[a, b] by hand for a, b in {"L{m}H{g}", "L{m}.mlp"} (Llama-layout models, RMSNorm input)."""
-    block, attn = attention_of(model, layer)
+    """T[a, b] by hand for a, b in {"L{m}H{g}", "L{m}.mlp", "L{m}.{kind}{h}"} (a mixer head of a
+    hybrid, read at its out_proj's input), at block ``layer`` of a Llama-layout attention (RMSNorm
+    input, q_proj / k_proj, Bamba's partial rotary too)."""
+    layers = model.base_model.layers
+    block, attn = layers[layer], block_attention(model, layer)
     store: dict = {}
     hooks = [
         block.register_forward_pre_hook(
@@ -102,16 +121,17 @@ def term(model, ids: list[int], layer: int, head: int, query: int, key: int, a: 
         )
     )
     for m in range(layer):
-        src = model.base_model.layers[m]
+        src = layers[m]
+        own = getattr(src, "self_attn", None)
+        writer = own.o_proj if own is not None else _mixer(src).out_proj
         hooks.append(
-            src.self_attn.o_proj.register_forward_pre_hook(
+            writer.register_forward_pre_hook(
                 lambda _m, args, m=m: store.__setitem__(f"z{m}", args[0][0].detach())
             )
         )
+        mlp = getattr(src, "mlp", None) or src.feed_forward
         hooks.append(
-            src.mlp.register_forward_hook(
-                lambda _m, _a, out, m=m: store.__setitem__(f"mlp{m}", out[0].detach())
-            )
+            mlp.register_forward_hook(lambda _m, _a, out, m=m: store.__setitem__(f"mlp{m}", out[0].detach()))
         )
     try:
         with torch.no_grad():
@@ -122,9 +142,16 @@ def term(model, ids: list[int], layer: int, head: int, query: int, key: int, a: 
                 m = int(name[1:].split(".")[0].split("H")[0])
                 if name.endswith(".mlp"):
                     return store[f"mlp{m}"][p]
-                g = int(name.split("H")[1])
-                w_o = model.base_model.layers[m].self_attn.o_proj.weight[:, g * d : (g + 1) * d]
-                return w_o @ store[f"z{m}"][p, g * d : (g + 1) * d]
+                src = layers[m]
+                if "H" in name:
+                    g, proj, n_g = int(name.split("H")[1]), src.self_attn.o_proj, heads
+                else:  # a mixer head: the trailing digits of "L0.mamba21" (kind mamba2, head 1)
+                    mixer = _mixer(src)
+                    n_g, kind_head = int(mixer.num_heads), name.split(".")[1]
+                    kind = next(k for k in MIXER_KINDS if kind_head.startswith(k))
+                    g, proj = int(kind_head[len(kind) :]), mixer.out_proj
+                w = proj.weight.shape[1] // n_g
+                return proj.weight[:, g * w : (g + 1) * w] @ store[f"z{m}"][p, g * w : (g + 1) * w]
 
             x, norm = store["x"], block.input_layernorm
             r = torch.rsqrt(x.pow(2).mean(-1) + norm.variance_epsilon)  # frozen RMS scale per position
@@ -151,3 +178,79 @@ def term(model, ids: list[int], layer: int, head: int, query: int, key: int, a: 
         for h in hooks:
             h.remove()
     return float(attn.scaling * (q_a.double() @ k_b.double()))
+
+
+# --- a softmax attention block anywhere: hybrids (Qwen3.5 / Qwen3-Next, Bamba, Falcon-H1, LFM2),
+# Bloom and MPT (fused qkv, ALiBi). The same plain hook on the attention module, its own weights.
+
+
+def block_attention(model, block: int):
+    base = model.base_model
+    layers = next(getattr(base, n) for n in ("layers", "h", "blocks") if hasattr(base, n))
+    blk = layers[block]
+    return next(getattr(blk, n) for n in ATTENTION_NAMES if getattr(blk, n, None) is not None)
+
+
+def _projections(attn, x: torch.Tensor, heads: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q (N, heads·d), k (N, kv·d)) straight from the module's own projection(s)."""
+    n = x.shape[0]
+    if hasattr(attn, "q_proj"):
+        q = attn.q_proj(x)
+        if q.shape[-1] == 2 * heads * d:  # Qwen3-Next / Qwen3.5: per head [query | gate], as it chunks
+            q = q.view(n, heads, 2 * d)[..., :d].reshape(n, -1)
+        return q, attn.k_proj(x)
+    if hasattr(attn, "Wqkv"):  # MPT: [q | k | v]
+        q, k, _v = attn.Wqkv(x).chunk(3, dim=-1)
+        return q, k
+    qkv = attn.query_key_value(x).view(n, heads, 3, d)  # Bloom: per head [q | k | v]
+    return qkv[:, :, 0].reshape(n, -1), qkv[:, :, 1].reshape(n, -1)
+
+
+def block_scores(model, ids: list[int], block: int) -> torch.Tensor:
+    """Block ``block``'s attention scores + the position bias the model hands the module (ALiBi):
+    (heads, N, N) float64, no mask; q/k norms (q_norm, q_layernorm), Falcon-H1's key multiplier and
+    transformers' own apply_rotary_pos_emb of the module's file, as the module applies them."""
+    attn = block_attention(model, block)
+    seen: dict = {}
+
+    def pre(_m, args, kwargs):
+        seen["x"] = (args[0] if args else kwargs["hidden_states"])[0].detach()
+        seen["kw"] = kwargs
+
+    h = attn.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+            cfg = model.config.get_text_config()
+            heads = cfg.num_attention_heads
+            d = getattr(attn, "head_dim", None) or cfg.hidden_size // heads
+            x, kw, n = seen["x"], seen["kw"], seen["x"].shape[0]
+            q, k = _projections(attn, x, heads, d)
+            out = []
+            for side, t in (("q", q), ("k", k)):
+                norm = getattr(attn, f"{side}_norm", None) or getattr(attn, f"{side}_layernorm", None)
+                if norm is not None and norm.weight.shape[0] != d:
+                    t = norm(t)
+                t = t.view(n, -1, d)
+                if norm is not None and norm.weight.shape[0] == d:
+                    t = norm(t)
+                out.append(t.transpose(0, 1).float())
+            q, k = out
+            k = k * getattr(attn, "key_multiplier", 1.0)  # Falcon-H1
+            if kw.get("position_embeddings") is not None:
+                q, k = rope(attn, q, k, *kw["position_embeddings"])
+            k = k.repeat_interleave(heads // k.shape[0], dim=0)
+            scaling = next(
+                float(getattr(attn, a))
+                for a in ("scaling", "inv_norm_factor", "softmax_scale")
+                if hasattr(attn, a)
+            )
+            s = scaling * (q.double() @ k.double().transpose(-1, -2))
+            if kw.get("alibi") is not None:  # Bloom: beta · alibi (batch·heads, 1, keys), by key position
+                s = s + attn.beta * kw["alibi"].view(heads, 1, -1)[..., :n].double()
+            if kw.get("position_bias") is not None:  # MPT: the module's own slice of its table
+                pb = kw["position_bias"]
+                s = s + pb[:, max(0, pb.shape[1] - n) :, max(0, pb.shape[2] - n) :].double()
+    finally:
+        h.remove()
+    return s

@@ -47,14 +47,12 @@ def test_figure_package_files_are_small_and_pure():
 
 
 def lines_of(fig) -> list[tuple[str, float, float]]:
-    """(colour, left y, right y) of every drawn segment."""
-    out = []
-    for t in spec(fig)["data"]:
-        if t.get("mode") == "lines" and t.get("x") and t["x"][0] is not None:
-            ys = t["y"]
-            for i in range(0, len(ys), 3):
-                out.append((t["line"]["color"], ys[i], ys[i + 1]))
-    return out
+    """(colour, left y, right y) of every drawn link (a line shape from x 0 to x 1)."""
+    return [
+        (sh["line"]["color"], sh["y0"], sh["y1"])
+        for sh in spec(fig)["layout"].get("shapes", [])
+        if sh.get("type") == "line" and (sh["x0"], sh["x1"]) == (0, 1)
+    ]
 
 
 def test_token_lines_draw_the_top_k_links_of_each_head():
@@ -78,6 +76,25 @@ def test_token_lines_draw_the_top_k_links_of_each_head():
     assert {(a, b) for _, a, b in lines_of(only)} == {(3.0, 0.0), (3.0, 2.0)}
 
 
+def test_token_lines_are_two_traces_whatever_the_heads_with_one_legend_entry_per_head():
+    """Issue 40: the lines view was one scatter per (head, weight band): 18 scatters on a 9-head
+    layer, each one Plotly's fixed cost. The links are shapes now (each its band's width and
+    opacity), the tokens two traces; a head's legend entry still groups (and hides) its links."""
+    rng = np.random.default_rng(0)
+    rows = rng.dirichlet(np.full(40, 0.3), size=(9, 40)).astype(np.float32)  # (heads, rows, keys)
+    fig = F.token_lines(rows, [f"t{i}" for i in range(40)], list(range(40)), top_k=3, selected=39)
+    data, shapes = spec(fig)["data"], spec(fig)["layout"]["shapes"]
+    assert [t["name"] for t in data] == ["query tokens", "key tokens"]
+    top = np.sort(rows[:, 39, :], axis=-1)[:, ::-1][:, :3]  # each head's 3 strongest weights
+    assert len(shapes) == int((top >= FT.LINE_LEVELS[0]).sum())
+    for sh in shapes:
+        assert sh["line"]["width"] in [w for _, w in FT._LEVEL_STYLE]
+    legend = [sh["legendgroup"] for sh in shapes if sh.get("showlegend")]  # once per head drawn
+    assert sorted(legend) == sorted({sh["legendgroup"] for sh in shapes})
+    band = int(np.searchsorted(FT.LINE_LEVELS, top.max(), "right")) - 1
+    assert max(sh["line"]["width"] for sh in shapes) == FT._LEVEL_STYLE[band][1]
+
+
 def test_token_lines_window_lists_far_keys_after_a_gap():
     n = 2000
     rows = np.full((1, 5, n), 1e-6, dtype=np.float32)
@@ -86,8 +103,8 @@ def test_token_lines_window_lists_far_keys_after_a_gap():
     fig = F.token_lines(rows, [f"t{i}" for i in range(n)], positions, top_k=2)
     keys = [c[0] for c in by_name(fig, "key tokens")["customdata"]]
     assert keys[0] == 0 and keys[1:] == positions
-    gap = next(t for t in spec(fig)["data"] if t.get("mode") == "text")
-    assert gap["text"] == ["⋯"]
+    gaps = [a for a in spec(fig)["layout"].get("annotations", []) if a["text"] == "⋯"]
+    assert len(gaps) == 1
     assert F.payload_bytes(fig) < 200_000  # bounded at any N
 
 
