@@ -9,8 +9,9 @@ ablation and rotary frequency bands, all readable from one traced forward pass (
     attnviz.qk_attribution(lm, tr, layer=2, head=3, query=-1, key=5)  # why it attends there
 
 Hybrids and recurrent models (Qwen3.5, Falcon-H1, Mamba, RWKV, ...) are read at block boundaries
-(`stream`): the logit lens and patching over "residual" / "blocks" run on them; the views that
-split blocks into softmax heads refuse them with the reason.
+(`stream`): the logit lens and patching over "residual" / "blocks" run on them; routes and node
+inspection read a `block_trace` (every mixing branch's c_{t,s} as edges, mixer heads included);
+the views that split blocks into softmax heads only refuse them with the reason.
 
 Every function also takes the text itself (and then runs its own forward).
 """
@@ -19,6 +20,7 @@ from .ablation import MODES, Ablation, ablate_heads
 from .attribution import Attribution, logit_attribution
 from .attribution_patching import attribution_patch
 from .block_attribution import BlockAttribution, block_attribution
+from .block_trace import BlockTrace, block_trace
 from .circuits import OVCircuits, QKSpace, ov_circuits, ov_tokens, qk_space
 from .lens import LogitLens, logit_lens
 from .mixer_ablation import MixerAblation, ablate_mixer_heads
@@ -42,6 +44,7 @@ __all__ = [
     "Ablation",
     "Attribution",
     "BlockAttribution",
+    "BlockTrace",
     "Edge",
     "FlowGraph",
     "HeadScores",
@@ -66,6 +69,7 @@ __all__ = [
     "attribution_patch",
     "bands",
     "block_attribution",
+    "block_trace",
     "information_flow",
     "logit_attribution",
     "logit_lens",
