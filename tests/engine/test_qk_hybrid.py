@@ -17,7 +17,7 @@ import pytest
 import qk_oracle
 import tiny_explain as te
 
-from attnviz.explain import Unsupported, qk_attribution, qk_row
+from attnviz.explain import Unsupported, qk_attribution, qk_row, qk_space
 from attnviz.explain.qk_mixed import MixedTrace
 from attnviz.explain.qk_parts import source
 
@@ -80,6 +80,8 @@ def test_part_names_of_a_hybrid(built):
     want = ("embed", *gd[:4], "L0.mlp", *(f"L1H{g}" for g in range(4)), "L1.mlp", *gd[4:], "L2.mlp", "bias")
     assert cell.components == want
     assert abs(cell.error) <= TOL * max(1.0, abs(cell.score))
+    space = qk_space(lm, src, layer=1, head=0)  # the Q/K scatter reads the same forward
+    assert space.queries.shape == (src.n_tokens, 2) and space.rotary
     lm, src = _model(built, "lfm2")
     cell = qk_attribution(lm, src, layer=0, head=1, query=-1, key=2)
     assert cell.components == ("embed", "L0.short_conv", "L0.mlp", "bias")
