@@ -36,6 +36,13 @@ def main() -> None:
         patching.page(lm, p, frame.token, chat)
         state.share_box()
         return
+    if view == qk.VIEW and X.reads_blocks(lm):  # hybrids, Bloom, MPT: the stream's parts per block
+        try:
+            qk.page(lm, p, frame.token, chat)
+        except AttnvizError as err:
+            E.when_unsupported(err)
+        state.share_box()
+        return
     if view in ("logit lens", "attribution") and X.needs_stream(lm.layout):  # a hybrid: by blocks
         stream, key = E.load_stream(lm, p, frame.token, chat)
         if stream is None:

@@ -26,6 +26,8 @@ from .lens import LogitLens, logit_lens
 from .mixer_ablation import MixerAblation, ablate_mixer_heads
 from .patching import DIRECTIONS, OVERS, Patching, patch
 from .qk import QKAttribution, QKRow, qk_attribution, qk_row
+from .qk_mixed import MixedTrace, mixed_trace
+from .qk_parts import reads_blocks
 from .residual import Trace, Unsupported, trace
 from .rotary import RotaryBands, RotarySpec, bands, rotary_bands
 from .routes import DEFAULT_THRESHOLD, EDGE_KINDS, Edge, FlowGraph, Node, information_flow
@@ -47,6 +49,7 @@ __all__ = [
     "FlowGraph",
     "HeadScores",
     "LogitLens",
+    "MixedTrace",
     "MixerAblation",
     "MixerHeadScores",
     "Node",
@@ -70,6 +73,7 @@ __all__ = [
     "information_flow",
     "logit_attribution",
     "logit_lens",
+    "mixed_trace",
     "needs_stream",
     "node_writes",
     "ov_circuits",
@@ -80,6 +84,7 @@ __all__ = [
     "qk_row",
     "qk_space",
     "read_stream",
+    "reads_blocks",
     "rotary_bands",
     "search_heads",
     "search_mixer_heads",

@@ -19,6 +19,23 @@ import torch.nn.functional as F
 
 from . import channels
 
+TIME_PARTS = ("x", "dt", "B", "C", "gate")  # along S ("cum" runs on): a decode step's join its forward's
+
+
+def step_inputs(inputs: dict, output: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """A ``mamba_selective_state_update`` call (one token: x, dt, z (B, ch), B, C (B, n), the
+    state updated in place and not kept) in ``mamba_selective_scan``'s layout (B, ch, 1)."""
+    one = {k: inputs[k][..., None] for k in ("hidden_states", "dt", "B", "C")}
+    z = inputs.get("z")
+    return {
+        **one,
+        "A": inputs["A"],
+        "D": inputs.get("D"),
+        "z": None if z is None else z[..., None],
+        "delta_bias": inputs.get("dt_bias"),
+        "delta_softplus": bool(inputs.get("dt_softplus")),
+    }, output[..., None]
+
 
 def selective_parts(inputs: dict) -> dict:
     """x, Δ, cum ΣΔ, gate silu(z) (S, ch); A (ch, n); B, C (S, n); D (ch,): float64.
