@@ -160,6 +160,21 @@ def ok(at: AppTest) -> None:
     assert not at.error, [e.value for e in at.error]
 
 
+def open_clicked_head(at: AppTest, chart: str, button: str, layer: int, head: int) -> str:
+    """Click the (layer, head) cell of the layers × heads map ``chart`` (its selection as Plotly
+    reports it: the cell's customdata), then the ``button`` the page offers for it: the Explorer's
+    link opens at that head. Returns the button's label (it names the head)."""
+    at.session_state[chart] = {"selection": {"points": [{"customdata": [layer, head]}], "point_indices": [0]}}
+    at.run()
+    ok(at)
+    label = at.button(key=button).label
+    assert f"layer {layer}, head {head}" in label, label
+    at.button(key=button).click().run()
+    ok(at)
+    assert at.query_params["layer"] == str(layer) and at.query_params["head"] == str(head)
+    return label
+
+
 def engine(text: str, arch: str = "llama-gqa") -> attnviz.AttentionResult:
     """What the engine gives for ``text`` on the tiny model (the numbers a page must draw)."""
     import tiny

@@ -76,6 +76,18 @@ class MixedTrace:
     notes: tuple[str, ...] = ()
 
     @property
+    def nbytes(self) -> int:
+        """Bytes held (for caches): the stream, the captures and the heads' inputs."""
+        caps = [
+            t
+            for c in self.captured
+            for t in (c.query, c.key, c.value, c.mask, c.position_bias)
+            if t is not None
+        ]
+        held = [*caps, *(s.inputs for s in self.splits.values())]
+        return self.blocks.nbytes + sum(t.numel() * t.element_size() for t in held)
+
+    @property
     def stream(self) -> tuple[torch.Tensor, ...]:
         return tuple(self.blocks.stream[b] for b in self.layer_blocks)
 

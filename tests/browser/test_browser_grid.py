@@ -4,13 +4,12 @@ that head enlarged (`ui.explorer.grid_hover`)."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 
 import pytest
 from browser_page import reran, wait_idle
-from server import OUTPUT, ROOT, Server, streamlit_server
+from server import Server, streamlit_server, tiny_models_env
 from test_browser_views import click_tile, head_title, no_errors, url
 
 from ui.params import ExplorerParams
@@ -47,11 +46,7 @@ def hover_lines(page, xy: tuple[float, float]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    hook = OUTPUT / "tiny-hook"
-    hook.mkdir(parents=True, exist_ok=True)
-    (hook / "sitecustomize.py").write_text("import tiny\n\ntiny.register()\n")
-    path = os.pathsep.join([str(hook), str(ROOT), str(ROOT / "tests")])
-    with streamlit_server(name="browser_grid", env={"PYTHONPATH": path}) as s:
+    with streamlit_server(name="browser_grid", env=tiny_models_env()) as s:
         yield s
 
 
