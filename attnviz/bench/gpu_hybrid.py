@@ -7,29 +7,37 @@ kernels behind each mixer's core function when the modeling module is imported
 sees whichever implementation runs. Each row says which ran (`bound_kernels`: "" is the torch
 body, e.g. when the package is missing), times a plain forward (floor) and ``extract_ids`` with
 the mixers' self-check (every mixer rebuilt and compared with the kernel's own bf16 output
-before anything is drawn), and lists the checks' worst figures. A failed check or an error is a
-failure of `make gpu-check`; a missing package is a note (the row then measures the torch body).
-Without CUDA nothing runs (`rows` returns no rows and one reason).
+before anything is drawn), and lists the checks' worst figures. It also times one cached decode
+step after the prefill (``selective_state_update`` / ``fused_recurrent_gated_delta_rule`` and
+``causal_conv1d_update``) and checks the steps' rows: each step's record joined to the prefill's
+(`attnviz.mixers.steps`) must reproduce what the step kernel returned. A failed check or an
+error is a failure of `make gpu-check`; a missing package is a note (the row then measures the
+torch body). Without CUDA nothing runs (`rows` returns no rows and one reason).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from .. import backend
+from ..capture.hook import recording
 from ..capture.mixers import find_mixers, install, kernel_behind
 from ..extract import extract_ids
 from ..loading import LoadedModel, wrap_model
 from ..mixers.kinds import MIXERS
+from ..mixers.store import MixerStore
 from .common import floor, measure
 
 SIZES = (1024, 8192)
 VOCAB = 32000
 PACKAGES = "flash-linear-attention, mamba-ssm and causal-conv1d"
+DECODE_STEPS = 8  # cached steps after the prefill: timed (median) and checked
 
 
 @dataclass
@@ -41,6 +49,8 @@ class HybridRow:
     kernels: dict[str, str] = field(default_factory=dict)  # core function -> kernel bound ("": torch body)
     checks: list[str] = field(default_factory=list)  # "kind: max abs diff at scale"
     failures: list[str] = field(default_factory=list)
+    decode_s: float = 0.0  # one cached decode step after the N-token prefill (median)
+    decode_checks: list[str] = field(default_factory=list)  # the steps' rows: "kind: diff at scale"
 
 
 def bound_kernels(model: torch.nn.Module) -> dict[str, str]:
@@ -50,7 +60,7 @@ def bound_kernels(model: torch.nn.Module) -> dict[str, str]:
     out: dict[str, str] = {}
     for site in find_mixers(model):
         modeling = sys.modules[type(modules[site.module_name]).__module__]
-        for name in MIXERS[site.kind].core_functions:
+        for name in (*MIXERS[site.kind].core_functions, *MIXERS[site.kind].step_functions):
             fn = getattr(modeling, name, None)
             if fn is not None:
                 out[name] = kernel_behind(fn)
@@ -126,9 +136,50 @@ def row(name: str, lm: LoadedModel, n: int, repeats: int) -> HybridRow:
             for c in holder["res"].checks
             if c.mixer != "attention"
         ]
+        holder.clear()
+        got.decode_s, got.decode_checks = decode_steps(lm, ids, DECODE_STEPS)
     except Exception as err:  # noqa: BLE001 - a failed row is a failure in the report, not a crash
         got.failures.append(f"{name} {n}: {type(err).__name__}: {err}")
     return got
+
+
+def _cached(lm: LoadedModel, ids: list[int], steps: int, timed: bool) -> list[float]:
+    """A cached prefill of ``ids``, then ``steps`` cached one-token steps; each step's seconds."""
+    out = lm.forward(ids, use_cache=True)
+    cache = {
+        k: getattr(out, k) for k in ("cache_params", "past_key_values") if getattr(out, k, None) is not None
+    }
+    seconds = []
+    for i in range(steps):
+        n = len(ids) + i
+        at: dict[str, Any] = {
+            "cache_position": torch.tensor([n], device=lm.device),
+            "position_ids": torch.tensor([[n]], device=lm.device),
+        }
+        backend.synchronize(lm.device)
+        t0 = time.perf_counter()
+        lm.forward([ids[i % len(ids)]], use_cache=True, **at, **cache)
+        if timed:
+            backend.synchronize(lm.device)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def decode_steps(lm: LoadedModel, ids: list[int], steps: int) -> tuple[float, list[str]]:
+    """(the median seconds of one cached decode step after a prefill of ``ids``, plain SDPA
+    attention; the steps' checks: every mixer block's prefill and steps joined, each step's row
+    against its step kernel's output). A failed check raises `MixerCheckFailed`."""
+    with lm.lock:  # the shared model in SDPA for the timed steps only
+        lm.model.set_attn_implementation("sdpa")
+        try:
+            seconds = sorted(_cached(lm, ids, steps, timed=True))
+        finally:
+            lm.model.set_attn_implementation("attnviz")
+    with recording(lm.module_names) as rec:
+        _cached(lm, ids, steps, timed=False)
+    store = MixerStore(rec.mixers, lm.dtype)
+    checks = [store.check(b, kind) for kind in store.kinds() for b in store.blocks(kind)]
+    return seconds[len(seconds) // 2], [f"{c.mixer}: {c.max_abs_diff:.1e} at {c.scale:.1e}" for c in checks]
 
 
 def rows(sizes: tuple[int, ...] = SIZES, repeats: int = 3) -> tuple[list[HybridRow], str]:
@@ -157,16 +208,20 @@ def markdown(found: list[HybridRow], why: str = "") -> str:
         "Hybrid rows (bf16, random weights, 4 blocks): floor = plain SDPA forward; extract = `extract_ids` "
         "with every mixer's self-check against the kernel's own output.",
         "",
-        "| model | N | floor | extract + self-check | ratio | kernels that ran | "
-        "self-checks (max abs diff at scale) |",
-        "|---|---|---|---|---|---|---|",
+        f"A decode step is one cached token after the N-token prefill (median of {DECODE_STEPS}, SDPA); "
+        "its checks join the prefill's record and the steps' and hold each step's row to its kernel.",
+        "",
+        "| model | N | floor | extract + self-check | ratio | decode step | kernels that ran | "
+        "self-checks (max abs diff at scale) | decode-step checks |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in found:
         ran = ", ".join(f"{f} → {k or 'torch body'}" for f, k in r.kernels.items())
         ratio = f"{r.extract_s / r.floor_s:.2f}×" if r.floor_s else "-"
+        step = f"{r.decode_s * 1e3:.1f} ms" if r.decode_s else "-"
         lines.append(
-            f"| {r.model} | {r.n} | {r.floor_s:.3f} s | {r.extract_s:.3f} s | {ratio} | {ran} | "
-            f"{'; '.join(r.checks)} |"
+            f"| {r.model} | {r.n} | {r.floor_s:.3f} s | {r.extract_s:.3f} s | {ratio} | {step} | {ran} | "
+            f"{'; '.join(r.checks)} | {'; '.join(r.decode_checks)} |"
         )
     if any(k == "" for r in found for k in r.kernels.values()):
         lines += ["", f"- note: a torch body ran where a kernel package is missing (install {PACKAGES})"]

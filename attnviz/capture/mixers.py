@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..mixers import steps
 from ..mixers.kinds import MIXERS, check_rows, mixer_kind
 from ..records import CapturedMixer
 from .hook import active_recorder
@@ -61,7 +62,9 @@ def install(model: torch.nn.Module) -> tuple[MixerSite, ...]:
     modules = dict(model.named_modules())
     for site in sites:
         module, spec = modules[site.module_name], MIXERS[site.kind]
-        _wrap_core_functions(sys.modules[type(module).__module__], spec.core_functions)
+        modeling = sys.modules[type(module).__module__]
+        _wrap_core_functions(modeling, spec.core_functions)
+        _wrap_core_functions(modeling, spec.step_functions)  # the cached decode step's kernel
         if spec.core_method is not None:  # a method of a submodule's class (RG-LRU's _rnn_scan)
             attr, method = spec.core_method
             sub = getattr(module, attr, None)
@@ -129,8 +132,20 @@ def _recording_core(fn: Callable, fname: str) -> Callable:
             bound = signature.bind_partial(*args, **kwargs).arguments
             extra = bound.pop("kwargs", {}) or {}
             bound.pop("self", None)
-            inputs = {k: _detach(v) for k, v in {**bound, **extra}.items()}
+            given = {**bound, **extra}
+            # a state from earlier tokens (a decode step's cache, updated in place): not kept,
+            # the step's record joins the forward it continues (attnviz.mixers.steps)
+            started = [given.pop(k, None) for k in steps.STATE_ARGUMENTS]
+            inputs = {k: _detach(v) for k, v in given.items()}
             output = (out[0] if isinstance(out, tuple) else out).detach()
+            inputs[steps.CONTINUES] = any(isinstance(s, torch.Tensor) for s in started)
+            step = MIXERS[kind].step_inputs
+            if step is not None and fname in MIXERS[kind].step_functions:  # to the prefill layout
+                try:
+                    inputs, output = step(inputs, output)
+                except ValueError as err:  # a layout the prefill form has no place for
+                    inputs = {"refused": str(err)}
+                inputs[steps.CONTINUES] = True
             last = _record_of(rec, name)
             if last is None or last.function:  # a second call in one module call (Zamba's per-head
                 last = CapturedMixer(kind, name, block, "", {}, _EMPTY)  # scans): the store refuses it

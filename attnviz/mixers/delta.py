@@ -24,6 +24,7 @@ import torch
 from ..layout import query_group, repeat_kv
 
 CHUNK = 64
+TIME_PARTS = ("q", "k", "a", "beta", "v")  # along S: a decode step's parts join its forward's
 Emit = Callable[[torch.Tensor, int, int, torch.Tensor], None]  # (row indices, lo, hi, block)
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from . import channels, conv, delta, linear, reference, rglru, selective, ssd, wkv
 
@@ -53,7 +53,13 @@ class MixerKind:
     display: str  # for people ("Gated DeltaNet")
     meaning: str  # what its matrix is, for labels
     classes: tuple[str, ...] = ()  # module class names that are this kind
-    core_functions: tuple[str, ...] = ()  # prefill first; decode-step kernels are not listed
+    core_functions: tuple[str, ...] = ()  # prefill first (Gated DeltaNet's recurrent one is also its step)
+    # decode-step functions with their own layout (one token, the state updated in place:
+    # Mamba's selective_state_update), and the map of their arguments and output to the prefill
+    # function's layout (`attnviz.mixers.steps`: a step's record joins the forward it continues)
+    step_functions: tuple[str, ...] = ()
+    step_inputs: Callable[[dict, Any], tuple[dict, Any]] | None = None
+    time_parts: tuple[str, ...] = ()  # the parts along S (joined over steps; "cum" runs on)
     core_method: tuple[str, str] | None = None  # (submodule attribute, method) when the core is a method
     # submodule hooks: (attribute, "input" | "output", record key; "output" = the core output)
     taps: tuple[tuple[str, str, str], ...] = ()
@@ -73,6 +79,8 @@ class MixerKind:
     # per channel: (parts, W_out, rows, S) -> (T, S) norms, and (parts, W_out, bias, t) -> Σ_s c_{t,s}
     contributions: Callable | None = None
     mixer_output: Callable | None = None
+    # per channel: parts -> channels.ChannelTerms (the output as vectors by source token: routes)
+    channel_terms: Callable | None = None
     # the self-check: (parts, query rows) -> the core output rebuilt there, against the kernel's
     reference: Callable | None = None
     against: str = ""  # "{function}" is the core function's name
@@ -107,12 +115,14 @@ def _per_head(name: str, display: str, formula: str, module, **facts) -> MixerKi
 def _per_channel(name: str, display: str, meaning: str, module, output_at, **facts) -> MixerKind:
     return MixerKind(
         name, display, meaning, contributions=module.contribution_rows,
-        mixer_output=module.contribution_sum, reference=channels.each_row(output_at), **facts,
+        mixer_output=module.contribution_sum, reference=channels.each_row(output_at),
+        channel_terms=module.channel_terms, **facts,
     )  # fmt: skip
 
 
 _DELTA = dict(
     parts=delta.delta_parts,
+    time_parts=delta.TIME_PARTS,
     rows=delta.delta_rows,
     stream_rows=delta.chunked_rows,
     values="v",
@@ -137,6 +147,9 @@ MIXERS: dict[str, MixerKind] = {
         selective.core_output,
         classes=("MambaMixer", "FalconMambaMixer", "JambaMambaMixer", "ZambaMambaMixer"),
         core_functions=("mamba_selective_scan",),
+        step_functions=("mamba_selective_state_update",),
+        step_inputs=selective.step_inputs,
+        time_parts=selective.TIME_PARTS,
         channels_first=True,
         channel_groups=True,
         parts=selective.selective_parts,
@@ -157,6 +170,9 @@ MIXERS: dict[str, MixerKind] = {
             "Zamba2MambaMixer",
         ),
         core_functions=("mamba2_chunk_scan",),
+        step_functions=("mamba2_selective_state_update",),
+        step_inputs=ssd.step_inputs,
+        time_parts=ssd.TIME_PARTS,
         parts=ssd.ssd_parts,
         rows=ssd.ssd_rows,
         values="x",

@@ -19,6 +19,23 @@ import torch.nn.functional as F
 
 from . import channels
 
+TIME_PARTS = ("x", "dt", "B", "C", "gate")  # along S ("cum" runs on): a decode step's join its forward's
+
+
+def step_inputs(inputs: dict, output: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """A ``mamba_selective_state_update`` call (one token: x, dt, z (B, ch), B, C (B, n), the
+    state updated in place and not kept) in ``mamba_selective_scan``'s layout (B, ch, 1)."""
+    one = {k: inputs[k][..., None] for k in ("hidden_states", "dt", "B", "C")}
+    z = inputs.get("z")
+    return {
+        **one,
+        "A": inputs["A"],
+        "D": inputs.get("D"),
+        "z": None if z is None else z[..., None],
+        "delta_bias": inputs.get("dt_bias"),
+        "delta_softplus": bool(inputs.get("dt_softplus")),
+    }, output[..., None]
+
 
 def selective_parts(inputs: dict) -> dict:
     """x, Δ, cum ΣΔ, gate silu(z) (S, ch); A (ch, n); B, C (S, n); D (ch,): float64.
@@ -83,3 +100,15 @@ def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int
 def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
     """Σ_s c_{t,s} + the skip term + bias: (hidden,), to compare with the mixer's output at t."""
     return channels.through_projection(core_output(parts, t), weight, bias)
+
+
+def channel_terms(parts: dict) -> channels.ChannelTerms:
+    """Σ_s terms of the output (D ⊙ x_t on the diagonal: token t's own), for routes."""
+    x, gate, D = _cat(parts, "x"), _cat(parts, "gate"), _cat(parts, "D")
+
+    def rows_of(t: int) -> torch.Tensor:
+        m = channel_rows(parts, t)
+        m[:, t] += D
+        return m
+
+    return channels.ChannelTerms(rows_of, x, gate, channels.no_rest(x))

@@ -17,6 +17,38 @@ import torch.nn.functional as F
 
 from ..layout import query_group, repeat_kv
 
+TIME_PARTS = ("x", "dt", "B", "C", "gate")  # along S ("cum" runs on): a decode step's join its forward's
+
+
+def _per_head(t: torch.Tensor, name: str, keep: int) -> torch.Tensor:
+    """A per-head value the step kernel got expanded over its trailing axes (dt (B, nh, hs),
+    A (nh, hs, n)), as one per head; refused where the expanded values differ (a kernel called
+    with untied head dims, which the prefill layout has no place for)."""
+    flat = t.reshape(*t.shape[:keep], -1)
+    one = flat[..., :1]
+    if not torch.equal(flat, one.expand_as(flat)):
+        raise ValueError(f"the decode step's {name} differs across a head's channels")
+    return one[..., 0]
+
+
+def step_inputs(inputs: dict, output: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """A ``mamba2_selective_state_update`` call (one token: x, dt, z (B, nh, hs), A (nh, hs, n),
+    B, C (B, groups, n), D, dt_bias (nh, hs); the state updated in place and not kept) in
+    ``mamba2_chunk_scan``'s layout (B, 1, nh, hs). Falcon-H1 passes its gate z into the step
+    kernel (its prefill gates after the scan): z is kept, and the check applies it (``gate``)."""
+    D, bias, z = inputs.get("D"), inputs.get("dt_bias"), inputs.get("z")
+    return {
+        "hidden_states": inputs["hidden_states"][:, None],
+        "dt": _per_head(inputs["dt"], "dt", 2)[:, None],
+        "A": _per_head(inputs["A"], "A", 1),
+        "B": inputs["B"][:, None],
+        "C": inputs["C"][:, None],
+        "D": None if D is None else _per_head(D, "D", 1),
+        "dt_bias": None if bias is None else _per_head(bias, "dt_bias", 1),
+        "dt_softplus": bool(inputs.get("dt_softplus")),
+        "z": None if z is None else z[:, None],
+    }, output[:, None]
+
 
 def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
     """x (S, nh, hs), dt Δ (S, nh), cum Σ AΔ (S, nh), B, C (S, nh, n) per head, D (nh,): float64."""
@@ -40,7 +72,10 @@ def ssd_parts(inputs: dict) -> dict[str, torch.Tensor]:
         if D is None
         else D.double().reshape(n_heads, -1)[:, 0]
     )
-    return {"x": x, "dt": dt, "cum": cum, "B": B, "C": C, "D": D.to(x.device)}
+    parts = {"x": x, "dt": dt, "cum": cum, "B": B, "C": C, "D": D.to(x.device)}
+    if inputs.get("z") is not None:  # a gate inside the kernel (Falcon-H1's decode step), frozen
+        parts["gate"] = F.silu(inputs["z"][0].double())  # (S, nh, hs)
+    return parts
 
 
 def ssd_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.Tensor:
@@ -74,4 +109,6 @@ def n_heads(inputs: dict) -> int:
 def core_output(parts: dict, rows: torch.Tensor) -> torch.Tensor:
     """The scan's output at query ``rows`` rebuilt from every head's M (the self-check's side)."""
     heads = list(range(parts["x"].shape[1]))
-    return ssd_outputs(parts, ssd_rows(parts, heads, rows), heads, rows)
+    out = ssd_outputs(parts, ssd_rows(parts, heads, rows), heads, rows)
+    gate = parts.get("gate")
+    return out if gate is None else out * gate[rows.to(gate.device)]

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import BadIndex, MixerCheckFailed, MixerNotShown
 from ..records import CapturedMixer, Check
+from . import steps
 from .branches import BranchShares, branch_shares
 from .kinds import MIXERS, MixerKind, check_rows
 
@@ -38,9 +39,17 @@ class MixerStore:
         groups: dict[tuple[int, str], list[CapturedMixer]] = {}
         for r in self._all:
             groups.setdefault((r.block, r.kind), []).append(r)
+        self._refused: dict[tuple[int, str], str] = {}  # (block, kind) -> why it is not shown
         for key, group in groups.items():
-            # Zamba's Mamba-1 scans each channel group ("mamba head") with its own B and C
             spec = _spec(key[1])
+            if any(steps.continues(r) for r in group):  # cached decode steps: joined to their forward
+                joined = steps.join(group, spec is not None and spec.channels_first)
+                if isinstance(joined, str):
+                    self._refused[key] = joined
+                    joined = group[0]
+                self._records[key], self._calls[key] = joined, 1
+                continue
+            # Zamba's Mamba-1 scans each channel group ("mamba head") with its own B and C
             merge = len(group) > 1 and spec is not None and spec.channel_groups
             self._records[key] = _channel_groups(group) if merge else group[0]
             self._calls[key] = 1 if merge else len(group)
@@ -79,6 +88,8 @@ class MixerStore:
 
     def record(self, block: int, kind: str) -> CapturedMixer:
         self.spec(block, kind)
+        if (block, kind) in self._refused:
+            raise MixerNotShown(self._refused[(block, kind)])
         calls = self._calls.get((block, kind), 0)
         if calls > 1:  # Zamba's Mamba-1 runs one scan per "mamba head", each with its own B and C
             raise MixerNotShown(
@@ -94,12 +105,17 @@ class MixerStore:
     def checkable(self, block: int, kind: str) -> bool:
         """Whether the block's mixer can be shown and checked (one core call, a shown kind)."""
         spec = _spec(kind)
-        return spec is not None and spec.shown and self._calls.get((block, kind), 0) == 1
+        return (
+            spec is not None
+            and spec.shown
+            and self._calls.get((block, kind), 0) == 1
+            and (block, kind) not in self._refused
+        )
 
     def n_heads(self, block: int, kind: str) -> int:
         """Heads of a per-head mixer; 1 for a per-channel one (its contribution view)."""
-        rec = self.record(block, kind)
-        return self.spec(block, kind).heads(rec.inputs)
+        inputs = self.record(block, kind).inputs
+        return self.spec(block, kind).heads(inputs["steps"][0] if "steps" in inputs else inputs)
 
     def parts(self, block: int, kind: str) -> dict:
         key = (block, kind)
@@ -109,14 +125,24 @@ class MixerStore:
             assert build is not None  # a shown kind has parts
             while len(self._parts) >= PARTS_KEPT:  # float64 copies of a block's inputs: a few at most
                 self._parts.pop(next(iter(self._parts)))
-            self._parts[key] = build(inputs)
+            spec = self.spec(block, kind)
+            try:  # a forward and its decode steps: one sequence's parts
+                built = [build(i) for i in inputs.get("steps", [inputs])]
+                self._parts[key] = steps.join_parts(built, spec.time_parts)
+            except ValueError as err:
+                raise MixerNotShown(f"block {block}'s {kind} mixer: {err}") from None
         return self._parts[key]
 
     def tensor(
-        self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
+        self,
+        block: int,
+        kind: str,
+        heads: Sequence[int] | None = None,
+        rows: slice | Sequence[int] | None = None,
     ) -> torch.Tensor:
         """float32 (nh', T, S): the block's effective attention (per-channel kinds: the
-        token-contribution norms, one "head"), after the block's self-check passed."""
+        token-contribution norms, one "head"), after the block's self-check passed; ``rows``: a
+        slice or the query positions (the routes ask for the rows they expand)."""
         n_heads = self.n_heads(block, kind)
         heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
         for h in heads:
@@ -125,7 +151,7 @@ class MixerStore:
                     f"head {h} is out of range: block {block}'s {kind} mixer has heads 0..{n_heads - 1}"
                 )
         self.check(block, kind)
-        idx = torch.arange(self.n_tokens)[rows or slice(None)]
+        idx = torch.arange(self.n_tokens)[rows if rows is not None else slice(None)]
         if len(idx) == 0:
             return torch.zeros(len(heads), 0, self.n_tokens)
         from ..limits import require
@@ -173,6 +199,8 @@ class MixerStore:
         v = parts[spec.values]  # (S, nh, hs)
         d = v.shape[-1]
         scale = rec.scale[0].double().reshape(self.n_tokens, -1, d)  # (T, nh, hs)
+        if "gate" in parts:  # a gate the kernel applied (Falcon-H1's decode step): frozen with the scale
+            scale = scale * parts["gate"].to(scale.device)
         weight = rec.out_weight.double()
         out = torch.empty_like(matrix)
         for j, h in enumerate(heads):
@@ -205,7 +233,8 @@ class MixerStore:
         spec, rec = self.spec(block, kind), self.record(block, kind)
         parts = self.parts(block, kind)
         n = self.n_tokens
-        idx = torch.tensor(check_rows(n))
+        joined = "steps" in rec.inputs  # a forward and its decode steps: every step's row is checked
+        idx = torch.tensor(list(rec.output_rows) if joined else check_rows(n))
         out = rec.output[0].double()
         if rec.output_rows:  # the capture kept only these rows: read them in place
             if list(rec.output_rows) != idx.tolist():

@@ -32,7 +32,9 @@ def kernels():
         ("qwen3_5_text", {"torch_chunk_gated_delta_rule": "fla.ops.gated_delta_rule.chunk_gated_delta_rule",
                           "torch_recurrent_gated_delta_rule":
                           "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule"}),
-        ("bamba", {"mamba2_chunk_scan": "mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined"}),
+        ("bamba", {"mamba2_chunk_scan": "mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined",
+                   "mamba2_selective_state_update":
+                   "mamba_ssm.ops.triton.selective_state_update.selective_state_update"}),
     ],
 )  # fmt: skip
 def test_a_row_names_the_kernels_that_ran_and_checks_the_mixers_in_bf16(kernels, model_type, bound):
@@ -41,6 +43,9 @@ def test_a_row_names_the_kernels_that_ran_and_checks_the_mixers_in_bf16(kernels,
     row = gpu_hybrid.row(model_type, lm, N, repeats=1)
     assert row.kernels == bound and not row.failures, row.failures
     assert row.checks and row.floor_s > 0 and row.extract_s > 0
+    kind = "gated_delta" if model_type == "qwen3_5_text" else "mamba2"
+    assert row.decode_s > 0 and row.decode_checks
+    assert all(c.startswith(f"{kind}: ") for c in row.decode_checks)
     text = gpu_hybrid.markdown([row])
     assert all(f"{f} → {k}" in text for f, k in bound.items()) and "torch body" not in text
 

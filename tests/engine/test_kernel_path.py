@@ -116,6 +116,44 @@ def test_the_decode_kernels_run_and_the_recurrent_step_is_captured(kernels):
     assert (step.logits[0, -1] - full).abs().max() < 1e-4
 
 
+STEP_KERNEL = "mamba_ssm.ops.triton.selective_state_update.selective_state_update"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("model_type", "kind", "step"),
+    [("mamba", "mamba", "mamba_selective_state_update"), ("bamba", "mamba2", "mamba2_selective_state_update"),
+     ("falcon_h1", "mamba2", "mamba2_selective_state_update")],
+)  # fmt: skip
+def test_the_mamba_decode_step_kernel_is_captured_and_its_rows_check_exact(
+    kernels, model_type, kind, step, dtype
+):
+    """Cached steps reach mamba_ssm's selective_state_update (and causal_conv1d_update); each
+    step's record joins the prefill's and its row reproduces what the step kernel returned."""
+    from attnviz.mixers import MixerStore
+
+    model = kernel_path.tiny_model(kernels, model_type, dtype)
+    mixer_capture.install(model)
+    ids = IDS[:20]
+    with recording({}) as rec, torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        cache = {k: getattr(out, k) for k in ("cache_params", "past_key_values") if getattr(out, k, None)}
+        before = len(kernel_path.calls())
+        for i, token in enumerate((7, 9)):
+            n = len(ids) + i
+            at = {"cache_position": torch.tensor([n]), "position_ids": torch.tensor([[n]])}
+            model(input_ids=torch.tensor([[token]]), use_cache=True, **at, **cache)
+        decode = set(kernel_path.calls()[before:])
+    assert decode == {"mamba_ssm.selective_state_update", "causal_conv1d.causal_conv1d_update"}
+    steps = [r for r in rec.mixers if r.function == step]
+    assert steps and {r.implementation for r in steps} == {STEP_KERNEL}
+    store = MixerStore(rec.mixers, dtype)
+    for block in store.blocks(kind):
+        check = store.check(block, kind)
+        assert f"+ 2 × {step} → " in check.against and STEP_KERNEL in check.against, check.against
+        assert store.record(block, kind).output_rows[-2:] == (20, 21)
+
+
 def test_the_varlen_standins_keep_packed_sequences_apart(kernels):
     """cu_seqlens (fla) and seq_idx (mamba_ssm, causal_conv1d): a packed batch of two equals
     the two sequences run one by one (what the real kernels guarantee)."""
