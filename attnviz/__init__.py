@@ -52,6 +52,7 @@ from .figures.qk import qk_view
 from .inputs import tokenize
 from .layout import AttentionLayout
 from .loading import BUILTIN_MODELS, DEFAULT_MODEL, LoadedModel, load_model, wrap_model
+from .records import Check
 from .result import AttentionResult
 from .tokens import Tokens
 
@@ -67,6 +68,7 @@ __all__ = [
     "AttnvizError",
     "BadIndex",
     "CannotWrite",
+    "Check",
     "EmptyInput",
     "GatedModel",
     "InputTooLong",

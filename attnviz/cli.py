@@ -118,6 +118,15 @@ def _parser() -> argparse.ArgumentParser:
         type=token_sizes,
         help="only the hybrid rows (a Qwen3.5-shaped Gated DeltaNet model on the CPU) at these token counts",
     )
+    bench.add_argument(
+        "--hybrid-explain",
+        type=token_sizes,
+        help="only the explain rows of a Qwen3.5-0.8B-shaped hybrid on the CPU (stream, lens, DLA, "
+        "patching, attribution patching against one forward) at these token counts",
+    )
+    bench.add_argument(
+        "--hybrid-blocks", type=positive_int, default=24, help="--hybrid-explain: blocks of the 0.8B shape"
+    )
 
     sub.add_parser("warmup", help="convert and cache the built-in models (for images and first start)")
 
@@ -329,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
             return _warmup(args)
         if args.command == "app":
             return _app(args)
+        if getattr(args, "hybrid_explain", None):
+            from .bench.hybrid_explain import main as hybrid_explain_bench
+
+            out = [] if args.no_write else ["--out", str(args.out)]
+            sizes = ["--tokens", str(args.hybrid_explain), "--blocks", str(args.hybrid_blocks)]
+            return hybrid_explain_bench([*sizes, "--repeats", str(args.repeats), *out])
         if getattr(args, "hybrid", None):
             from .bench.hybrid import main as hybrid_bench
 

@@ -13,8 +13,8 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import mixers, models, shell, shown, state
-from ui.explorer import big_head, exactness, grid_hover, layer_controls, layer_grid, token_views
+from ui import heatmaps, mixers, models, shell, shown, state
+from ui.explorer import big_head, exactness, layer_controls, layer_grid, token_views
 from ui.params import ExplorerParams
 from ui.text import md
 
@@ -131,7 +131,7 @@ def head_panel(ref: models.ResultRef, zmax: float | None) -> None:
     names = [F.head_title(h, d.kv[h] if d.kv else None) for h in range(res.n_heads)]
     token_views.draw(ref, d.res, d.key, d.stack, d.layer, head, names, d.scale, d.cmap)
     state.share_box()  # here: a head change inside this fragment moves the link too
-    grid_hover.mark(head)  # the grid's frame on the open head, and its hover preview
+    heatmaps.mark(big_head.GRID_KEY, head)  # the grid's frame moves to the open head (in the browser)
 
 
 def main() -> None:

@@ -143,7 +143,8 @@ def statistics(
     induction: bool,
     token: str | None,
 ) -> HeadMetrics | None:
-    """One (layer, head) heatmap per statistic; the metrics, or None after an error (shown)."""
+    """The statistics as (layer, head) heatmaps in one chart; the metrics, or None after an error
+    (shown)."""
     st.subheader("Head statistics")
     hm = None
     with guarded("computing the head statistics", token):
@@ -154,26 +155,24 @@ def statistics(
     if hm is None:
         return None
     kv = pickers.kv_heads(res, stack)
-    present = list(hm.metrics)
     kv_coh = hm.kv_coherence()
-    cols = st.columns(2)
-    for i, m in enumerate(present):
+    panels = []
+    for m in hm.metrics:
         values, names = hm.values(m), None
         if m == "gqa_coherence" and kv_coh is not None:
             values = kv_coh  # one value per KV group: its query heads' agreement
             names = [f"kv {g}" for g in range(values.shape[1])]
         bounded = m != "distance"
-        fig = F.metric_heatmap(
-            values,
-            head_stats.METRIC_NAMES.get(m, m),
-            kv_heads=kv,
-            head_names=names,
-            colorscale=cmap,
-            zmin=0.0 if bounded else None,
-            zmax=1.0 if bounded else None,
-        )
-        with cols[i % 2]:
-            export.chart(fig, F.figure_name(lm.spec, stack if stack != "self" else "", m), key=f"metric_{m}")
+        panels.append(
+            F.MetricPanel(
+                values, head_stats.METRIC_NAMES.get(m, m), head_names=names,
+                zmin=0.0 if bounded else None, zmax=1.0 if bounded else None,
+            )
+        )  # fmt: skip
+    # one chart for every statistic (it was one chart each: the browser's fixed cost per chart)
+    fig = F.metric_panels(panels, kv_heads=kv, colorscale=cmap)
+    name = F.figure_name(lm.spec, stack if stack != "self" else "", "head_statistics")
+    export.chart(fig, name, key="metrics")
     return hm
 
 

@@ -7,6 +7,7 @@ import streamlit as st
 from attnviz import AttnvizError
 from attnviz import explain as X
 from ui import models, shell, sidebar, state
+from ui.explain import blocks as B
 from ui.explain import patching, qk
 from ui.explain import views as E
 from ui.params import EXPLAIN_VIEWS, ExplainParams
@@ -35,6 +36,13 @@ def main() -> None:
         patching.page(lm, p, frame.token, chat)
         state.share_box()
         return
+    if view == qk.VIEW and X.reads_blocks(lm):  # hybrids, Bloom, MPT: the stream's parts per block
+        try:
+            qk.page(lm, p, frame.token, chat)
+        except AttnvizError as err:
+            E.when_unsupported(err)
+        state.share_box()
+        return
     if view in ("logit lens", "attribution") and X.needs_stream(lm.layout):  # a hybrid: by blocks
         stream, key = E.load_stream(lm, p, frame.token, chat)
         if stream is None:
@@ -45,6 +53,17 @@ def main() -> None:
         )
         try:
             E.lens(lm, stream, key) if view == "logit lens" else E.block_attribution(lm, stream)
+        except AttnvizError as err:
+            E.when_unsupported(err)
+        state.share_box()
+        return
+    if view == "routes" and X.needs_stream(lm.layout):  # a hybrid: each mixing branch's c_(t,s)
+        blocks, key = B.load_block_trace(lm, p, frame.token, chat)
+        if blocks is None:
+            shell.stop()
+        st.caption(B.caption(lm, blocks))
+        try:
+            E.routes(lm, blocks, key, p, E.position_picker(blocks))
         except AttnvizError as err:
             E.when_unsupported(err)
         state.share_box()

@@ -64,7 +64,76 @@ def new_app(page: str = "app.py", **params: object) -> AppTest:
 
 
 def specs(at: AppTest) -> list[dict]:
-    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    """Every chart on the page: each Plotly chart's spec, then each heatmaps element
+    (`ui.heatmaps`) as a spec of the same shape (`element_spec`), in page order."""
+    from ui import heatmaps
+
+    out = []
+    for e in _tree(at._tree, []):
+        proto = getattr(e, "proto", None)
+        if getattr(e, "type", "") == "plotly_chart":
+            out.append(json.loads(proto.spec))
+        elif getattr(proto, "component_name", "") == heatmaps.NAME and '"mark"' not in proto.json[:40]:
+            data = json.loads(proto.json)
+            if "mark" not in data:
+                out.append(element_spec({**heatmaps.figure(data), "key": data["id"]}))
+    return out
+
+
+def _tree(node, found: list) -> list:
+    for child in getattr(node, "children", {}).values():
+        found.append(child)
+        _tree(child, found)
+    return found
+
+
+def elements(at: AppTest, *, marks: bool = False) -> list[dict]:
+    """The heatmaps elements drawn (`ui.heatmaps.figure` of each one's data, with its "key"), in
+    page order; ``marks``: the frame moves (`ui.heatmaps.mark`: {"mark", "index"}) instead."""
+    from ui import heatmaps
+
+    out = []
+    for e in _tree(at._tree, []):
+        proto = getattr(e, "proto", None)
+        if getattr(proto, "component_name", "") != heatmaps.NAME or not proto.json:
+            continue
+        data = json.loads(proto.json)
+        if ("mark" in data) == marks:
+            out.append(data if marks else {**heatmaps.figure(data), "key": data["id"]})
+    return out
+
+
+def payload_bytes(at: AppTest) -> int:
+    """Bytes of chart data the page sends: Plotly specs and heatmaps elements' data."""
+    from ui import heatmaps
+
+    return sum(len(e.proto.spec) for e in at.get("plotly_chart")) + sum(
+        len(e.proto.json)
+        for e in _tree(at._tree, [])
+        if getattr(e.proto, "component_name", "") == heatmaps.NAME
+    )
+
+
+def element_spec(fig: dict) -> dict:
+    """A heatmaps element's figure in a Plotly spec's shape: its title (the first panel's when it
+    has none), panel titles as annotations, the colour bar as the colour axis, one heatmap per
+    panel (z as drawn, x the key labels, y the query labels, the hover's value name)."""
+    import plotly.graph_objects as go
+
+    bar = fig["bar"]
+    title = fig["title"] or fig["panels"][0]["title"]
+    stops = [list(stop) for stop in go.layout.Coloraxis(colorscale=bar["colorscale"]).colorscale]  # as Plotly
+    axis = {"cmin": bar["cmin"], "cmax": bar["cmax"], "colorscale": stops,
+            "colorbar": {"title": {"text": bar["title"]}}}  # fmt: skip
+    # the element sets text as text (never HTML); a Plotly spec holds it escaped: so do these
+    esc = lambda t: html.escape(str(t), quote=False)  # noqa: E731
+    data = [
+        {"type": "heatmap", "name": esc(p["title"]), "z": p["z"], "x": [esc(t) for t in p["k"]],
+         "y": [esc(t) for t in p["q"]], "hovertemplate": bar["hover"]} for p in fig["panels"]
+    ]  # fmt: skip
+    annotations = [{"text": esc(p["title"])} for p in fig["panels"]] if len(fig["panels"]) > 1 else []
+    layout = {"title": {"text": esc(title)}, "coloraxis": axis, "annotations": annotations}
+    return {"data": data, "layout": layout, "element": fig}
 
 
 def heatmaps(spec: dict) -> list[dict]:
@@ -89,6 +158,21 @@ def z_of(trace: dict) -> np.ndarray:
 def ok(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
+
+
+def open_clicked_head(at: AppTest, chart: str, button: str, layer: int, head: int) -> str:
+    """Click the (layer, head) cell of the layers × heads map ``chart`` (its selection as Plotly
+    reports it: the cell's customdata), then the ``button`` the page offers for it: the Explorer's
+    link opens at that head. Returns the button's label (it names the head)."""
+    at.session_state[chart] = {"selection": {"points": [{"customdata": [layer, head]}], "point_indices": [0]}}
+    at.run()
+    ok(at)
+    label = at.button(key=button).label
+    assert f"layer {layer}, head {head}" in label, label
+    at.button(key=button).click().run()
+    ok(at)
+    assert at.query_params["layer"] == str(layer) and at.query_params["head"] == str(head)
+    return label
 
 
 def engine(text: str, arch: str = "llama-gqa") -> attnviz.AttentionResult:

@@ -340,11 +340,15 @@ direct effect by hand through the frozen final norm).
 | head ablation (zero, mean) | `ablate_heads` (pure transformers) | `ablate_mixer_heads`: the head's output before out_proj set to 0 or its mean over the positions | refused: no heads |
 | head search | `search_heads` (α) | `search_mixer_heads`: by signed A and by contribution size ‖c_{{t,s}}‖, labelled which | contribution size only (no signed A per head) |
 | Compare, Generation | α head by head | distance back, self share, negative share per head (`attnviz.metrics.mixer_compare`); each new token's row | the same on ‖c‖, no negative share |
-| routes, node inspection | pure transformers only | refused: c_{{t,s}} through out_proj not fed to the routes yet | refused |
+| routes, node inspection (`information_flow` on a `block_trace`) | α·W_O v per head (a gate before W_O frozen: Qwen3.5) | each head's c_{{t,s}} = A[t,s]·W_h(σ_t ⊙ v_s) through out_proj as an edge, gates and norms frozen, SSD's D·x_t on the self edge; node inspection of a head = its write through out_proj | the mixer as one component: block-level edges c_{{t,s}} = W(g_t ⊙ A[:, t, s] ⊙ v_s) (Mamba-1's D·x_t on the self edge; LFM2's conv bias from no token) |
 
 Blocks that are not a sum of their parts keep their boundaries (lens, residual patching) and refuse
 the attribution with the reason: RWKV's block 0 (its pre_ln normalises the embedding inside the
-block), Zamba2's hybrid blocks (the shared attention reads the embeddings too).
+block), Zamba2's hybrid blocks (the shared attention reads the embeddings too). The routes start
+RWKV's block 0 after its pre_ln (a sum from there) and refuse Zamba2 (its shared block passes the
+attention's output through its own MLP before the stream). Routes' edges are checked per branch:
+Σ_s c_{{t,s}} + rest (out_proj's bias) = what the branch adds (tests/engine/test_hybrid_routes.py:
+plain torch hooks on transformers' modules, fp32, 1e-4 of the output's scale).
 
 Exactness measured 2026-11-26 on tiny random models of each family (tests/engine/test_mixers.py
 shapes, initializer_range 0.2, N = 150 tokens, past every kernel chunk; fp32 CPU). Each block's

@@ -96,6 +96,15 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 DIAG_HOOK = server_diag.hook("ATTNVIZ_TEST_DIAG", caches="all")
 
 
+def tiny_models_env() -> dict[str, str]:
+    """The environment of a server that serves the tiny test models too (`tiny.register` runs in
+    the server process, loaded as its sitecustomize): a page runs in a second, not a minute."""
+    hook = OUTPUT / "tiny-hook"
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "sitecustomize.py").write_text("import tiny\n\ntiny.register()\n")
+    return {"PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), str(ROOT / "tests")])}
+
+
 @contextlib.contextmanager
 def streamlit_server(
     script: str = "app.py",

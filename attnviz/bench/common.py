@@ -127,6 +127,15 @@ def measure(fn: Callable[[], object], device: torch.device, repeats: int) -> tup
     return statistics.median(times), max(peaks)
 
 
+def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(wall seconds, this process' CPU seconds, fn's output) of one call on the CPU. With one
+    thread the CPU seconds move less with other processes' load. (No garbage collection here: with
+    transformers imported a full collection takes most of a second; callers collect between runs.)"""
+    w, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - w, time.process_time() - c, out
+
+
 def ids_of_length(lm: LoadedModel, n: int) -> list[int]:
     """Exactly n token ids of plain repeated words."""
     words = (WORDS * (n // len(WORDS) + 2))[: n + 8]

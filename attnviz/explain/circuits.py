@@ -32,7 +32,9 @@ from ..loading import LoadedModel
 from ..tokens import displays
 from .blocks import Unsupported
 from .qk_maps import layer_maps
-from .residual import Trace, final_norm, trace
+from .qk_mixed import MixedTrace
+from .qk_parts import source
+from .residual import Trace, final_norm
 
 INPUT_NORMS = ("input_layernorm", "ln_1", "attention_norm", "ln_attn", "pre_attention_layernorm")
 
@@ -79,9 +81,11 @@ def _pca(*sets: torch.Tensor) -> tuple[list[np.ndarray], tuple[float, float]]:
     return out, (float(var[0]), float(var[1]) if len(var) > 1 else 0.0)
 
 
-def qk_space(lm: LoadedModel, text: str | list[int] | Trace, *, layer: int, head: int) -> QKSpace:
+def qk_space(
+    lm: LoadedModel, text: str | list[int] | Trace | MixedTrace, *, layer: int, head: int
+) -> QKSpace:
     """``head``'s queries and keys at ``layer`` over the text (see the module doc)."""
-    tr = text if isinstance(text, Trace) else trace(lm, text)
+    tr = text if isinstance(text, Trace | MixedTrace) else source(lm, text)
     if not 0 <= layer < tr.n_layers or not 0 <= head < tr.n_heads:
         raise AttnvizError(f"layer {layer} / head {head} is out of range for this model")
     cap = tr.captured[layer]

@@ -17,28 +17,26 @@ from collections.abc import Iterator
 import torch
 
 from ..loading import LoadedModel
-from .blocks import Unsupported
 from .norms import close
 from .qk_mixed import MixedTrace, mixed_parts, mixed_trace
 from .residual import Trace, trace
-from .stream import needs_stream
+from .stream import adds_residual_inside, needs_stream
 
 Source = Trace | MixedTrace
 ROW_CHUNK = 256  # query rows of an earlier layer's α recomputed at once (memory: chunk x heads x N)
 
 
-def source(lm: LoadedModel, text: str | list[int], *, chat: bool = False) -> Source:
-    """The trace where it decomposes ``lm`` head by head, else the stream read at block boundaries
-    (hybrids; Bloom and MPT, whose branches add the residual inside their modules)."""
-    if needs_stream(lm.layout):
-        return mixed_trace(lm, text, chat=chat)
-    try:
-        return trace(lm, text, chat=chat)
-    except Unsupported as err:
-        try:
-            return mixed_trace(lm, text, chat=chat)
-        except Unsupported as other:
-            raise Unsupported(f"{err}; read at block boundaries instead: {other}") from other
+def reads_blocks(lm: LoadedModel) -> bool:
+    """Whether the split reads ``lm``'s stream at block boundaries (`MixedTrace`), not its trace:
+    hybrids, and Bloom / MPT, whose branches add the residual inside their modules."""
+    return needs_stream(lm.layout) or adds_residual_inside(lm)
+
+
+def source(lm: LoadedModel, text: str | list[int], *, chat: bool = False, max_tokens: int = 8192) -> Source:
+    """What the split reads for ``lm``: the trace, or the stream at block boundaries (`reads_blocks`)."""
+    if reads_blocks(lm):
+        return mixed_trace(lm, text, chat=chat, max_tokens=max_tokens)
+    return trace(lm, text, chat=chat, max_tokens=max_tokens)
 
 
 def block_of(src: Source, layer: int) -> int:

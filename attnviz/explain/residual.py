@@ -184,12 +184,12 @@ def _decoder_layers(lm: LoadedModel) -> tuple[list[Any], list[Any], list[str]]:
                 if not lay.n_layers
                 else f"is a hybrid: it mixes tokens with {what}"
             )
-            + ". This trace, routes and node inspection split each block into softmax heads' parts "
-            "α·W_O v; the per-head parts of these mixers, c_{t,s} through out_proj (their sizes: "
-            "res.mixer_contributions), are not fed to them yet, so they are not shown rather than "
-            "shown in part. What runs: block_attribution (each block part, a per-head mixer by head), "
-            "ablate_mixer_heads, search_mixer_heads; the logit lens and patching over 'residual' and "
-            "'blocks' read the stream at block boundaries and run"
+            + ". This trace splits each block into softmax heads' parts α·W_O v, which the views over "
+            "softmax heads only (head ablation, the QK split) need; the per-head parts of these mixers "
+            "are read elsewhere. What runs: routes and node inspection (information_flow / node_writes "
+            "on a block_trace: each mixer head's c_{t,s} through out_proj as edges), block_attribution "
+            "(each block part, a per-head mixer by head), ablate_mixer_heads, search_mixer_heads; the "
+            "logit lens and patching over 'residual' and 'blocks' read the stream at block boundaries"
         )
     if not lm.fast_exact or lm.probe is None:
         raise Unsupported(

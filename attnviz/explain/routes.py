@@ -32,89 +32,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import AttnvizError
 from ..loading import LoadedModel
-from ..tokens import Tokens
-from .residual import Residual, Trace, trace
+from .flow_graph import EDGE_KINDS, Edge, EdgeKind, FlowGraph, Node, Stage
+from .residual import Trace, trace
 
-EdgeKind = Literal["attention", "ffn", "residual"]
-EDGE_KINDS: tuple[str, ...] = get_args(EdgeKind)
-Stage = Literal["in", "mid"]
+if TYPE_CHECKING:
+    from .block_trace import BlockTrace
+
+__all__ = ["EDGE_KINDS", "Edge", "EdgeKind", "FlowGraph", "Node", "Stage", "information_flow"]
+
 DEFAULT_THRESHOLD = 0.04
 ROW_ELEMENTS = 2**22  # (targets, heads, keys) floats per step of a block's expansion
 MAX_ROWS = 32  # targets per step: α rows (rows, heads, N) stay within O(heads · N · d_model)
 FLIP_DIMS = 16  # components of a target row searched for sign flips per part (see below)
 Progress = Callable[[int, int], None]  # (blocks done, blocks in all); raising cancels
-
-
-@dataclass(frozen=True, order=True)
-class Node:
-    """The residual stream at one token: entering block ``layer`` (stage "in"; layer == n_layers is
-    the final stream the prediction reads) or after block ``layer``'s attention ("mid")."""
-
-    layer: int
-    token: int
-    stage: Stage = "in"
-
-    @property
-    def depth(self) -> float:
-        """Height in a tokens × layers drawing: layer, + 0.5 after the attention."""
-        return self.layer + (0.5 if self.stage == "mid" else 0.0)
-
-
-@dataclass(frozen=True)
-class Edge:
-    """A kept edge: ``weight`` is the renormalised importance (attention: summed over heads,
-    each head's share in ``heads``)."""
-
-    layer: int
-    kind: EdgeKind
-    source: Node
-    target: Node
-    weight: float
-    heads: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
-class FlowGraph:
-    """The routes that lead to one token's prediction."""
-
-    model_name: str
-    tokens: Tokens
-    token: int  # the position the graph starts from
-    threshold: float
-    residual: Residual
-    n_layers: int
-    n_heads: int
-    nodes: tuple[Node, ...]
-    edges: tuple[Edge, ...]
-    expanded: int  # block rows computed (the cost grows with this, not with N²)
-    notes: tuple[str, ...] = ()
-
-    def to_frame(self) -> Any:
-        """A pandas DataFrame: one row per edge, one column per head's share."""
-        import pandas as pd
-
-        rows = []
-        for e in self.edges:
-            row = {
-                "layer": e.layer,
-                "kind": e.kind,
-                "source_token": e.source.token,
-                "source_stage": e.source.stage,
-                "source_layer": e.source.layer,
-                "target_token": e.target.token,
-                "target_stage": e.target.stage,
-                "target_layer": e.target.layer,
-                "weight": e.weight,
-            }
-            row.update({f"head_{h}": (e.heads[h] if e.heads else 0.0) for h in range(self.n_heads)})
-            rows.append(row)
-        return pd.DataFrame(rows, columns=list(rows[0]) if rows else None)
 
 
 def threshold_renormalise(
@@ -358,7 +294,7 @@ class _Builder:
 
 def information_flow(
     lm: LoadedModel,
-    text: str | Trace,
+    text: str | Trace | BlockTrace,
     token: int = -1,
     threshold: float = DEFAULT_THRESHOLD,
     *,
@@ -367,11 +303,18 @@ def information_flow(
 ) -> FlowGraph:
     """The information-flow routes to ``token``'s prediction (default: the last token).
 
-    ``text`` may be a `Trace` of it (one forward for every explanation). Edges with a
-    renormalised importance above ``threshold`` are kept; only their nodes are expanded.
+    ``text`` may be a `Trace` of it (one forward for every explanation), or on a hybrid or
+    recurrent model a `BlockTrace` (`attnviz.explain.block_routes`: mixer heads' c_{t,s} as edges).
+    Edges with a renormalised importance above ``threshold`` are kept; only their nodes are expanded.
     """
     if not 0.0 <= float(threshold) < 1.0:
         raise AttnvizError(f"threshold {threshold} is outside 0 .. 1")
+    from .block_routes import block_flow  # (it builds on this module)
+    from .block_trace import BlockTrace
+    from .stream import needs_stream
+
+    if isinstance(text, BlockTrace) or (not isinstance(text, Trace) and needs_stream(lm.layout)):
+        return block_flow(lm, text, token, threshold, chat=chat, progress=progress)
     tr = text if isinstance(text, Trace) else trace(lm, text, chat=chat)
     if tr.heads_problem:
         raise AttnvizError(tr.heads_problem)

@@ -212,6 +212,18 @@ def _residual(args: tuple, kwargs: dict, at: int | None) -> torch.Tensor | None:
     )
 
 
+def adds_residual_inside(lm: LoadedModel) -> bool:
+    """Whether a branch of a block takes the stream as a ``residual`` argument and adds it inside
+    its module (Bloom's attention and MLP, MPT's MLP): such blocks are read at block boundaries."""
+    try:
+        st = block_sites(lm)
+    except Unsupported:
+        return False
+    return any(
+        _residual_argument(m) is not None for mods in st.modules.values() for m in mods if m is not None
+    )
+
+
 def read_stream(lm: LoadedModel, ids: list[int], extra: Sequence[Hook] = ()) -> Stream:
     """One forward of ``ids`` keeping the residual stream at every block boundary and what each
     block's parts add (see the module docstring), through `LoadedModel.forward` (this thread's hooks;

@@ -33,7 +33,7 @@ from attnviz.figures.bins import (
     pool,
     pooled_rows,
 )
-from attnviz.figures.charts import bar_chart, metric_heatmap, profile_chart
+from attnviz.figures.charts import MetricPanel, bar_chart, metric_heatmap, metric_panels, profile_chart
 from attnviz.figures.colour import (
     COLORSCALES,
     DIVERGING,
@@ -92,6 +92,7 @@ __all__ = [
     "TITLE_MARGIN",
     "ColorScale",
     "Direction",
+    "MetricPanel",
     "Pool",
     "Scale",
     "bar_chart",
@@ -113,6 +114,7 @@ __all__ = [
     "labels_fit",
     "matrix_heatmap",
     "metric_heatmap",
+    "metric_panels",
     "model_mosaic",
     "mosaic_side",
     "payload_bytes",

@@ -16,9 +16,9 @@ from attnviz.explain.writes import PART_NAMES
 from attnviz.figures.labels import TITLE_MARGIN, _title, escape
 
 if TYPE_CHECKING:
-    from attnviz.explain import Ablation, Attribution, FlowGraph, LogitLens, Node, RotaryBands
+    from attnviz.explain import Ablation, Attribution, FlowGraph, LogitLens, RotaryBands
 
-KIND_COLOURS = {"attention": "#1f77b4", "ffn": "#ff7f0e", "residual": "#9a9a9a"}
+KIND_COLOURS = {"attention": "#1f77b4", "mixer": "#2ca02c", "ffn": "#ff7f0e", "residual": "#9a9a9a"}
 MIN_EDGE_WIDTH = 2.5  # px: a near-flat 1 px route edge vanished into the white, anti-aliased
 WIDTH_LEVELS = (MIN_EDGE_WIDTH, 3.0, 4.0, 5.5, 7.0, 9.0)
 
@@ -39,29 +39,22 @@ def _subplot_title(text: str) -> dict:
     return dict(text=text, x=0.01, xref="container", y=0.985, yref="container", yanchor="top", pad=pad)
 
 
-def _writer(node: Node, parallel: bool) -> tuple[int, str]:
-    """(layer, part) of the block whose output a node is: after layer l's attention, that attention;
-    entering layer l > 0, layer l - 1's FFN (a parallel block's two parts together: "block")."""
-    if node.stage == "mid":
-        return node.layer, "attention"
-    return node.layer - 1, "block" if parallel else "ffn"
-
-
 ALL_TOKENS_MAX = 48  # routes of texts up to this long show every token as a column
 
 
 def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
     """The routes drawn tokens × layers: one column per token (every token of a short text, else
     the tokens on a route, in text order, labelled "(i) token"), the residual stream entering block
-    l at height l, after its attention at l + ½. Edge width = importance; attention blue, residual
-    grey, the FFN's share an orange square beside the stream (size = importance). A dot in the
-    middle of each attention edge names its heads and opens its strongest head."""
+    l at height l, after its attention (a hybrid's token mixing) at l + ½. Edge width = importance;
+    attention blue, a non-softmax mixer green, residual grey, the FFN's share an orange square
+    beside the stream (size = importance). A dot on each attention / mixer edge names its heads
+    and picks its strongest head (a per-channel mixer's: the branch, one component)."""
     n_tok = len(graph.tokens)
     tokens = list(range(n_tok)) if n_tok <= ALL_TOKENS_MAX else sorted({n.token for n in graph.nodes})
     col = {t: i for i, t in enumerate(tokens)}
     labels = [escape(f"({t}) {_short(graph.tokens.display[t], 14)}") for t in tokens]
     lines: dict[tuple[str, int], tuple[list, list]] = {}
-    handles: dict[str, list] = {"x": [], "y": [], "text": [], "data": []}
+    handles: dict[str, list] = {"x": [], "y": [], "text": [], "data": [], "colour": []}
     ffn: dict[str, list] = {"x": [], "y": [], "size": [], "text": []}
     for e in graph.edges:
         x0, x1, y0, y1 = col[e.source.token], col[e.target.token], e.source.depth, e.target.depth
@@ -74,49 +67,43 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
         xs, ys = lines.setdefault((e.kind, _width(e.weight)), ([], []))
         xs += [x0, x1, None]
         ys += [y0, y1, None]
-        if e.kind == "attention":
+        if e.kind in ("attention", "mixer"):
             order = np.argsort(e.heads)[::-1]
             top = [f"H{int(h)} {e.heads[h]:.2f}" for h in order[:4] if e.heads[h] > 0]
+            per_channel = len(e.heads) == 1 and e.kind == "mixer"  # one component: no head to open
             # the click dot sits on the edge 0.35 of a column from its target: a midpoint fell on
             # another token's column whenever the edge spanned an even number of them
             t = 0.35 / abs(x0 - x1) if x0 != x1 else 0.5
             handles["x"].append(x1 + (x0 - x1) * t)
             handles["y"].append(y1 + (y0 - y1) * t)
-            handles["data"].append([e.layer, int(order[0]), e.source.token, e.target.token])
+            head = -1 if per_channel else int(order[0])
+            handles["colour"].append(KIND_COLOURS[e.kind])
+            mark = [e.layer, head, e.source.token, e.target.token]  # + the branch: a mixer's edge
+            handles["data"].append(mark + ([e.part] if e.kind == "mixer" else []))
+            what = PART_NAMES.get(e.part, e.part) if e.part else "attention"
             handles["text"].append(
-                f"layer {e.layer} attention · {labels[col[e.source.token]]} → {labels[col[e.target.token]]}"
-                f"<br>weight {e.weight:.3f} · heads: {', '.join(top)}<br>click: open head {int(order[0])}"
+                f"layer {e.layer} {what} · {labels[col[e.source.token]]} → {labels[col[e.target.token]]}"
+                f"<br>weight {e.weight:.3f} · "
+                + (
+                    "one component (mixes per channel, no heads)<br>click: what it writes"
+                    if per_channel
+                    else f"heads: {', '.join(top)}<br>click: head {head}"
+                )
             )
-    fig = go.Figure()
+    # each trace is Plotly's fixed cost in the browser: the edges' own traces are the legend
+    fig, in_legend = go.Figure(), set()
     for (kind, level), (xs, ys) in sorted(lines.items(), key=lambda kv: (kv[0][0] != "residual", kv[0][1])):
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                mode="lines",
-                hoverinfo="skip",
-                showlegend=False,
-                name=kind,
-                line=dict(color=KIND_COLOURS[kind], width=WIDTH_LEVELS[level]),
-                opacity=0.85,
-            )
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=ffn["x"],
-            y=ffn["y"],
-            mode="markers",
-            name="ffn",
-            showlegend=False,
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=kind not in in_legend, legendgroup=kind,
+            name=kind, line=dict(color=KIND_COLOURS[kind], width=WIDTH_LEVELS[level]), opacity=0.85,
+        ))  # fmt: skip
+        in_legend.add(kind)
+    if ffn["x"]:
+        fig.add_trace(go.Scatter(
+            x=ffn["x"], y=ffn["y"], mode="markers", name="ffn", legendgroup="ffn",
             marker=dict(symbol="square", size=ffn["size"], color=KIND_COLOURS["ffn"], opacity=0.8),
-            hovertext=ffn["text"],
-            hovertemplate="%{hovertext}<extra></extra>",
-        )
-    )
-    for kind, colour in KIND_COLOURS.items():  # legend entries
-        fig.add_trace(
-            go.Scatter(x=[None], y=[None], mode="lines", name=kind, line=dict(color=colour, width=4))
-        )
+            hovertext=ffn["text"], hovertemplate="%{hovertext}<extra></extra>",
+        ))  # fmt: skip
     nx = [col[n.token] for n in graph.nodes]
     ny = [n.depth for n in graph.nodes]
     fig.add_trace(
@@ -136,15 +123,14 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             mode="markers",
             name="attention edge (click)",
             showlegend=False,
-            marker=dict(size=9, color=KIND_COLOURS["attention"], line=dict(color="white", width=1)),
+            marker=dict(size=9, color=handles["colour"], line=dict(color="white", width=1)),
             customdata=handles["data"],
             hovertext=handles["text"],
             hovertemplate="%{hovertext}<extra></extra>",
         )
     )
     # clickable nodes (invisible marks over the grey dots): customdata (layer, -1, token, token, part)
-    parallel = graph.residual != "sequential"
-    writers = [(n, *_writer(n, parallel)) for n in graph.nodes if n.layer > 0 or n.stage == "mid"]
+    writers = [(n, *graph.writer(n)) for n in graph.nodes if n.layer > 0 or n.stage == "mid"]
     fig.add_trace(
         go.Scatter(
             x=[col[n.token] for n, _, _ in writers],
@@ -155,7 +141,8 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
             marker=dict(size=11, color="rgba(0,0,0,0)"),
             customdata=[[layer, -1, n.token, n.token, part] for n, layer, part in writers],
             hovertext=[
-                f"layer {layer} {PART_NAMES[part]} output at {labels[col[n.token]]}<br>click: what it writes"
+                f"layer {layer} {PART_NAMES.get(part, part)} output at {labels[col[n.token]]}"
+                "<br>click: what it writes"
                 for n, layer, part in writers
             ],
             hovertemplate="%{hovertext}<extra></extra>",

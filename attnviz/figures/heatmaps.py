@@ -29,6 +29,24 @@ def _token_heatmap(
     return go.Figure(go.Heatmap(z=z, x=x, y=y, coloraxis="coloraxis", hovertemplate=hover)), x, y
 
 
+def pool_head(
+    probs: np.ndarray, q_labels: Sequence[str], k_labels: Sequence[str], max_cells: int = SINGLE_MAX_CELLS
+) -> tuple[np.ndarray, list[str], list[str], str]:
+    """(weights, query labels, key labels, a note for the title) of one head: max-pooled when
+    larger than ``max_cells`` (the note says to what), else as given."""
+    n_q, n_k = probs.shape
+    if len(q_labels) != n_q or len(k_labels) != n_k:
+        raise ValueError(f"labels ({len(q_labels)}, {len(k_labels)}) do not match probs {probs.shape}")
+    if n_q * n_k <= max_cells:
+        return probs, list(q_labels), list(k_labels), ""
+    side = int(math.sqrt(max_cells))
+    rows_max = side if n_q >= side else n_q
+    cols_max = max_cells // max(1, min(rows_max, n_q))
+    probs, re, ce = downsample(probs, rows_max, cols_max, "max")
+    note = f" (max-pooled to {probs.shape[0]}×{probs.shape[1]})"
+    return probs, bin_labels(q_labels, re), bin_labels(k_labels, ce), note
+
+
 def head_heatmap(
     probs: np.ndarray,
     q_labels: Sequence[str],
@@ -51,17 +69,7 @@ def head_heatmap(
     probs = np.asarray(probs, dtype=np.float32)
     mode = resolve_scale(log, scale)  # ``scale`` ("linear" | "log" | "rank") overrides ``log``
     k_labels = q_labels if k_labels is None else k_labels
-    n_q, n_k = probs.shape
-    if len(q_labels) != n_q or len(k_labels) != n_k:
-        raise ValueError(f"labels ({len(q_labels)}, {len(k_labels)}) do not match probs {probs.shape}")
-    note = ""
-    if n_q * n_k > max_cells:
-        side = int(math.sqrt(max_cells))
-        rows_max = side if n_q >= side else n_q
-        cols_max = max_cells // max(1, min(rows_max, n_q))
-        probs, re, ce = downsample(probs, rows_max, cols_max, "max")
-        q_labels, k_labels = bin_labels(q_labels, re), bin_labels(k_labels, ce)
-        note = f" (max-pooled to {probs.shape[0]}×{probs.shape[1]})"
+    probs, q_labels, k_labels, note = pool_head(probs, q_labels, k_labels, max_cells)
     fig, x, y = _token_heatmap(
         _colour(probs, mode), q_labels, k_labels, log=mode, row_name="query ", value=value
     )

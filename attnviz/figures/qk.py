@@ -5,7 +5,8 @@ side's marginal as bars beside it (above: each key part with the whole query; ri
 part with the whole key). ``by="layer"`` sums the parts per layer of origin (a 30-layer model has
 ~300 parts a side). Every mark carries ``customdata`` whose first two entries are the (layer, head)
 of the part it names (-1, -1: not a head), so a page can open the clicked head in the explorer.
-`term_sentences` says the largest terms in words.
+`term_sentences` says the largest terms in words; `qk_band_view` splits the top terms by rotary
+band (each column sums to its term). In a hybrid, parts are named by the model's own block index.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from attnviz.figures.labels import TITLE_MARGIN, escape
+from attnviz.mixers.kinds import MIXERS
 
 if TYPE_CHECKING:
     from attnviz.explain import OVCircuits, QKAttribution, QKSpace
 
 _HEAD = re.compile(r"^L(\d+)H(\d+)$")
 _LAYER = re.compile(r"^L(\d+)")
+_BRANCH = re.compile(r"^L(\d+)\.([a-z_0-9]+)$")  # L0.short_conv, L0.gated_delta3 (a mixer head)
 
 
 def part_head(name: str) -> tuple[int, int]:
@@ -43,6 +46,12 @@ def part_words(name: str) -> str:
         return f"{name[:-4]}'s MLP output"
     if _LAYER.fullmatch(name):
         return f"what layer {name[1:]} wrote"
+    branch = _BRANCH.match(name)
+    if branch:
+        block, what = branch.groups()
+        kind = next((k for k in sorted(MIXERS, key=len, reverse=True) if what.startswith(k)), what)
+        rest = what[len(kind) :]
+        return f"L{block}'s {kind} head {rest} output" if rest.isdigit() else f"L{block}'s {kind} output"
     return {
         "embed": "the token embedding",
         "pos": "the position embedding",
@@ -127,10 +136,11 @@ def qk_view(cell: QKAttribution, *, by: str = "part", height: int | None = None)
     k_tok = escape(cell.tokens.display[cell.key])
     extra = f" + position bias {cell.position_bias:.3g}" if cell.position_bias else ""
     capped = f" (after the soft-cap {cell.capped:.3g})" if cell.softcap else ""
+    block = cell.block if cell.block >= 0 else cell.layer  # the model's own block index
     fig.update_layout(
         title=dict(
             text=(
-                f"Why L{cell.layer}H{cell.head} attends from ({cell.query}) {q_tok} to ({cell.key}) "
+                f"Why L{block}H{cell.head} attends from ({cell.query}) {q_tok} to ({cell.key}) "
                 f"{k_tok}: score {cell.score:.4g}{capped} = Σ terms{extra}"
             ),
             x=0.01,
@@ -147,6 +157,38 @@ def qk_view(cell: QKAttribution, *, by: str = "part", height: int | None = None)
     fig.update_xaxes(title_text="key part", row=2, col=1, tickangle=-60)
     fig.update_yaxes(title_text="key side", row=1, col=1)
     fig.update_xaxes(title_text="query side", row=2, col=2)
+    return fig
+
+
+def qk_band_view(cell: QKAttribution, *, top: int = 10, height: int | None = None) -> go.Figure:
+    """The ``top`` terms split by rotary band: rows are bands (band 0: the fastest turn), columns
+    the terms (query part × key part), on a diverging scale centred at 0; each column sums to its
+    term exactly. A model without rotary tables has one band."""
+    labels, pairs, values = cell.by_band(top)
+    columns = [f"{n + 1}. {escape(a)} × {escape(b)}" for n, (a, b) in enumerate(pairs)]
+    lim = float(np.abs(values).max()) or 1.0
+    fig = go.Figure(
+        go.Heatmap(
+            z=values,
+            x=columns,
+            y=[escape(x) for x in labels],
+            zmid=0,
+            zmin=-lim,
+            zmax=lim,
+            colorscale="RdBu_r",
+            colorbar=dict(title=dict(text="piece"), thickness=10),
+            hovertemplate="%{y} of term %{x}: %{z:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=dict(
+            text="The top terms by rotary band (each column sums to its term)", x=0.01, xref="container"
+        ),
+        height=height or int(min(900, max(320, 18 * len(labels) + 200))),
+        margin=dict(l=140, r=20, t=TITLE_MARGIN, b=120),
+        yaxis=dict(autorange="reversed", title="rotary band"),
+        xaxis=dict(title="term (query part × key part)", tickangle=-40),
+    )
     return fig
 
 

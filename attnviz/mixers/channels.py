@@ -11,10 +11,31 @@ forward value (ones where it has none). Shapes use the glossary of `attnviz.refe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 RowsOf = Callable[[int], torch.Tensor]  # query position t -> float64 (ch, t + 1): row t of every A^c
+
+
+@dataclass(frozen=True)
+class ChannelTerms:
+    """A per-channel mixer's output at t as vectors by source token, before the projection:
+
+        inner_t = Σ_s g_t ⊙ rows_of(t)[:, s] ⊙ values_s  +  g_t ⊙ rest_of(t)
+
+    ``rows_of(t)`` holds a per-channel skip (Mamba-1's D ⊙ x_t) on its diagonal, as token t's own
+    contribution; ``rest_of(t)`` is what comes from no token (LFM2's conv bias, C_t ⊙ b)."""
+
+    rows_of: RowsOf
+    values: torch.Tensor  # (S, ch) float64
+    gate: torch.Tensor  # (T, ch) float64: the frozen output gate (ones where there is none)
+    rest_of: Callable[[int], torch.Tensor]  # t -> (ch,) float64
+
+
+def no_rest(values: torch.Tensor) -> Callable[[int], torch.Tensor]:
+    zero = values.new_zeros(values.shape[1])
+    return lambda _t: zero
 
 
 def contribution_rows(

@@ -67,3 +67,14 @@ def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | Non
     """Σ_s c_{t,s} + W_out(C_t ⊙ conv bias) + out bias: (hidden,), vs the mixer's output at t."""
     inner = (channel_band(parts, t) * parts["x"].T).sum(-1) + parts["C"][t] * parts["bias"]
     return channels.through_projection(inner, weight, bias)
+
+
+def channel_terms(parts: dict) -> channels.ChannelTerms:
+    """Σ_s terms of the output; the conv bias C_t ⊙ b comes from no token (the rest)."""
+    x = parts["x"]
+    return channels.ChannelTerms(
+        lambda t: channel_band(parts, t)[:, : t + 1],
+        x,
+        x.new_ones(x.shape),
+        lambda t: parts["C"][t] * parts["bias"],
+    )

@@ -79,6 +79,8 @@ class MixerKind:
     # per channel: (parts, W_out, rows, S) -> (T, S) norms, and (parts, W_out, bias, t) -> Σ_s c_{t,s}
     contributions: Callable | None = None
     mixer_output: Callable | None = None
+    # per channel: parts -> channels.ChannelTerms (the output as vectors by source token: routes)
+    channel_terms: Callable | None = None
     # the self-check: (parts, query rows) -> the core output rebuilt there, against the kernel's
     reference: Callable | None = None
     against: str = ""  # "{function}" is the core function's name
@@ -113,7 +115,8 @@ def _per_head(name: str, display: str, formula: str, module, **facts) -> MixerKi
 def _per_channel(name: str, display: str, meaning: str, module, output_at, **facts) -> MixerKind:
     return MixerKind(
         name, display, meaning, contributions=module.contribution_rows,
-        mixer_output=module.contribution_sum, reference=channels.each_row(output_at), **facts,
+        mixer_output=module.contribution_sum, reference=channels.each_row(output_at),
+        channel_terms=module.channel_terms, **facts,
     )  # fmt: skip
 
 

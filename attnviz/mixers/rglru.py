@@ -46,3 +46,11 @@ def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int
 def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
     """Σ_s c_{t,s} (+ bias): (hidden,), vs the block's mixer output at t."""
     return channels.through_projection(rglru_output(parts, t) * parts["gate"][t], weight, bias)
+
+
+def channel_terms(parts: dict) -> channels.ChannelTerms:
+    """Σ_s terms of the output (nothing comes from no token), for routes."""
+    values = parts["x"]
+    return channels.ChannelTerms(
+        lambda t: channel_rows(parts, t), values, parts["gate"], channels.no_rest(values)
+    )

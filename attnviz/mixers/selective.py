@@ -100,3 +100,15 @@ def contribution_rows(parts: dict, weight: torch.Tensor, rows: list[int], n: int
 def contribution_sum(parts: dict, weight: torch.Tensor, bias: torch.Tensor | None, t: int) -> torch.Tensor:
     """Σ_s c_{t,s} + the skip term + bias: (hidden,), to compare with the mixer's output at t."""
     return channels.through_projection(core_output(parts, t), weight, bias)
+
+
+def channel_terms(parts: dict) -> channels.ChannelTerms:
+    """Σ_s terms of the output (D ⊙ x_t on the diagonal: token t's own), for routes."""
+    x, gate, D = _cat(parts, "x"), _cat(parts, "gate"), _cat(parts, "D")
+
+    def rows_of(t: int) -> torch.Tensor:
+        m = channel_rows(parts, t)
+        m[:, t] += D
+        return m
+
+    return channels.ChannelTerms(rows_of, x, gate, channels.no_rest(x))

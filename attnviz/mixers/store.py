@@ -134,10 +134,15 @@ class MixerStore:
         return self._parts[key]
 
     def tensor(
-        self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
+        self,
+        block: int,
+        kind: str,
+        heads: Sequence[int] | None = None,
+        rows: slice | Sequence[int] | None = None,
     ) -> torch.Tensor:
         """float32 (nh', T, S): the block's effective attention (per-channel kinds: the
-        token-contribution norms, one "head"), after the block's self-check passed."""
+        token-contribution norms, one "head"), after the block's self-check passed; ``rows``: a
+        slice or the query positions (the routes ask for the rows they expand)."""
         n_heads = self.n_heads(block, kind)
         heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
         for h in heads:
@@ -146,7 +151,7 @@ class MixerStore:
                     f"head {h} is out of range: block {block}'s {kind} mixer has heads 0..{n_heads - 1}"
                 )
         self.check(block, kind)
-        idx = torch.arange(self.n_tokens)[rows or slice(None)]
+        idx = torch.arange(self.n_tokens)[rows if rows is not None else slice(None)]
         if len(idx) == 0:
             return torch.zeros(len(heads), 0, self.n_tokens)
         from ..limits import require

@@ -4,8 +4,6 @@ and the token position; drawn again, each must show the value the page draws, no
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from apptest import TEXT, TINY, new_app, ok
 from streamlit.testing.v1 import AppTest
@@ -271,5 +269,6 @@ def test_a_value_the_browser_sent_is_not_sent_back(env):
     assert not at.selectbox(key="head").proto.set_value
     assert at.slider(key="layer").proto.set_value and at.slider(key="layer").value == 2
     assert at.session_state["head"] == 3
-    assert any("layer 2 · head 3" in json.loads(c.proto.spec)["layout"]["title"]["text"]
-               for c in at.get("plotly_chart") if "title" in json.loads(c.proto.spec)["layout"])  # fmt: skip
+    from apptest import specs
+
+    assert any("layer 2 · head 3" in (s["layout"].get("title") or {}).get("text", "") for s in specs(at))

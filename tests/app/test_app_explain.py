@@ -7,7 +7,7 @@ import html
 
 import numpy as np
 import pytest
-from apptest import TEXT, TINY, new_app, ok, prepare, specs, z_of
+from apptest import TEXT, TINY, new_app, ok, open_clicked_head, prepare, specs, z_of
 
 PAGE = "pages/6_Explain.py"
 
@@ -125,16 +125,8 @@ def test_a_clicked_attribution_head_opens_in_the_explorer(env):
     dla = next(s for s in specs(at) if "Direct logit attribution" in (s["layout"].get("title") or {})["text"])
     z = z_of(next(t for t in dla["data"] if t.get("type") == "heatmap"))
     layer, head = (int(x) for x in np.unravel_index(np.abs(z).argmax(), z.shape))
-    at.session_state["dla_chart"] = {
-        "selection": {"points": [{"customdata": [layer, head]}], "point_indices": [0]}
-    }
-    at.run()
-    ok(at)
-    button = at.button(key="dla_open")
-    assert f"layer {layer}, head {head} ({z[layer, head]:+.3f})" in button.label, button.label
-    button.click().run()
-    ok(at)
-    assert at.query_params["layer"] == str(layer) and at.query_params["head"] == str(head)
+    label = open_clicked_head(at, "dla_chart", "dla_open", layer, head)
+    assert f"layer {layer}, head {head} ({z[layer, head]:+.3f})" in label, label
     assert at.query_params["tok"] == "3"
 
 

@@ -62,3 +62,42 @@ def test_the_attribution_view_on_rwkv_refuses_with_the_reason(env):
     assert not at.exception
     said = " ".join(m.value for m in [*at.warning, *at.info, *at.error])
     assert "pre_ln" in said
+
+
+def _routes_spec(at) -> dict:
+    return next(s for s in specs(at) if (s["layout"].get("title") or {}).get("text", "").startswith("Routes"))
+
+
+@pytest.mark.parametrize(("model_type", "branch"), [("qwen3_5_text", "gated_delta"), ("mamba", "mamba")])
+def test_routes_draw_mixer_edges_on_a_hybrid_and_a_pure_ssm(env, model_type, branch):
+    """The routes view on a hybrid (Qwen3.5-shaped) and a pure Mamba: the engine's graph, mixer
+    edges green, and a click on a mixer edge's dot shows what that branch (or head) writes."""
+    at = new_app(PAGE, model=f"hybrid:{model_type}", text=TEXT, view="routes", thr="0.01").run()
+    ok(at)
+    lm = hybrids_tiny.loaded(model_type)
+    graph = attnviz.information_flow(lm, TEXT, threshold=0.01)
+    assert any(e.kind == "mixer" and e.part == branch for e in graph.edges)
+    assert any(f"{len(graph.edges)} edges" in c.value and "green: a mixer" in c.value for c in at.caption)
+    spec = _routes_spec(at)
+    dots = next(t for t in spec["data"] if t.get("name") == "attention edge (click)")
+    mixer = next(d for d in dots["customdata"] if len(d) == 5 and d[4] == branch)
+    at.session_state["routes_chart"] = {
+        "selection": {"points": [{"customdata": mixer}], "point_indices": [0]}
+    }
+    at.run()
+    ok(at)
+    layer, head, _src, dst, part = mixer
+    want = attnviz.explain.node_writes(
+        lm, attnviz.explain.block_trace(lm, TEXT), layer, dst, part=part, head=head
+    )
+    assert any(f"What {want.name} writes" in m.value for m in at.markdown)
+    frames = {d.value.columns[0]: d.value for d in at.dataframe}
+    assert list(frames["Promoted"]["Promoted"]) == [t for t, _, _ in want.promoted]
+    assert "routes_open" not in [b.key for b in at.button]  # a hybrid's block is not an explorer layer
+
+
+def test_routes_on_zamba2_refuse_naming_its_shared_block(env):
+    at = new_app(PAGE, model="hybrid:zamba2", text=TEXT, view="routes").run()
+    assert not at.exception
+    said = " ".join(m.value for m in [*at.warning, *at.info, *at.error])
+    assert "shared attention block" in said and "MLP" in said

@@ -26,7 +26,7 @@ def test_mosaic_statistics_and_finder(env):
     # 3 layers x 4 heads: 4 head rows > 3 layers, so layers are the rows here
     assert mosaic["layout"]["xaxis"]["ticktext"] == ["L0", "L1", "L2"]  # layers across, every model
     assert mosaic["layout"]["yaxis"]["ticktext"] == ["H0", "H1", "H2", "H3"]
-    titles = [(c["layout"].get("title") or {}).get("text", "") for c in charts[1:]]
+    titles = [t["name"] for t in heatmaps(statistics(at))]
     for name in ("entropy", "sink", "previous token", "induction", "GQA coherence"):
         assert any(name in t for t in titles), (name, titles)
     table = at.dataframe[0].value
@@ -37,10 +37,39 @@ def test_mosaic_statistics_and_finder(env):
     assert table["open"].iloc[0].startswith("./?model=tiny%3Allama-gqa&text=")
 
 
+def statistics(at) -> dict:
+    """The head statistics' one chart (`attnviz.figures.metric_panels`: a heatmap per statistic)."""
+    found = [c for c in specs(at) if any("entropy" in t.get("name", "") for t in heatmaps(c))]
+    assert len(found) == 1, len(found)
+    return found[0]
+
+
 def test_entropy_heatmap_holds_the_engine_numbers(env):
     at = new_app(PAGE, model=TINY, text=TEXT).run()
-    entropy = next(c for c in specs(at) if "entropy" in (c["layout"].get("title") or {}).get("text", ""))
-    np.testing.assert_allclose(z_of(heatmaps(entropy)[0]), tiny_metrics().entropy.T, atol=1e-6)
+    entropy = next(t for t in heatmaps(statistics(at)) if "entropy" in t["name"])
+    np.testing.assert_allclose(z_of(entropy), tiny_metrics().entropy.T, atol=1e-6)
+
+
+def test_the_statistics_are_one_chart_with_every_statistic_exact(env):
+    """Issue 40: seven metric heatmaps were seven charts (Plotly's fixed cost each, twice on a
+    Streamlit mount). They are one chart, one heatmap subplot per statistic, each holding the
+    engine's values and naming them in its hover; the page draws 4 charts in all (the mosaic, the
+    statistics, and the short text's rollout strip and flow map)."""
+    from ui.head_stats import METRIC_NAMES
+
+    at = new_app(PAGE, model=TINY, text=TEXT).run()
+    ok(at)
+    hm = tiny_metrics()  # the text's statistics (the page adds the induction probe's)
+    traces = {t["name"]: t for t in heatmaps(statistics(at))}
+    assert len(traces) == len(hm.metrics) + 1 and METRIC_NAMES["induction"] in traces
+    for m in hm.metrics:
+        trace = traces[METRIC_NAMES.get(m, m)]
+        want = hm.kv_coherence() if m == "gqa_coherence" else hm.values(m)
+        # float32 statistics: from the page's own forward vs a second extract, within 1e-6
+        np.testing.assert_allclose(z_of(trace), np.asarray(want, dtype=np.float64).T, atol=1e-6)
+        assert "%{z:.3f}" in trace["hovertemplate"] and "%{x} · %{y}" in trace["hovertemplate"]
+    charts = [t.get("name", "") for c in specs(at) for t in c["data"][:1]]
+    assert len(specs(at)) == 4, charts  # mosaic, statistics, the rollout's strip and flow map
 
 
 def test_sort_by_another_metric_and_open_a_head_in_the_explorer(env):

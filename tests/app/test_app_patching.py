@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tiny
-from apptest import TEXT, TINY, new_app, ok, prepare, specs, z_of
+from apptest import TEXT, TINY, new_app, ok, open_clicked_head, prepare, specs, z_of
 
 import attnviz
 
@@ -41,16 +41,7 @@ def test_patching_view_draws_the_engines_grid_and_the_link_carries_it(env):
     ok(at)
     assert at.query_params["pdir"] == "noise"
     assert any("· noise<br>" in t for t in titles(at))
-    # a clicked head opens in the explorer
-    at.session_state["patch_chart"] = {
-        "selection": {"points": [{"customdata": [1, 2]}], "point_indices": [0]}
-    }
-    at.run()
-    button = at.button(key="patch_open")
-    assert "layer 1, head 2" in button.label
-    button.click().run()
-    ok(at)
-    assert at.query_params["layer"] == "1" and at.query_params["head"] == "2"
+    open_clicked_head(at, "patch_chart", "patch_open", 1, 2)  # a clicked head opens in the explorer
 
 
 def test_the_estimate_is_labelled_and_shown_beside_real_patches(env):

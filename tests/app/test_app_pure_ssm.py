@@ -32,7 +32,7 @@ def test_explorer_and_overview_show_the_mixers(env, model_type):
 
 
 @pytest.mark.parametrize("model_type", PURE)
-@pytest.mark.parametrize("page", ["pages/3_Compare.py", "pages/5_Head_atlas.py", "pages/6_Explain.py"])
+@pytest.mark.parametrize("page", ["pages/3_Compare.py", "pages/5_Head_atlas.py"])
 def test_pages_that_need_softmax_heads_say_why(env, model_type, page):
     at = new_app(page, model=f"hybrid:{model_type}", text=TEXT).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -40,6 +40,13 @@ def test_pages_that_need_softmax_heads_say_why(env, model_type, page):
     said = _said(at, NO_HEADS)
     assert len(said) == 1 and "in blocks 0, 1" in said[0], said
     assert not specs(at)  # no empty or made-up attention chart
+
+
+@pytest.mark.parametrize("model_type", PURE)
+def test_the_explain_page_opens_on_their_routes(env, model_type):
+    at = new_app("pages/6_Explain.py", model=f"hybrid:{model_type}", text=TEXT).run()
+    assert not at.exception and not at.warning and not at.error, [m.value for m in [*at.exception, *at.error]]
+    assert any(t.startswith("Routes") for t in _titles(at))
 
 
 def test_from_scratch_walks_through_ssd_and_refuses_per_channel_kinds(env):

@@ -87,9 +87,7 @@ def test_the_explorers_big_head_links_a_clicked_cell_here(env):
     at = new_app(model=TINY, text=TEXT, layer="2", head="1").run()
     ok(at)
     assert any("Click a cell of the head" in c.value for c in at.caption)
-    at.session_state["head_chart"] = {
-        "selection": {"points": [{"x": "(1) the", "y": "(5) f"}], "point_indices": [0]}
-    }
+    at.session_state["big_head"] = {"click": {"panel": 0, "row": 5, "col": 1, "n": 1}}  # query 5, key 1
     at.run()
     ok(at)
     links = [e.proto for e in at.get("page_link")]

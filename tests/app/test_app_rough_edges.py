@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from apptest import TEXT, TINY, new_app, ok, prepare, specs
+from apptest import TEXT, TINY, elements, new_app, ok, prepare, specs
 from streamlit.testing.v1 import AppTest
 
 import attnviz
@@ -184,32 +184,33 @@ def test_a_path_that_is_no_model_says_the_same_whether_it_exists(env, missing):
 
 
 def test_a_head_change_leaves_the_grid_as_it_was(env):
-    """The grid does not depend on the head (no frame to move): a head change reruns only the big
-    head's fragment and the grid is not sent again (tests/test_browser_views.py checks the browser
-    keeps its drawing); here, even a full rerun draws the identical grid."""
+    """The grid's drawing does not depend on the head (the frame moves in the browser): a head
+    change reruns only the big head's fragment and the grid is not sent again (tests/browser checks
+    the browser keeps its drawing); here, even a full rerun gives the grid the same revision (the
+    browser draws again only on a new one), and the big head a new one."""
     at = new_app(model=TINY, text=TEXT, head=0).run()
     ok(at)
-    before = grid_of(at)
-    head_rev = [s["layout"]["datarevision"] for s in specs(at) if "· head 0" in str(s["layout"].get("title"))]
+    grid, head = elements(at)
     at.selectbox(key="head").set_value(2).run()
     ok(at)
-    assert grid_of(at) == before and "shapes" not in before["layout"]
-    new_rev = [s["layout"]["datarevision"] for s in specs(at) if "· head 2" in str(s["layout"].get("title"))]
-    assert new_rev and new_rev != head_rev
+    grid2, head2 = elements(at)
+    assert grid2["rev"] == grid["rev"] and grid2["open"] == 2 and grid["open"] == 0
+    assert head2["rev"] != head["rev"] and "· head 2" in head2["panels"][0]["title"]
 
 
 def test_any_click_on_a_grid_tile_picks_its_head(env):
-    """Heatmaps are not selectable in Plotly: every tile carries a lattice of click targets
-    that spans it (first to last token on both axes), each naming the tile's head."""
+    """Every tile of the grid is one click target (the element sends the tile's index, whichever
+    cell is clicked), one tile per head in head order."""
     at = new_app(model=TINY, text=TEXT).run()
     ok(at)
-    grid = grid_of(at)
-    tiles = [t for t in grid["data"] if str(t.get("name", "")).startswith("tile ")]
-    heat = [t for t in grid["data"] if t.get("type") == "heatmap"]
-    assert len(tiles) == len(heat)
-    for h, (tile, hm) in enumerate(zip(tiles, heat, strict=True)):
-        assert {c[0] for c in tile["customdata"]} == {h}
-        assert {hm["x"][0], hm["x"][-1]} <= set(tile["x"]) and {hm["y"][0], hm["y"][-1]} <= set(tile["y"])
+    grid = elements(at)[0]
+    assert grid["click"] == "panel" and [p["title"] for p in grid["panels"]] == [
+        f"head {h} · kv {h // 2}" for h in range(4)
+    ]
+    for h in (3, 1):
+        at.session_state["head_grid"] = {"click": {"panel": h, "n": h}}
+        at.run()
+        assert at.selectbox(key="head").value == h and elements(at)[0]["open"] == h
 
 
 def test_the_overview_reuses_the_explorers_result(env, monkeypatch):

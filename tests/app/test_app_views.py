@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from apptest import TEXT, TINY, heatmaps, new_app, ok, specs, vals, z_of
+from apptest import TEXT, TINY, elements, heatmaps, new_app, ok, specs, vals, z_of
 
 import attnviz
 from attnviz.analysis import value_weighted as VW
@@ -86,7 +86,7 @@ def test_one_colour_control_and_old_links_map_onto_it(env):
 
 def test_clicking_a_grid_tile_selects_the_head(env):
     at = new_app(model=TINY, text=TEXT, layer=1, head=0).run()
-    at.session_state["grid_chart_0"] = {"selection": {"points": [{"customdata": [3]}], "point_indices": [0]}}
+    at.session_state["head_grid"] = {"click": {"panel": 3, "n": 1}}  # what the grid element sends
     at.run()
     ok(at)
     assert at.selectbox(key="head").value == 3
@@ -186,20 +186,10 @@ def test_generation_samples_with_the_seed_from_the_link(env):
     assert new[0] in shown, (new, shown[:300])  # the continuation shows the sampled tokens
 
 
-def _mounted(node, found: list) -> list:
-    """Every element of the AppTest tree (blocks walked)."""
-    for child in getattr(node, "children", {}).values():
-        found.append(child)
-        _mounted(child, found)
-    return found
-
-
 def grid_mark(at) -> int | None:
-    """The open head the grid's browser side frames (`ui.explorer.grid_hover`), from its mount data."""
-    import json
-
-    marks = [e for e in _mounted(at._tree, []) if "attnviz_grid_hover" in str(getattr(e, "proto", ""))]
-    return json.loads(marks[-1].proto.json)["index"] if marks else None
+    """The open head the grid's frame moves to in the browser (`ui.heatmaps.mark`), from its data."""
+    marks = elements(at, marks=True)
+    return marks[-1]["index"] if marks else None
 
 
 def test_the_open_head_is_marked_in_the_grid_and_moves_with_a_head_change(env):

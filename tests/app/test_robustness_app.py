@@ -161,7 +161,9 @@ def texts(at: AppTest, kind: str) -> list[str]:
 
 
 def chart_specs(at: AppTest) -> list[dict]:
-    return [json.loads(e.proto.spec) for e in at.get("plotly_chart")]
+    from apptest import specs
+
+    return specs(at)
 
 
 def assert_renders(at: AppTest, text: str) -> None:
@@ -190,6 +192,8 @@ def assert_renders(at: AppTest, text: str) -> None:
     ]
     assert heats, "no token heatmap"
     assert all(list(h["x"]) == escaped for h in heats), "labels not escaped for Plotly"
+    drawn = [s["element"] for s in specs if "element" in s]  # `ui.heatmaps`: text set as text
+    assert all(p["k"] == labels for e in drawn for p in e["panels"] if len(p["k"]) == len(labels))
 
 
 def recover(at: AppTest) -> None:

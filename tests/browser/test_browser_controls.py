@@ -3,12 +3,11 @@ model (issue 31): a grid tile clicked before selects its head again."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 from browser_page import reran, wait_idle
-from server import OUTPUT, ROOT, Server, streamlit_server
+from server import Server, streamlit_server, tiny_models_env
 from test_browser_views import click_tile, head_title, no_errors, url
 
 from ui.params import ExplorerParams
@@ -21,13 +20,8 @@ TEXT = "the bank of the river is near the financial bank"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    """The app serving the tiny models too (`tiny.register` in the server process, loaded as
-    its sitecustomize): a page runs in a second, not a minute."""
-    hook = OUTPUT / "tiny-hook"
-    hook.mkdir(parents=True, exist_ok=True)
-    (hook / "sitecustomize.py").write_text("import tiny\n\ntiny.register()\n")
-    path = os.pathsep.join([str(hook), str(ROOT), str(ROOT / "tests")])
-    with streamlit_server(name="browser_controls", env={"PYTHONPATH": path}) as s:
+    """The app serving the tiny models too (`server.tiny_models_env`)."""
+    with streamlit_server(name="browser_controls", env=tiny_models_env()) as s:
         yield s
 
 

@@ -60,6 +60,20 @@ def test_every_route_line_is_at_least_the_minimum_visible_width():
     assert lines and min(t.line.width for t in lines) >= MIN_EDGE_WIDTH >= 2
 
 
+def test_the_routes_legend_is_the_edges_own_traces_not_dummy_ones():
+    """Issue 40: each trace is Plotly's fixed cost in the browser; three empty legend traces are
+    gone. The legend names each kind drawn once, from its edges' own traces (a legend click
+    hides the whole group), and every trace draws something."""
+    lm = TE.loaded("llama-gqa")
+    graph = attnviz.information_flow(lm, trace(lm, TE.TEXT), threshold=0.02)
+    fig = attnviz.flow_view(graph)
+    assert all(t.x and t.x[0] is not None for t in fig.data)  # no [None] placeholder
+    legend = [t.name for t in fig.data if t.showlegend is not False]
+    kinds = {e.kind for e in graph.edges}
+    assert sorted(legend) == sorted(kinds), (legend, kinds)
+    assert all(t.legendgroup == t.name for t in fig.data if t.name in kinds)
+
+
 def test_a_routes_node_clicks_to_the_block_that_wrote_it():
     """The stream after layer l's attention is that attention's output; entering layer l > 0, the
     FFN of layer l - 1's; the embeddings (entering layer 0) are no block's."""

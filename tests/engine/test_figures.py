@@ -225,6 +225,30 @@ def test_metric_heatmap_puts_layers_across():
     assert heat["x"] == [f"layer {i}" for i in range(4)] and heat["y"] == ["head 0", "head 1", "head 2"]
 
 
+def test_metric_panels_draw_every_statistic_in_one_figure_on_its_own_axes():
+    """Several statistics in one chart (issue 40: one chart per statistic cost Plotly's fixed cost
+    each): one heatmap per statistic on its own subplot, z[h, l] = layer l's head h exactly, each
+    titled, hovered and coloured on its own range."""
+    rng = np.random.default_rng(0)
+    a, b, c = rng.random((4, 3)), rng.random((4, 3)) * 9, rng.random((4, 1))
+    fig = F.metric_panels(
+        [F.MetricPanel(a, "entropy", zmin=0, zmax=1), F.MetricPanel(b, "distance"),
+         F.MetricPanel(c, "GQA coherence", head_names=["kv 0"])],
+        kv_heads=[0, 0, 0],
+    )  # fmt: skip
+    s = spec(fig)
+    assert [t["type"] for t in s["data"]] == ["heatmap"] * 3
+    for trace, want in zip(fig.data, (a, b, c), strict=True):
+        np.testing.assert_array_equal(np.asarray(trace.z, dtype=np.float64), want.T)
+    assert [t["xaxis"] for t in s["data"]] == ["x", "x2", "x3"]  # each on its own axes
+    assert s["data"][0]["zmax"] == 1 and "zmax" not in s["data"][1]
+    assert s["data"][1]["hovertemplate"] == "%{x} · %{y}<br>distance %{z:.3f}<extra></extra>"
+    assert s["data"][2]["y"] == ["kv 0"] and s["layout"]["yaxis3"]["ticktext"] == ["KV0"]
+    assert [t["text"] for t in s["layout"]["annotations"]] == ["entropy", "distance", "GQA coherence"]
+    bars = [t["colorbar"]["x"] for t in s["data"]]
+    assert bars[0] < s["layout"]["xaxis2"]["domain"][0] < bars[1]  # beside its own panel
+
+
 def test_diverging_grid_is_centred_on_zero():
     d = causal(4, heads=2) - causal(4, heads=2, seed=1)
     s = spec(F.head_grid(d, F.token_labels(list("abcd")), diverging=True))

@@ -7,7 +7,7 @@ and head search on the clean text. The engine does the work (`attnviz.explain.pa
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Any
 
 import numpy as np
 import streamlit as st
@@ -102,10 +102,12 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
             "over 'heads' or 'blocks'."
         )
         return
-    over_ = cast(X.patching.Over, str(over))
-    dir_ = cast(X.patching.Direction, str(direction))
     key = (lm.spec, models.token_key(token), p.text, corrupt, chat, str(over), str(direction), answer, wrong)
     res = None
+    # the same question to either engine call: the two texts, the tokens compared, the grid
+    asked: dict[str, Any] = dict(
+        answer=answer or None, wrong=wrong or None, over=str(over), direction=str(direction), chat=chat
+    )
     with guarded("patching", token, (p.text, corrupt, answer, wrong)):
         if estimate:
             res = computed(
@@ -113,16 +115,7 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
                 key,
                 f"Attribution patching, then {VERIFY} real patches",
                 lambda report: X.attribution_patch(
-                    lm,
-                    p.text,
-                    corrupt,
-                    answer=answer or None,
-                    wrong=wrong or None,
-                    over=over_,
-                    direction=dir_,
-                    verify=VERIFY,
-                    chat=chat,
-                    progress=report,
+                    lm, p.text, corrupt, verify=VERIFY, progress=report, **asked
                 ),
                 unit="step",  # three passes, then the verification's batches
             )
@@ -131,17 +124,7 @@ def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> No
                 "explain_patch",
                 key,
                 f"Patching {n_cells} cells (one forward each)",
-                lambda report: X.patch(
-                    lm,
-                    p.text,
-                    corrupt,
-                    answer=answer or None,
-                    wrong=wrong or None,
-                    over=over_,
-                    direction=dir_,
-                    chat=chat,
-                    progress=report,
-                ),
+                lambda report: X.patch(lm, p.text, corrupt, progress=report, **asked),
                 unit="cell",  # one forward per cell ("layer 32 of 270" counted cells)
             )
     if res is None:

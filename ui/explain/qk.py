@@ -4,6 +4,8 @@ One head's pre-softmax score for (query, key), split exactly into what wrote the
 wrote the key, read from the page's cached trace (no new forward). The query is the page's
 position; the head and key come from the link (``wl``, ``wh``, ``wk``), so the explorer's big head
 opens it with a click's settings. A clicked part that is a head opens that head in the explorer.
+Hybrids, Bloom and MPT are read at block boundaries instead (`attnviz.explain.mixed_trace`, one
+forward, cached): parts are named by the model's own block index, the picker by attention layer.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from attnviz import LoadedModel
 from attnviz import explain as X
 from attnviz.figures import figure_name
 from attnviz.figures import qk as FQ
+from attnviz.server.settings import settings
 from ui import clicks, export, models, shell, state
-from ui.explain.views import PICKER_OPTIONS, computed, open_in_explorer
+from ui.explain.views import PICKER_OPTIONS, computed, open_in_explorer, position_picker
 from ui.params import QK_BY_CHOICES, ExplainParams, ExplorerParams
-from ui.text import md
+from ui.text import guarded, md
+
+Source = X.Trace | X.MixedTrace
 
 VIEW = "why this head attends"
 SPACE_CHART = "qk_space_chart"  # the Q/K scatter: a clicked point becomes the query
@@ -30,7 +35,30 @@ def before_widgets() -> None:
         state.put("pos", int(picked[0]))
 
 
-def _key_picker(tr: X.Trace, pos: int) -> int:
+def page(lm: LoadedModel, p: ExplainParams, token: str | None, chat: bool) -> None:
+    """The view for a model read at block boundaries (`X.reads_blocks`): its own cached forward."""
+    key = (lm.spec, models.token_key(token), p.text, chat, "blocks")
+    tr = None
+    with guarded(f"reading {md(lm.spec)}'s stream block by block", token, (lm.spec, p.text)):
+        max_tokens = settings().max_tokens
+        tr = computed(
+            "explain_qk_blocks",
+            key,
+            f"Running {md(lm.spec)} on the text (keeping every block's parts)",
+            lambda _r: X.mixed_trace(lm, p.text, chat=chat, max_tokens=max_tokens),
+        )
+    if tr is None:
+        shell.stop()
+    blocks = ", ".join(f"{layer} (block {b})" for layer, b in enumerate(tr.layer_blocks))
+    st.caption(
+        f"**{md(lm.spec)}** · {models.describe_layout(lm.layout)} · {tr.n_tokens} tokens · read at "
+        f"block boundaries: the parts are what each earlier block wrote. Attention layers: {blocks}"
+    )
+    before_widgets()
+    why(lm, tr, key, p, position_picker(tr))  # type: ignore[arg-type]
+
+
+def _key_picker(tr: Source, pos: int) -> int:
     """The key (-1: the one the head attends to most), among the keys up to the query."""
     if not -1 <= int(state.get("wk")) <= pos:
         state.put("wk", -1)
@@ -50,12 +78,15 @@ def _key_picker(tr: X.Trace, pos: int) -> int:
     )
 
 
-def why(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
+def why(lm: LoadedModel, tr: Source, key: tuple, p: ExplainParams, pos: int) -> None:
     """The split of one score, the top terms in words, and the query's whole row on request."""
     state.clamp("wl", 0, tr.n_layers - 1, "layer")
     state.clamp("wh", 0, tr.n_heads - 1, "head")
     c1, c2, c3, c4 = st.columns([1, 1, 2, 1.4])
-    layer = int(c1.number_input("Layer", 0, tr.n_layers - 1, key="wl", step=1))
+    mixed = isinstance(tr, X.MixedTrace)
+    layer = int(
+        c1.number_input("Attention layer" if mixed else "Layer", 0, tr.n_layers - 1, key="wl", step=1)
+    )
     head = int(c2.number_input("Head", 0, tr.n_heads - 1, key="wh", step=1))
     with c3:
         wk = _key_picker(tr, pos)
@@ -68,7 +99,7 @@ def why(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) ->
     )
     if cell is None:
         return
-    name = figure_name(lm.spec, "why", f"L{layer}", f"H{head}", pos, cell.key)
+    name = figure_name(lm.spec, "why", f"L{cell.block}", f"H{head}", pos, cell.key)
     event = export.chart(FQ.qk_view(cell, by=str(by)), name, key="qk_chart", on_select=True)
     st.caption(
         f"The score of query ({cell.query}) {md(tr.tokens.display[cell.query])} and key ({cell.key}) "
@@ -82,14 +113,22 @@ def why(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) ->
     )
     st.markdown("**The largest terms**")
     st.markdown("\n".join(f"{n + 1}. {md(s)}" for n, s in enumerate(FQ.term_sentences(cell, 10))))
+    if cell.bands is not None and st.toggle("The top terms by rotary band", key="qk_bands_on"):
+        export.chart(FQ.qk_band_view(cell, top=10), figure_name(lm.spec, "why_bands", name), key="qk_bands")
+        st.caption(
+            "With RoPE the score adds up over pairs of the head's dims, each pair turned by its own "
+            "angle per position; each column is one term split over those pairs (band 0 turns fastest, "
+            "as in the rotary view) and sums to the term exactly."
+        )
     picked = clicks.clicked(event, "qk_chart")
     if picked and len(picked) >= 2 and int(picked[1]) >= 0:
         state.remember("qk_head", (int(picked[0]), int(picked[1])))
-    chosen = state.recall("qk_head")
-    if chosen and chosen[0] < layer and chosen[1] < tr.n_heads:
+    chosen = state.recall("qk_head")  # (the model's block, head) of a clicked head's part
+    if chosen and chosen[0] < cell.block and chosen[1] < tr.n_heads:
+        at = lm.layout.attention_layer_of(chosen[0])  # the explorer's attention layer
         open_in_explorer(
             p,
-            chosen[0],
+            at,
             chosen[1],
             pos,
             f"Open layer {chosen[0]}, head {chosen[1]} in the explorer",
@@ -117,7 +156,7 @@ def why(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) ->
         ov_view(lm, p, layer, head, pos)
 
 
-def space_view(lm: LoadedModel, tr: X.Trace, key: tuple, layer: int, head: int) -> None:
+def space_view(lm: LoadedModel, tr: Source, key: tuple, layer: int, head: int) -> None:
     """The head's queries and keys as one PCA scatter; a clicked point becomes the query."""
     space = computed(
         "explain_qk_space",

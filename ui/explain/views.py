@@ -1,10 +1,9 @@
 """The Explain page's views: routes, logit lens, attribution and ablation, over one cached trace.
 
-Every view reads one `attnviz.explain.Trace` (one forward of the text, cached per model / text),
-so switching views or options never reruns the model, except the ablation, which is a forward of
-its own. Waits show a progress bar with a Cancel button (a click stops the work at the next layer
-and keeps nothing). A clicked head (an edge's strongest head, a ranked head) opens in the explorer.
-"""
+Every view reads one `attnviz.explain.Trace` (a hybrid's routes: a `BlockTrace`; one forward, cached
+per model / text), so switching views or options never reruns the model, except the ablation. Waits
+show a progress bar with Cancel (stops at the next layer, keeps nothing). A clicked head opens in
+the explorer."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ TRACE_BYTES = 3 * 2**30
 
 
 @st.cache_resource(show_spinner=False)
-def _traces() -> models.ResultCache:
+def traces() -> models.ResultCache:
     """Traces in a cache of their own: one is larger than the shared derived-values budget, so
     there it would push out every other page's values and then be pushed out by its own graph."""
     return models.ResultCache(TRACE_ENTRIES, TRACE_BYTES)
@@ -74,7 +73,7 @@ def load_trace(
             key,
             f"Running {md(lm.spec)} on the text (keeping the residual stream)",
             lambda report: X.trace(lm, p.text, chat=chat, max_tokens=max_tokens, progress=report),
-            _traces(),
+            traces(),
         )
     return tr, key
 
@@ -123,7 +122,7 @@ def open_in_explorer(p: ExplainParams, layer: int, head: int, token: int, label:
 PICKER_OPTIONS = 512  # longer texts pick the position by number (a selectbox would send every token)
 
 
-def position_picker(tr: X.Trace) -> int:
+def position_picker(tr: X.Trace | X.BlockTrace) -> int:
     """The explained position: the last token unless the link / the picker says otherwise."""
     n = tr.n_tokens
     if not -1 <= int(state.get("pos")) < n:
@@ -155,7 +154,7 @@ def position_picker(tr: X.Trace) -> int:
     return tr.position(int(choice))
 
 
-def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int) -> None:
+def routes(lm: LoadedModel, tr: X.Trace | X.BlockTrace, key: tuple, p: ExplainParams, pos: int) -> None:
     thr = st.slider(
         "Threshold",
         0.0,
@@ -189,12 +188,17 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
         ".".join(str(x) for x in d[:5]) for t in fig.data if t.customdata is not None for d in t.customdata
     }
     # a mark of this very graph only (kept for when the threshold comes back)
-    edge = str(state.get("edge")).split(".") if state.get("edge") in marks else None
-    n_attn = sum(e.kind == "attention" for e in graph.edges)
+    edge = str(state.get("edge")).split(".") if state.get("edge") in marks else []
+    n_mix = sum(e.kind == "mixer" for e in graph.edges)
+    n_attn = n_mix + sum(e.kind == "attention" for e in graph.edges)
     st.caption(
-        f"{len(graph.edges)} edges ({n_attn} attention) over {len({n.token for n in graph.nodes})} tokens; "
+        f"{len(graph.edges)} edges ({n_attn} attention"
+        + (f", of which {n_mix} mixer" if graph.parts else "")
+        + f") over {len({n.token for n in graph.nodes})} tokens; "
         f"{graph.expanded} block rows computed for {tr.n_tokens} tokens. Grey: the residual stream; blue: "
-        "attention (width = importance); orange squares: the FFN's share. Click a blue dot to pick "
+        "attention (width = importance); "
+        + ("green: a mixer's c_(t,s), gates frozen; " if graph.parts else "")
+        + "orange squares: the FFN's share. Click a dot on an edge to pick "
         "its head (and see what it writes), a node for what the block below it writes; "
         "lower the threshold for weaker routes."
         + (
@@ -203,13 +207,14 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
             if n_attn * 4 < len(graph.edges)
             else ""
         )
-        + (f" {graph.notes[0]}" if graph.notes else "")
+        + "".join(f" {note}" for note in graph.notes)
     )
-    if edge and len(edge) >= 4 and 0 <= int(edge[0]) < tr.n_layers:
+    picked_edge = len(edge) >= 4 and 0 <= int(edge[0]) < tr.n_layers
+    if picked_edge:
         layer, head, src, dst = (int(x) for x in edge[:4])
         part = str(edge[4]) if len(edge) > 4 else "attention"
         node_section(lm, tr, key, layer, head, dst, part)
-    if edge and len(edge) >= 4 and 0 <= int(edge[0]) < tr.n_layers and int(edge[1]) >= 0:
+    if picked_edge and int(edge[1]) >= 0 and isinstance(tr, X.Trace):  # (a hybrid's blocks aren't its layers)
         layer, head, src, dst = (int(x) for x in edge[:4])
         open_in_explorer(
             p,
@@ -227,7 +232,7 @@ def routes(lm: LoadedModel, tr: X.Trace, key: tuple, p: ExplainParams, pos: int)
 
 
 def node_section(
-    lm: LoadedModel, tr: X.Trace, key: tuple, layer: int, head: int, pos: int, part: str
+    lm: LoadedModel, tr: X.Trace | X.BlockTrace, key: tuple, layer: int, head: int, pos: int, part: str
 ) -> None:
     """What the clicked node (a block's output) or edge (its strongest head) writes at its token:
     the tokens it promotes and suppresses (`attnviz.explain.node_writes`)."""

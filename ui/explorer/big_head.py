@@ -19,25 +19,25 @@ import streamlit as st
 
 from attnviz import AttentionResult
 from attnviz import figures as F
-from ui import clicks, export, models, pickers, shown, state
+from attnviz.figures import panels as P
+from ui import export, heatmaps, models, pickers, shown, state
 from ui.explain import qk
 from ui.shown import Drawing
 from ui.text import guarded
 
 KEY = "head"
 HEAD_PX = 400  # the big head's height: it and the grid fit the first screen at 1280x800
-GRID_CHART = (
-    "grid_chart"  # the layer grid's chart (`ui.explorer.layer_grid`): a click on a tile picks its head
-)
+GRID_KEY = "head_grid"  # the layer grid's element (`ui.explorer.layer_grid`): a tile click picks a head
+HEAD_KEY = "big_head"  # the big head's element: a click on a cell asks why it attends there
 
 
 def current(n_heads: int) -> int:
     """The selected head, before anything is drawn: a new click on a grid tile selects its head
     (the one place the head is written besides its picker), then it is kept in 0..n_heads-1 (a
     link's or another model's head gets a warning)."""
-    picked = clicks.click(GRID_CHART)
+    picked = heatmaps.clicked(GRID_KEY)
     if picked:
-        state.put(KEY, int(picked[0]))
+        state.put(KEY, picked["panel"])
     return state.clamp(KEY, 0, n_heads - 1, "head")
 
 
@@ -123,28 +123,37 @@ def draw(ref: models.ResultRef, d: Drawing, head: int, zmax: float | None) -> No
     title += f" · {d.stack}" if d.stack_part else ""
     cmap, scale, value = d.cmap, d.scale, d.value_name
 
-    def figure(z: np.ndarray) -> go.Figure:
+    def figure(z: np.ndarray) -> go.Figure:  # the downloads' figure (SVG, PDF, HTML)
         fig = F.head_heatmap(
-            z,
-            q_lab,
-            k_lab,
-            title=title,
-            colorscale=cmap,
-            scale=scale,
-            zmax=zmax,
-            value=value,
-            height=HEAD_PX,
+            z, q_lab, k_lab, title=title, colorscale=cmap, scale=scale, zmax=zmax, value=value, height=HEAD_PX
         )
         # the title starts at the figure's left edge, not the plot area's: long token labels push
         # the plot area right, and a title anchored there ran past the chart's edge
         return fig.update_layout(title_xref="container", title_x=0, title_pad_l=10)
 
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}", f"H{head}")
+    panel = P.head_panel(probs, q_lab, k_lab, title=title, scale=scale)
+    cell = heatmaps.clicked(HEAD_KEY)
     with top:
-        event = export.chart(figure(probs), name, key="head_chart", on_select=True)
-    qk.big_head_link(event, d.layer, head)  # "why does it attend here?" for the clicked cell
+        heatmaps.show(
+            [panel], P.colour_bar(scale, cmap, zmax, probs, value), key=HEAD_KEY, tile_px=HEAD_PX - 120,
+            click="cell", axes=True, name=name,
+        )  # fmt: skip
+    qk.big_head_link(_as_event(cell, panel), d.layer, head)  # "why does it attend here?" for the clicked cell
     _notes(d, reg, made)
     _downloads(ref, d, head, reg, name, figure, (q_lab, k_lab))
+
+
+def _as_event(cell: dict | None, panel: P.Panel) -> dict | None:
+    """A clicked cell as the selection event `qk.big_head_link` reads (its query and key labels)."""
+    if (
+        cell is None
+        or not (0 <= cell.get("row", -1) < len(panel.q_labels))
+        or not (0 <= cell.get("col", -1) < len(panel.k_labels))
+    ):
+        return None
+    point = {"y": panel.q_labels[cell["row"]], "x": panel.k_labels[cell["col"]]}
+    return {"selection": {"points": [point]}}
 
 
 def _notes(d: Drawing, reg: Region, made: str) -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from attnviz import AttentionResult
+from attnviz import AttentionResult, Check
 from attnviz.exact.eager import CannotCheck
 from attnviz.extract import auto_check_skipped
 from attnviz.layout import Stack
-from attnviz.records import Check
 from attnviz.verify import self_check
 from ui import models, state
 from ui.text import guarded

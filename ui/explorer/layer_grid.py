@@ -1,19 +1,24 @@
-"""The explorer's layer grid: every head of one layer; a click on a head's tile selects it (read
-by `ui.explorer.big_head.current`, the one place the head is written).
+"""The explorer's layer grid: every head of one layer, drawn once by the browser (`ui.heatmaps`:
+server-made pictures, one pixel per cell, with each cell's exact value in the hover); a click on
+a head's tile selects it (read by `ui.explorer.big_head.current`, the one place the head is
+written).
 
 The grid is sized to the first screen (`SPACE`: half the page at 1280x800, under the controls):
 square tiles as large as fit, token labels only where they fit (the hover gives every value).
 A head change reruns only the big head's fragment, so the grid is not sent or drawn again: the
-frame on the open head and the hover preview are drawn in the browser (`ui.explorer.grid_hover`)."""
+frame on the open head moves in the browser (`mark`, from that fragment); a hovered tile is shown
+enlarged beside the grid."""
 
 from __future__ import annotations
 
 import contextlib
 
+import plotly.graph_objects as go
 import streamlit as st
 
 from attnviz import figures as F
-from ui import clicks, export, shown
+from attnviz.figures import panels as P
+from ui import export, heatmaps, shown
 from ui.explorer import big_head
 from ui.models import ResultRef
 from ui.shown import Drawing
@@ -39,16 +44,22 @@ def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
     zmax = float(img.z.max()) if shared else None
     own_bar = d.choice == "perhead"  # else the big head beside it shows the same colour scale
     cols, tile = F.grid_shape(n_heads, *SPACE, kv_heads=d.kv, colorbar=own_bar)
-    fig = F.head_grid(
-        img.z, img.q_labels, img.k_labels, kv_heads=d.kv, colorscale=d.cmap, scale=d.scale, zmax=zmax,
-        pickable=True, value=d.value_name, cols=cols, facet_px=tile, colorbar=own_bar,
-    )  # fmt: skip
-    # the header is the figure's title (in the room over the first row's titles): the grid starts
-    # level with the big head
-    title = dict(text=f"<b>{F.escape(header)}</b>", x=0, xref="container", y=1, yref="container")
-    fig.update_layout(title={**title, "yanchor": "top", "pad": dict(l=10, t=2), "font_size": 14})
+    titles = [F.head_title(h, d.kv[h] if d.kv else None) for h in range(n_heads)]
+    panels = P.grid_panels(img.z, img.q_labels, img.k_labels, titles, scale=d.scale)
+    bar = P.colour_bar(d.scale, d.cmap, zmax, img.z, d.value_name)
     name = F.figure_name(ref.name, d.stack_part, f"L{d.layer}")
-    export.chart(fig, name, key=clicks.chart_key(big_head.GRID_CHART), on_select=True)
+    heatmaps.show(
+        panels, bar, key=big_head.GRID_KEY, title=header, cols=cols, tile_px=tile, click="panel",
+        preview=True, open_index=big_head.current(n_heads), name=name, colorbar=own_bar,
+    )  # fmt: skip
+
+    def figure() -> go.Figure:  # the downloads' figure (SVG, PDF, HTML), made when clicked
+        fig = F.head_grid(
+            img.z, img.q_labels, img.k_labels, kv_heads=d.kv, colorscale=d.cmap, scale=d.scale, zmax=zmax,
+            value=d.value_name, cols=cols, facet_px=tile, colorbar=own_bar,
+        )  # fmt: skip
+        return fig.update_layout(title=dict(text=f"<b>{F.escape(header)}</b>", x=0, xref="container"))
+
     by_kv = GQA_NOTE if d.kv and 1 < cols == d.kv.count(d.kv[0]) else ""
     pooled = f"{img.note[0].upper()}{img.note[1:]}. " if img.note else ""
     st.caption(
@@ -56,5 +67,5 @@ def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
     )
     if img.caveat:
         st.caption(img.caveat)
-    export.html_buttons(lambda: [fig], name, key="grid", what="this layer's grid")
+    export.html_buttons(lambda: [figure()], name, key="grid", what="this layer's grid")
     return True, zmax
