@@ -43,7 +43,10 @@ def join(group: Sequence[CapturedMixer], channels_first: bool) -> CapturedMixer 
             "on its own): its rows need the forward that started that state"
         )
     if any(not continues(r) for r in group[1:]):
-        return f"{where} started from an empty state more than once in this record"
+        return (
+            f"{where} ran several scans from an empty state in one record (Zamba's one scan per "
+            "channel group): its decode steps are not joined to them"
+        )
     refused = next((r.inputs["refused"] for r in group if "refused" in r.inputs), None)
     if refused is not None:
         return f"{where}: {refused}"

@@ -155,6 +155,10 @@ def test_generation_rows_come_from_the_decode_steps(model_type):
             got, want = (torch.as_tensor(r.layer(block, mixer=kind)) for r in (res, full))
             if model_type != "zamba2":
                 assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (block, kind)
+    if model_type == "falcon_h1":  # parallel branches: their sizes over every token, steps included
+        shares = res.branch_shares(0)
+        assert all(len(v) == len(res.tokens.ids) for v in shares.per_token.values())
+        assert abs(sum(shares.shares.values()) - 1) < 1e-9
     for layer in range(lm.layout.n_layers):
         got, want = (torch.as_tensor(r.layer(layer)) for r in (res, full))
         if model_type != "zamba2":
