@@ -81,7 +81,7 @@ def test_part_names_of_a_hybrid(built):
     assert cell.components == want
     assert abs(cell.error) <= TOL * max(1.0, abs(cell.score))
     space = qk_space(lm, src, layer=1, head=0)  # the Q/K scatter reads the same forward
-    assert space.queries.shape == (src.n_tokens, 2) and space.rotary
+    assert space.queries.shape == (src.n_tokens, 2) and space.rotary and space.block == 3
     lm, src = _model(built, "lfm2")
     cell = qk_attribution(lm, src, layer=0, head=1, query=-1, key=2)
     assert cell.components == ("embed", "L0.short_conv", "L0.mlp", "bias")
