@@ -193,6 +193,12 @@ def block_trace(
         mlp.append(added["mlp"].float() if "mlp" in added else None)
         all_parts.append(parts)
         problems.append(f"block {b}: {why}" if why and not why.startswith("block ") else why)
+    if any(p.per_head and name != "attention" for parts in all_parts for name, p in parts.items()):
+        notes.add(
+            "Per-head mixers (SSD, gated delta, Kimi delta, lightning) write through out_proj with their "
+            "gates and output norm frozen at their forward values (where that norm spans heads, as "
+            "lightning's, the split by head rests on its frozen scale); SSD's D·x_t is on token t's own edge."
+        )
     if any(p.per_head is False for parts in all_parts for p in parts.values()):
         notes.add(
             "Mamba-1, RWKV, RG-LRU and short-conv mixers mix per channel: each is one component, its "
