@@ -253,3 +253,14 @@ def test_bf16_models_pass_their_checks_and_draw_routes(model_type):
     tr = block_trace(lm, attnviz.tokenize(lm, TEXT)[0])
     assert not any(tr.problems) and not tr.unembed_problem, (tr.problems, tr.unembed_problem)
     assert any(e.kind == "mixer" for e in attnviz.information_flow(lm, tr, threshold=0.01).edges)
+
+
+def test_a_trace_that_would_not_fit_is_a_message(monkeypatch):
+    from attnviz import limits
+
+    lm = _loaded("mamba")
+    monkeypatch.setattr(limits, "free_bytes", lambda device: 1 << 10)
+    with pytest.raises(
+        attnviz.AttnvizError, match=r"tracing .* tokens through every block's mixers .* shorter text"
+    ):
+        block_trace(lm, TEXT)
