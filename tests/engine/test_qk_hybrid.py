@@ -81,7 +81,7 @@ def test_part_names_of_a_hybrid(built):
     assert cell.components == want
     assert abs(cell.error) <= TOL * max(1.0, abs(cell.score))
     space = qk_space(lm, src, layer=1, head=0)  # the Q/K scatter reads the same forward
-    assert space.queries.shape == (src.n_tokens, 2) and space.rotary
+    assert space.queries.shape == (src.n_tokens, 2) and space.rotary and space.block == 3
     lm, src = _model(built, "lfm2")
     cell = qk_attribution(lm, src, layer=0, head=1, query=-1, key=2)
     assert cell.components == ("embed", "L0.short_conv", "L0.mlp", "bias")
@@ -138,3 +138,20 @@ def test_a_text_too_large_for_memory_is_a_message(monkeypatch):
     monkeypatch.setattr(L, "free_bytes", lambda device: 1 << 16)
     with pytest.raises(OutOfMemory, match=r"reading \d+ tokens block by block"):
         qk_attribution(hybrids_tiny.loaded("lfm2"), te.TEXT, layer=0, head=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ("qwen3_5_text", "bamba"))
+def test_past_the_kernels_chunks(name):
+    """200 random tokens (the gated delta's chunk of 64 and Mamba-2's of 16 crossed): rows spread
+    over the text still sum to the hooked score."""
+    import torch
+
+    lm = hybrids_tiny.loaded(name)
+    ids = torch.randint(5, 300, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    src = source(lm, ids)
+    oracle = qk_oracle.block_scores(lm.model, ids, src.layer_blocks[-1])
+    for i in (0, 63, 64, 130, 199):
+        row = qk_row(lm, src, layer=src.n_layers - 1, head=1, query=i)
+        want = oracle[1, i, row.keys].numpy()
+        assert np.abs(row.key_terms.sum(1) - want).max() <= TOL * max(1.0, np.abs(want).max()), i
