@@ -153,12 +153,12 @@ def block_trace(
         proj = next((getattr(attn, n) for n in OUT_NAMES if isinstance(getattr(attn, n, None), Linear)), None)
         if proj is not None:
             hooks.append(Hook(proj, keep_input(b), "before"))
-        for part in sites.parts:
-            if sites.modules[part][b] is not None:
-                hooks.append(Hook(sites.modules[part][b], keep_output(raw, (b, part))))
         norm = getattr(sites.blocks[b], "pre_ln", None)
-        if isinstance(norm, torch.nn.Module):
+        if isinstance(norm, torch.nn.Module):  # RWKV's block 0: its parts' outputs, to split again
             hooks.append(Hook(norm, keep_output(pre_ln, b)))
+            for part in sites.parts:
+                if sites.modules[part][b] is not None:
+                    hooks.append(Hook(sites.modules[part][b], keep_output(raw, (b, part))))
     with recording(lm.module_names) as rec:
         st = read_stream(lm, ids, hooks)
     store = MixerStore(rec.mixers, lm.dtype)
