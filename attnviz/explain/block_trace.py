@@ -153,7 +153,7 @@ def block_trace(
 
     for b in range(sites.n_blocks):
         attn = sites.modules.get("attention", [None] * sites.n_blocks)[b]
-        proj = next((getattr(attn, n) for n in OUT_NAMES if isinstance(getattr(attn, n, None), Linear)), None)
+        proj = next((getattr(attn, a) for a in OUT_NAMES if isinstance(getattr(attn, a, None), Linear)), None)
         if proj is not None:
             hooks.append(Hook(proj, keep_input(b), "before"))
         norm = getattr(sites.blocks[b], "pre_ln", None)
