@@ -280,3 +280,9 @@ def test_a_clicked_node_of_falcon_h1_writes_both_branches_by_hand():
         got = attnviz.explain.node_writes(lm, tr, node.layer, node.token, part="mixing")
         want = sum(hooked[(node.layer, b)][node.token] * m for b, m in MULTIPLIER["falcon_h1"].items())
         assert abs(got.norm - float(want.norm())) <= 1e-4 * float(want.norm())
+
+
+def test_routes_from_a_stream_say_what_to_pass():
+    lm = _loaded("mamba")
+    with pytest.raises(attnviz.AttnvizError, match="block_trace"):
+        attnviz.information_flow(lm, attnviz.explain.stream(lm, TEXT))  # type: ignore[arg-type]
