@@ -1,6 +1,7 @@
 """The Explorer's grid in Chromium at 1280x800 (issue 40): the first screen holds the grid and the
 big head, the open head is framed and the frame follows a head change, a hover on a tile shows
-that head enlarged (`ui.explorer.grid_hover`)."""
+that head enlarged, a hover on a cell gives its exact value and tokens, a click on a cell of the
+big head asks why it attends there (`ui.heatmaps`: one element draws each)."""
 
 from __future__ import annotations
 
