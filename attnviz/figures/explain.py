@@ -90,38 +90,20 @@ def flow_view(graph: FlowGraph, *, height: int | None = None) -> go.Figure:
                     else f"heads: {', '.join(top)}<br>click: head {head}"
                 )
             )
-    # Every trace is Plotly's fixed cost in the browser: the legend is the edges' own traces
-    # (the first of each kind; its group hides them all), not three dummy legend traces.
-    fig = go.Figure()
-    in_legend: set[str] = set()
+    # each trace is Plotly's fixed cost in the browser: the edges' own traces are the legend
+    fig, in_legend = go.Figure(), set()
     for (kind, level), (xs, ys) in sorted(lines.items(), key=lambda kv: (kv[0][0] != "residual", kv[0][1])):
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                mode="lines",
-                hoverinfo="skip",
-                showlegend=kind not in in_legend,
-                legendgroup=kind,
-                name=kind,
-                line=dict(color=KIND_COLOURS[kind], width=WIDTH_LEVELS[level]),
-                opacity=0.85,
-            )
-        )
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=kind not in in_legend, legendgroup=kind,
+            name=kind, line=dict(color=KIND_COLOURS[kind], width=WIDTH_LEVELS[level]), opacity=0.85,
+        ))  # fmt: skip
         in_legend.add(kind)
     if ffn["x"]:
-        fig.add_trace(
-            go.Scatter(
-                x=ffn["x"],
-                y=ffn["y"],
-                mode="markers",
-                name="ffn",
-                legendgroup="ffn",
-                marker=dict(symbol="square", size=ffn["size"], color=KIND_COLOURS["ffn"], opacity=0.8),
-                hovertext=ffn["text"],
-                hovertemplate="%{hovertext}<extra></extra>",
-            )
-        )
+        fig.add_trace(go.Scatter(
+            x=ffn["x"], y=ffn["y"], mode="markers", name="ffn", legendgroup="ffn",
+            marker=dict(symbol="square", size=ffn["size"], color=KIND_COLOURS["ffn"], opacity=0.8),
+            hovertext=ffn["text"], hovertemplate="%{hovertext}<extra></extra>",
+        ))  # fmt: skip
     nx = [col[n.token] for n in graph.nodes]
     ny = [n.depth for n in graph.nodes]
     fig.add_trace(
