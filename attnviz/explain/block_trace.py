@@ -27,6 +27,7 @@ from ..errors import AttnvizError, MixerCheckFailed, MixerNotShown
 from ..exact.probabilities import probs_from_capture
 from ..inputs import admit_ids, tokenize
 from ..layout import query_group, repeat_kv
+from ..limits import bytes_per_element, capture_bytes, forward_bytes, require
 from ..loading import Hook, LoadedModel
 from ..mixers.kinds import MIXERS, check_rows
 from ..mixers.store import HALF_RELATIVE_TOLERANCE, RELATIVE_TOLERANCE, MixerStore
@@ -122,6 +123,16 @@ def block_trace(
         raise AttnvizError("an empty text; type a few words")
     admit_ids(lm, ids, max_tokens=max_tokens, memory=False).check()
     sites = block_sites(lm)
+    lay, n, elem = lm.layout, len(ids), bytes_per_element(lm.dtype)
+    # rough bounds: the stream, each part's write (model dtype and float32), the mixers' kernel
+    # inputs and their float32 values / scales (d_inner ≈ 2 d_model), the captured attention
+    per_block = lay.d_model * n * (4 * elem + 16 + 6 * 4)
+    require(
+        capture_bytes(lay, n, lm.dtype) + forward_bytes(lay, n, lm.dtype) + (sites.n_blocks + 1) * per_block,
+        lm.device,
+        what=f"tracing {n} tokens through every block's mixers (the routes)",
+        hint="a shorter text",
+    )
     o_in: dict[int, torch.Tensor] = {}
     raw: dict[tuple[int, str], torch.Tensor] = {}
     pre_ln: dict[int, torch.Tensor] = {}
@@ -193,6 +204,12 @@ def block_trace(
         mlp.append(added["mlp"].float() if "mlp" in added else None)
         all_parts.append(parts)
         problems.append(f"block {b}: {why}" if why and not why.startswith("block ") else why)
+    if any(p.per_head and name != "attention" for parts in all_parts for name, p in parts.items()):
+        notes.add(
+            "Per-head mixers (SSD, gated delta, Kimi delta, lightning) write through out_proj with their "
+            "gates and output norm frozen at their forward values (where that norm spans heads, as "
+            "lightning's, the split by head rests on its frozen scale); SSD's D·x_t is on token t's own edge."
+        )
     if any(p.per_head is False for parts in all_parts for p in parts.values()):
         notes.add(
             "Mamba-1, RWKV, RG-LRU and short-conv mixers mix per channel: each is one component, its "

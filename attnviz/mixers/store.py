@@ -296,7 +296,26 @@ class MixerStore:
     def branch_shares(self, block: int) -> BranchShares:
         """Each parallel branch's share of block ``block``'s token-mixing output, measured during
         the forward that captured it (`attnviz.mixers.branches`)."""
-        return branch_shares(self._all, block)
+        return branch_shares(list(self._records.values()), block)  # decode steps joined
+
+
+def checked_steps(records: Sequence[CapturedMixer], dtype: torch.dtype, n: int) -> list[CapturedMixer]:
+    """``records`` (a generation's prefill and decode steps, `attnviz.mixers.steps`) when every
+    shown mixer block joined into one record of ``n`` tokens whose self-check passed (each step's
+    row against what its kernel returned); else [] (the caller then captures a forward over the
+    ids: rows that do not check are never used)."""
+    store = MixerStore(records, dtype)
+    blocks = [(b, k) for k in store.kinds() if k in MIXERS and MIXERS[k].shown for b in store.blocks(k)]
+    if not blocks:
+        return []
+    for block, kind in blocks:
+        if not store.checkable(block, kind) or store.record(block, kind).n_tokens != n:
+            return []
+        try:
+            store.check(block, kind)
+        except (MixerCheckFailed, MixerNotShown):
+            return []
+    return list(records)
 
 
 def _spec(kind: str) -> MixerKind | None:

@@ -238,3 +238,29 @@ def test_routes_reach_mixer_edges_and_draw_on_every_model(model_type):
         "ffn",
         "mixing",
     }
+
+
+@pytest.mark.parametrize("model_type", ["mamba2", "qwen3_5_text"])
+def test_bf16_models_pass_their_checks_and_draw_routes(model_type):
+    """In bf16 (as on a GPU) every branch's edges still add up within the half-precision tolerance;
+    Mamba's final norm returns float32 there, cast to the LM head's dtype as the model does."""
+    import copy
+
+    import tiny
+
+    model = copy.deepcopy(hybrids_tiny.model(model_type)).to(torch.bfloat16)
+    lm = attnviz.wrap_model(model, tiny.tokenizer(), spec=f"bf16-{model_type}")
+    tr = block_trace(lm, attnviz.tokenize(lm, TEXT)[0])
+    assert not any(tr.problems) and not tr.unembed_problem, (tr.problems, tr.unembed_problem)
+    assert any(e.kind == "mixer" for e in attnviz.information_flow(lm, tr, threshold=0.01).edges)
+
+
+def test_a_trace_that_would_not_fit_is_a_message(monkeypatch):
+    from attnviz import limits
+
+    lm = _loaded("mamba")
+    monkeypatch.setattr(limits, "free_bytes", lambda device: 1 << 10)
+    with pytest.raises(
+        attnviz.AttnvizError, match=r"tracing .* tokens through every block's mixers .* shorter text"
+    ):
+        block_trace(lm, TEXT)
