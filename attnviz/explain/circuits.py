@@ -37,7 +37,7 @@ from .qk_mixed import MixedTrace
 from .qk_parts import source
 from .residual import Trace, final_norm
 
-INPUT_NORMS = ("input_layernorm", "ln_1", "attention_norm", "ln_attn", "pre_attention_layernorm")
+INPUT_NORMS = ("input_layernorm", "ln_1", "attention_norm", "ln_attn", "pre_attention_layernorm", "norm_1")
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,8 @@ def _value_weight(attn: Any, heads: int, kv: int, d: int) -> torch.Tensor:
         return w(attn.v_proj).reshape(kv, d, -1)
     if hasattr(attn, "c_attn"):
         return w(attn.c_attn)[2 * heads * d :].reshape(kv, d, -1)
-    if hasattr(attn, "qkv_proj"):
-        return w(attn.qkv_proj)[(heads + kv) * d :].reshape(kv, d, -1)
+    if hasattr(attn, "qkv_proj") or hasattr(attn, "Wqkv"):  # Phi-3, MPT: [q | k | v]
+        return w(getattr(attn, "qkv_proj", None) or attn.Wqkv)[(heads + kv) * d :].reshape(kv, d, -1)
     if (
         hasattr(attn, "query_key_value")
         and getattr(getattr(attn, "config", None), "model_type", "") != "falcon"

@@ -107,3 +107,27 @@ def test_ov_circuits_of_a_hybrids_attention_heads(model_type):
         lam = lam[lam.abs() > 1e-6 * lam.abs().max()]
         assert ov.copying[layer, head] == pytest.approx(float(lam.sum().real / lam.abs().sum()), abs=1e-6)
     assert any("gated" in n for n in ov.notes) == (model_type == "qwen3_5_text")
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "mpt"])
+def test_ov_circuits_of_fused_qkv_models(model_type):
+    """Bloom's per-head [q | k | v] and MPT's [q | k | v] blocks of one fused projection."""
+    lm = te.build(model_type)
+    ov = ov_circuits(lm)
+    base, heads = lm.model.base_model, lm.layout.n_heads
+    d, head = lm.layout.head_dim, 2
+    if model_type == "bloom":
+        block = base.h[1]
+        attn, norm, final = block.self_attention, block.input_layernorm, base.ln_f
+        w_v = attn.query_key_value.weight.view(heads, 3, d, -1)[head, 2]
+        w_o = attn.dense.weight[:, head * d : (head + 1) * d]
+    else:
+        block = base.blocks[1]
+        attn, norm, final = block.attn, block.norm_1, base.norm_f
+        w_v = attn.Wqkv.weight[(2 * heads + head) * d : (2 * heads + head + 1) * d]
+        w_o = attn.out_proj.weight[:, head * d : (head + 1) * d]
+    w_u = lm.model.get_output_embeddings().weight * final.weight
+    full = (w_u @ w_o @ (w_v * norm.weight) @ lm.model.get_input_embeddings().weight.T).double().detach()
+    lam = torch.linalg.eigvals(full)
+    lam = lam[lam.abs() > 1e-6 * lam.abs().max()]
+    assert ov.copying[1, head] == pytest.approx(float(lam.sum().real / lam.abs().sum()), abs=1e-6)
