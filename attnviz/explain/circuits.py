@@ -32,7 +32,7 @@ from ..loading import LoadedModel
 from ..tokens import displays
 from .blocks import Unsupported
 from .norms import identify
-from .qk_maps import layer_maps
+from .qk_maps import codegen_qvk, falcon_value, layer_maps
 from .qk_mixed import MixedTrace
 from .qk_parts import source
 from .residual import Trace, final_norm
@@ -121,14 +121,17 @@ def _value_weight(attn: Any, heads: int, kv: int, d: int) -> torch.Tensor:
 
     if hasattr(attn, "v_proj"):
         return w(attn.v_proj).reshape(kv, d, -1)
-    if hasattr(attn, "c_attn"):
-        return w(attn.c_attn)[2 * heads * d :].reshape(kv, d, -1)
-    if hasattr(attn, "qkv_proj") or hasattr(attn, "Wqkv"):  # Phi-3, MPT: [q | k | v]
-        return w(getattr(attn, "qkv_proj", None) or attn.Wqkv)[(heads + kv) * d :].reshape(kv, d, -1)
-    if (
-        hasattr(attn, "query_key_value")
-        and getattr(getattr(attn, "config", None), "model_type", "") != "falcon"
-    ):
+    if type(attn).__name__ == "CodeGenAttention":
+        return codegen_qvk(w(attn.qkv_proj), heads, d)[1]
+    fused = next((getattr(attn, n) for n in ("c_attn", "qkv_proj", "Wqkv") if hasattr(attn, n)), None)
+    if fused is not None:  # [q | k | v]: GPT-2, GPT-BigCode (one KV head), Phi-3, MPT
+        rows = w(fused)
+        kv = (rows.shape[0] // d - heads) // 2  # the weight's own count (GPT-BigCode's multi-query: 1)
+        return rows[(heads + kv) * d :].reshape(kv, d, -1)
+    if hasattr(attn, "query_key_value"):
+        cfg = getattr(attn, "config", None)
+        if getattr(cfg, "model_type", "") == "falcon":
+            return falcon_value(w(attn.query_key_value), cfg, heads, kv, d)
         return w(attn.query_key_value).reshape(heads, 3, d, -1)[:, 2]
     raise Unsupported(f"{type(attn).__name__}: attnviz does not know where its value projection is")
 
@@ -180,7 +183,7 @@ def ov_circuits(lm: LoadedModel) -> OVCircuits:
         w_v = _value_weight(attn, heads, kv, d) * _gain(norm)  # (kv, d_head, d_model)
         row_c, row_p = [], []
         for h in range(heads):
-            m = w_v[h // (heads // kv)].double() @ g @ w_o[h].double()  # (d_head, d_head)
+            m = w_v[h // (heads // w_v.shape[0])].double() @ g @ w_o[h].double()  # (d_head, d_head)
             lam = torch.linalg.eigvals(m)
             row_c.append(float(lam.sum().real / lam.abs().sum().clamp(min=1e-30)))
             row_p.append(float((lam.real > 0).double().mean()))
