@@ -77,6 +77,51 @@ def forward_bytes(layout: AttentionLayout, n: int, dtype: torch.dtype) -> int:
     return 16 * layout.d_model * n * bytes_per_element(dtype)
 
 
+# What backward keeps per token of a block, as a multiple of its projections' widths (Σ in + out of
+# every weight matrix) in the model's dtype: measured with saved_tensors_hooks (every saved tensor,
+# parameters excluded) at 2.2x (Bamba's Mamba-2), 2.7x (Qwen3.5-0.8B's shape: 3 Gated DeltaNet : 1
+# gated attention) and 3.1x (a tiny Qwen3.5), so 3.5x is an upper bound within about 1.5x.
+BACKWARD_PER_WIDTH = 3.5
+MIXER_CHUNK = 64  # chunked scans (Gated DeltaNet's torch reference, SSD) pad the text to whole chunks
+
+
+def block_width(block: torch.nn.Module, experts_per_token: int = 1) -> int:
+    """Σ (in + out) over ``block``'s weight matrices: a stacked-experts tensor (E, out, in) counts
+    ``experts_per_token`` experts (each token runs through that many); convolutions' kernels are not
+    projections and do not count."""
+    width = 0
+    for module in block.modules():
+        if isinstance(module, torch.nn.modules.conv._ConvNd):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.dim() == 2:
+                width += int(p.shape[0] + p.shape[1])
+            elif p.dim() == 3:
+                width += int(p.shape[1] + p.shape[2]) * max(1, experts_per_token)
+    return width
+
+
+def backward_bytes(
+    blocks: list[torch.nn.Module],
+    layout: AttentionLayout,
+    n: int,
+    dtype: torch.dtype,
+    *,
+    experts_per_token: int = 1,
+) -> int:
+    """An upper bound on what a forward of ``n`` tokens keeps for its backward: every block's
+    activations (`BACKWARD_PER_WIDTH` × its projections' widths per token, the text padded to
+    `MIXER_CHUNK` for chunked mixers), each softmax attention layer's probabilities ((heads, n, n)
+    float32 and in the model's dtype, as eager attention keeps them) and the embedding and head
+    (`forward_bytes`). Every block counts, attention or not: a hybrid's recurrent blocks keep as
+    much as its attention blocks."""
+    padded = -(-n // MIXER_CHUNK) * MIXER_CHUNK
+    widths = sum(block_width(b, experts_per_token) for b in blocks)
+    per_block = int(BACKWARD_PER_WIDTH * widths * padded * bytes_per_element(dtype))
+    scores = layout.n_layers * layout.n_heads * n * n * (4 + bytes_per_element(dtype))
+    return per_block + scores + forward_bytes(layout, n, dtype)
+
+
 def stats_pass_bytes(layout: AttentionLayout, n: int) -> int:
     """One layer's statistics pass: float32 query, key, value with one extra feature, its output
     and the gathers (about 6 (heads, n, head_dim + 8) float32 buffers)."""

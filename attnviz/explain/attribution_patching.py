@@ -23,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ..limits import forward_bytes, require
+from ..limits import backward_bytes, require
 from ..loading import LoadedModel
 from .blocks import Unsupported
 from .patch_sites import Activations, Direction, Over, Progress, Site, Sites, hooked, run_ids
@@ -41,16 +41,23 @@ class _GradRun:
         self.leaves: dict[tuple[Site, int], torch.Tensor] = {}
         self.logits: torch.Tensor | None = None
 
+    def admit(self, st: Sites, n: int) -> None:
+        """Refuse (`OutOfMemory`, before any forward) when the backward of ``n`` tokens would not fit."""
+        lm = self.lm
+        dtype = next(lm.model.parameters()).dtype
+        cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else None
+        top_k = int(getattr(cfg, "num_experts_per_tok", None) or 1)
+        require(  # what the backward keeps: every block (a hybrid's mixers too), not only attention
+            backward_bytes(list(st.blocks), lm.layout, n, dtype, experts_per_token=top_k),
+            lm.device,
+            what=f"attribution patching of {n} tokens (a forward keeping all {len(st.blocks)} "
+            "blocks' activations for the backward)",
+            hint="a shorter text, or real patches over='heads' / 'blocks'",
+        )
+
     def __call__(self, st: Sites, ids: list[int], wanted: Sequence[Site]) -> tuple[Activations, torch.Tensor]:
         acts = Activations()
         lm = self.lm
-        dtype = next(lm.model.parameters()).dtype
-        require(
-            lm.layout.n_layers * forward_bytes(lm.layout, len(ids), dtype),  # what the backward keeps
-            lm.device,
-            what=f"attribution patching of {len(ids)} tokens (a forward keeping each layer for the backward)",
-            hint="a shorter text, or real patches over='heads' / 'blocks'",
-        )
 
         def add_leaf(site: Site, layer: int, x: torch.Tensor) -> torch.Tensor:
             acts.put(site, layer, x[0].detach().clone())
@@ -121,7 +128,9 @@ def attribution_patch(
     tell = progress or (lambda _d, _t: None)
     tell(0, 3 + verify)
     run = _GradRun(lm)
-    s = setup(lm, clean, corrupted, answer, wrong, over, direction, chat=chat, run_target=run)
+    s = setup(
+        lm, clean, corrupted, answer, wrong, over, direction, chat=chat, run_target=run, admit=run.admit
+    )
     tell(2, 3 + verify)
     effects = _effects(s, run.grads(s.answer, s.wrong))
     tell(3, 3 + verify)

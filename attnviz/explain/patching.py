@@ -29,7 +29,7 @@ those are the tokens that differ); positions without a partner are listed in ``u
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,10 +164,11 @@ def setup(
     chat: bool = False,
     keep_target: bool = True,
     run_target: Capture | None = None,
+    admit: Callable[[Sites, int], None] | None = None,
 ) -> Setup:
     """Tokenise, check, run both prompts once (their logit differences and the source's sites).
     ``run_target`` runs the patched prompt instead of `capture` (attribution patching's forward
-    with gradients)."""
+    with gradients); ``admit(sites, n)`` may refuse before either forward (its memory)."""
     if over not in OVERS:
         raise AttnvizError(f"unknown over={over!r}; use one of {OVERS}")
     if direction not in DIRECTIONS:
@@ -177,11 +178,13 @@ def setup(
     dtype = next(lm.model.parameters()).dtype
     n = max(len(c_ids), len(x_ids))
     require(
-        2 * forward_bytes(lm.layout, n, dtype) + 4 * lm.layout.n_layers * n * lm.layout.d_model * 4,
+        2 * forward_bytes(lm.layout, n, dtype) + 4 * st.n_layers * n * lm.layout.d_model * 4,  # every block
         lm.device,
         what=f"patching two prompts of up to {n} tokens",
         hint="shorter prompts",
     )
+    if admit is not None:
+        admit(st, n)
     wanted = site_names(over, st.parts)
     denoise = direction == "denoise"
     src_ids, tgt_ids = (c_ids, x_ids) if denoise else (x_ids, c_ids)
