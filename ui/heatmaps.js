@@ -152,7 +152,10 @@ function build(root, data) {
         img.style.height = Math.round(side * b.h / b.w) + 'px';
         const g = root.getBoundingClientRect(), rc = b.img.getBoundingClientRect();
         const room = window.innerWidth - g.right;
-        box.style.left = (room > side + 24 ? g.right + 8 : Math.max(8, g.left - side - 24)) + 'px';
+        // beside the element when there is room (the Explorer's grid), else beside the tile on
+        // its roomier side (a full-width mosaic): never over the tile under the pointer
+        const beside = rc.right + side + 32 < window.innerWidth ? rc.right + 12 : rc.left - side - 24;
+        box.style.left = (room > side + 24 ? g.right + 8 : Math.max(8, beside)) + 'px';
         box.style.top = Math.max(8, Math.min(window.innerHeight - side - 40, rc.top + rc.height / 2 - side / 2)) + 'px';
         box.style.display = 'block';
       });
