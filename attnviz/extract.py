@@ -25,7 +25,7 @@ from .exact.eager import CannotCheck
 from .inputs import DEFAULT_MAX_TOKENS, Admission, admit, admit_ids
 from .loading import LoadedModel, is_out_of_memory
 from .mixers.kinds import SHOWN
-from .mixers.store import MixerStore
+from .mixers.store import MixerStore, checked_steps
 from .records import CapturedAttention, CapturedMixer
 from .result import PATHS, AttentionResult, PathName
 from .tokens import Tokens
@@ -204,6 +204,7 @@ def _extract(
         dec_ids: list[int] | None = None
         generated = [False] * len(ids)
         calls: list[CapturedAttention] | None = None  # captured while generating
+        generated_mixers: list[CapturedMixer] = []  # the mixers' prefill and decode steps, likewise
         if generate:
             gen_kwargs = {
                 "attention_mask": torch.ones_like(input_ids),
@@ -213,7 +214,7 @@ def _extract(
                 **({"decoder_start_token_id": start} if enc_dec else {}),
             }
             capture = path == "fast" and lm.fast_exact and not enc_dec and not statistics
-            out, calls = _generate(lm, input_ids, gen_kwargs, sampling, capture)
+            out, calls = _generate(lm, input_ids, gen_kwargs, sampling, capture, generated_mixers)
             if enc_dec:
                 dec_ids = out
             else:
@@ -250,6 +251,8 @@ def _extract(
         if not lm.layout.n_layers:  # nothing for the eager path to ask transformers for
             method, eager, layers = MIXERS_ONLY_METHOD, {}, {}
             captured = {s: [] for s in lm.layout.stacks}
+        if lm.mixer_sites and not mixer_calls:  # the generation's own steps, where every one checks
+            mixer_calls = checked_steps(generated_mixers, lm.dtype, len(ids))
         if lm.mixer_sites and not mixer_calls:  # generated, eager or layer-at-a-time: one more forward
             with recording(lm.module_names) as rec:
                 lm.forward(inputs=inputs)
@@ -310,16 +313,22 @@ def _extract(
 
 
 def _generate(
-    lm: LoadedModel, input_ids: torch.Tensor, gen_kwargs: dict, sampling: Sampling | None, capture: bool
+    lm: LoadedModel,
+    input_ids: torch.Tensor,
+    gen_kwargs: dict,
+    sampling: Sampling | None,
+    capture: bool,
+    mixers: list[CapturedMixer],
 ) -> tuple[list[int], list[CapturedAttention] | None]:
     """(prompt + generated ids, the attention calls captured while generating or None): the
-    model's own ``generate`` under its lock, greedy or seeded sampling (the global RNG untouched)."""
+    model's own ``generate`` under its lock, greedy or seeded sampling (the global RNG untouched).
+    Capturing, ``mixers`` receives the mixers' records of the prefill and every decode step."""
     with lm.lock, torch.inference_mode(), torch.random.fork_rng(devices=[]):
         if sampling is not None:
             torch.manual_seed(sampling.seed)
         if capture:
             step = functools.partial(lm.forward, logits_at="last", use_cache=True)
-            return captured_generate(lm.model, input_ids, lm.module_names, gen_kwargs, step)
+            return captured_generate(lm.model, input_ids, lm.module_names, gen_kwargs, step, mixers)
         return lm.model.generate(input_ids, **gen_kwargs)[0].tolist(), None
 
 

@@ -110,7 +110,18 @@ def tick_labels(page) -> list[str]:
     )
 
 
-CHARTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+CHARTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot, [data-testid=attnvizHeatmaps]'))
+ .map(gd => {
+  if (gd.__avhData) {  // a heatmaps element (ui/heatmaps.py): its panels, values as drawn
+    const d = gd.__avhData, one = d.panels.length === 1 ? d.panels[0] : null;
+    const floats = b64 => { const s = atob(b64), b = new Uint8Array(s.length);
+      for (let i = 0; i < s.length; i++) b[i] = s.charCodeAt(i); return new Float32Array(b.buffer); };
+    const z = one && (() => { const v = floats(one.values), rows = [];
+      for (let r = 0; r < one.rows; r++) rows.push(Array.from(v.subarray(r * one.cols, (r + 1) * one.cols)));
+      return rows; })();
+    return {title: gd.querySelector('.avh-title').textContent, traces: d.panels.length, element: d.id,
+            x: one ? (one.k || d.k) : null, y: one ? (one.q || d.q) : null, z: z};
+  }
   const full = gd._fullData || [];
   const one = full.length === 1 ? full[0] : null;
   return {
@@ -121,11 +132,20 @@ CHARTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).ma
     z: one && one.z ? Array.from(one.z, row => Array.from(row)) : null,
   };
 })"""
+TITLES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot, [data-testid=attnvizHeatmaps]'))
+  .map(g => g.__avhData ? g.querySelector('.avh-title').textContent
+                        : ((g._fullLayout && g._fullLayout.title && g._fullLayout.title.text) || ''))"""
 
 
 def charts(page) -> list[dict]:
-    """Each Plotly chart on the page: title, trace count and, for single-trace charts, x/y/z."""
+    """Each chart on the page (Plotly charts and heatmaps elements, `ui.heatmaps`): title, trace
+    (panel) count and, for single-trace charts, x/y/z (an element's labels are plain text)."""
     return page.evaluate(CHARTS_JS)
+
+
+def titles(page) -> list[str]:
+    """Every chart's title (Plotly charts and heatmaps elements)."""
+    return page.evaluate(TITLES_JS)
 
 
 def alerts(page) -> list[str]:

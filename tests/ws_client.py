@@ -10,6 +10,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from apptest import element_spec
+
+from ui import heatmaps
 
 
 @dataclass
@@ -57,6 +60,10 @@ def iter_session(url: str, queries: list[str], *, timeout: float = 180) -> Itera
                         alerts_.append(el.alert.body)
                     elif which == "plotly_chart":
                         figures.append(json.loads(el.plotly_chart.spec))
+                    elif which == "bidi_component" and el.bidi_component.component_name == heatmaps.NAME:
+                        data = json.loads(el.bidi_component.json)  # a heatmaps element (ui/heatmaps.py)
+                        if "mark" not in data:
+                            figures.append(element_spec({**heatmaps.figure(data), "key": data["id"]}))
                     elif which == "exception":
                         exceptions.append(f"{el.exception.type}: {el.exception.message}")
                     elif which in ("selectbox", "text_input", "text_area", "slider"):

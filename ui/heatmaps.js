@@ -4,7 +4,7 @@
 // (grids) a hovered panel shown enlarged. Text from the page is set with textContent, never HTML.
 // Python side and data format: ui/heatmaps.py.
 const REG = (window.__attnvizHeatmaps = window.__attnvizHeatmaps || {});
-const LABEL_W = 92, LABEL_H = 62, GAP = 6, TITLE_H = 18;
+const LABEL_W = 92, LABEL_H = 54, GAP = 6, TITLE_H = 18;
 
 function el(tag, cls, parent, text) {
   const e = document.createElement(tag);
@@ -52,12 +52,16 @@ function build(root, data) {
   root.replaceChildren();
   const P = data.panels, n = P.length, cols = Math.max(1, data.cols);
   const rows = Math.ceil(n / cols);
-  const labelsOn = !!data.labels, axes = !!data.axes;
+  const axes = !!data.axes, width = root.clientWidth || root.parentElement.clientWidth || 600;
+  const bins = Math.max(...P.map(p => Math.max(p.rows, p.cols)));
+  const fit = room => Math.max(16, Math.min(data.tile, Math.floor(room / cols - GAP)));
+  // token labels only where each has 12 px of its row (`attnviz.figures.labels_fit`) at the drawn size
+  const labelsOn = !!data.labels && fit(width - LABEL_W) / bins >= 12;
   const left = labelsOn ? LABEL_W : 0, below = labelsOn ? LABEL_H : 0;
-  const avail = (root.clientWidth || root.parentElement.clientWidth || 600) - left;
-  const tile = Math.max(16, Math.min(data.tile, Math.floor(avail / cols - GAP)));
+  const tile = fit(width - left);
   const head = el('div', 'avh-head', root);
-  el('div', 'avh-title', head, data.title || '');
+  const hoist = !data.title && n === 1;  // one panel: its title is the element's
+  el('div', 'avh-title', head, hoist ? P[0].title : data.title);
   const save = el('button', 'avh-save', head, '⬇ PNG');
   save.title = 'Save this view as ' + data.name + '.png (2x)';
   const grid = el('div', 'avh-grid', root);
@@ -66,7 +70,7 @@ function build(root, data) {
   const boxes = [];
   P.forEach((p, i) => {
     const cell = el('div', 'avh-cell', grid);
-    el('div', 'avh-ptitle', cell, p.title);
+    if (!hoist) el('div', 'avh-ptitle', cell, p.title);
     const big = Math.max(p.rows, p.cols, 1);
     const w = Math.max(1, Math.round(tile * p.cols / big)), h = Math.max(1, Math.round(tile * p.rows / big));
     const wrap = el('div', 'avh-wrap', cell);
@@ -87,14 +91,13 @@ function build(root, data) {
       const xs = el('div', 'avh-xlabels', wrap);
       k.forEach((t, j) => { const s = el('div', '', xs, t); s.style.left = ((j + 0.5) * w / p.cols) + 'px'; });
     }
-    if (labelsOn && i + cols >= n) cell.style.paddingBottom = below + 'px';
-    if (axes) el('div', 'avh-xaxis', cell, 'rows: query · columns: key');
+    if (labelsOn && i + cols >= n) wrap.style.marginBottom = below + 'px';
     boxes.push({wrap, img, p, q, k, values: null, w, h, r, c});
   });
   const bar = el('div', 'avh-bar', root);
   bar.style.marginLeft = left + 'px';
   if (data.colorbar === false) bar.style.display = 'none';
-  const bw = Math.min(300, Math.max(120, cols * (tile + GAP) - 20));
+  const bw = Math.min(300, Math.max(80, cols * (tile + GAP) - 90));
   el('div', 'avh-bartitle', bar, data.bar.title);
   const strip = el('div', 'avh-strip', bar);
   strip.style.width = bw + 'px';
@@ -106,6 +109,7 @@ function build(root, data) {
     const s = el('div', 'avh-tick', strip, t);
     s.style.left = (bw * (v - data.bar.cmin) / span) + 'px';
   });
+  if (axes) el('div', 'avh-xaxis', bar, 'rows: query · columns: key');
 
   let mark = null;
   function setOpen(i) {
@@ -238,6 +242,7 @@ export default function(component) {
   root.dataset.key = data.id;
   if (root.__avhRev !== data.rev) {  // drawn once per content: a rerun with the same data keeps it
     root.__avhRev = data.rev;
+    root.__avhData = data;  // what it draws, for a test or a console to read back
     root.__avhSetOpen = build(root, data);
   } else {
     root.__avhSetOpen(data.open);

@@ -34,12 +34,14 @@ import logging
 import os
 import statistics
 import sys
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..errors import AttnvizError
 from ..loading import LoadedModel, wrap_model
 from .common import floor, machine_line, replace_section, timed
 
@@ -85,23 +87,27 @@ def prompts(n: int, vocab: int) -> tuple[list[int], list[int]]:
     return clean, corrupted
 
 
-def one_repeat(lm: LoadedModel, clean: list[int], corrupted: list[int]) -> dict[str, tuple[float, float]]:
-    """(wall, CPU) seconds of the floor and of each row, in one repeat."""
+def one_repeat(
+    lm: LoadedModel, clean: list[int], corrupted: list[int], skip: Collection[str] = ()
+) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds of the floor and of each row, in one repeat (``skip``: "patch" (setup and
+    the patched forward), "atp")."""
     from ..explain import attribution_patch
 
     gc.collect()  # once per repeat (a full collection costs most of a second here)
     secs: dict[str, tuple[float, float]] = {"floor": timed(floor(lm, clean))[:2]}
     secs.update(_readouts(lm, clean))
-    secs.update(_residual_patch(lm, clean, corrupted))
-    atp = lambda: attribution_patch(lm, clean, corrupted, over="heads_by_position", verify=0)  # noqa: E731
-    secs["atp"] = timed(atp)[:2]
+    if "patch" not in skip:
+        secs.update(_residual_patch(lm, clean, corrupted))
+    if "atp" not in skip:
+        atp = lambda: attribution_patch(lm, clean, corrupted, over="heads_by_position", verify=0)  # noqa: E731
+        secs["atp"] = timed(atp)[:2]
     return secs
 
 
 def _readouts(lm: LoadedModel, ids: list[int]) -> dict[str, tuple[float, float]]:
     """The stream, each readout from it, and their total."""
     from ..explain import block_attribution, information_flow, logit_lens, read_stream
-    from ..explain.blocks import Unsupported
 
     secs: dict[str, tuple[float, float]] = {}
     w, c, st = timed(lambda: read_stream(lm, ids))
@@ -111,7 +117,7 @@ def _readouts(lm: LoadedModel, ids: list[int]) -> dict[str, tuple[float, float]]
     secs["dla"] = timed(lambda: block_attribution(lm, st))[:2]
     try:
         secs["routes"] = timed(lambda: information_flow(lm, st))[:2]  # type: ignore[arg-type]
-    except (Unsupported, TypeError, AttributeError) as err:  # not (yet) on hybrids
+    except (AttnvizError, TypeError, AttributeError) as err:  # not (yet) on hybrids
         log.info("routes refused: %s", err)
     parts = [secs[k] for k in ("stream", "lens", "dla", "routes") if k in secs]
     secs["total"] = (sum(p[0] for p in parts), sum(p[1] for p in parts))
@@ -131,14 +137,14 @@ def _residual_patch(lm: LoadedModel, clean: list[int], corrupted: list[int]) -> 
     return {"setup": (w, c), "patch": timed(lambda: run_cells(lm, s, [cell], batch=1))[:2]}
 
 
-def bench(lm: LoadedModel, n: int, repeats: int) -> dict[str, Any]:
+def bench(lm: LoadedModel, n: int, repeats: int, skip: Collection[str] = ()) -> dict[str, Any]:
     """Medians over ``repeats`` of each row's (wall, CPU) ratio to the floor, and the floor's seconds."""
     clean, corrupted = prompts(n, lm.model.config.get_text_config().vocab_size)
     floor(lm, clean)()  # warm-up
     ratios: dict[str, list[tuple[float, float]]] = {}
     floors: list[tuple[float, float]] = []
     for r in range(repeats):
-        secs = one_repeat(lm, clean, corrupted)
+        secs = one_repeat(lm, clean, corrupted, skip)
         base = secs.pop("floor")
         floors.append(base)
         for name, (w, c) in secs.items():
@@ -161,12 +167,11 @@ def load() -> str:
 
 def _cell(row: dict[str, Any], key: str) -> str:
     if key not in row["ratios"]:
-        return "refused"
+        return "refused" if key == "routes" else "not run"
     w, c = row["ratios"][key]
-    verdict = ""
-    if key in BUDGETS:
-        verdict = " ✓" if c <= BUDGETS[key] else " ✗"
-    return f"{c:.2f}x ({w:.2f}x){verdict}"
+    if key in BUDGETS:  # three decimals: the mark must agree with the figure shown
+        return f"{c:.3f}x ({w:.3f}x) {'✓' if c <= BUDGETS[key] else '✗'}"
+    return f"{c:.2f}x ({w:.2f}x)"
 
 
 HEADER = (
@@ -188,20 +193,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="2048", help="comma-separated token counts")
     ap.add_argument("--blocks", type=int, default=BLOCKS, help="blocks of the 0.8B shape (default 24)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip", default="", help="rows not to run: patch, atp (comma-separated)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows into this Markdown file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     for noisy in ("transformers", "attnviz.loading", "attnviz.mixers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if skip - {"patch", "atp"}:
+        ap.error(f"--skip takes patch, atp; not {', '.join(sorted(skip - {'patch', 'atp'}))}")
     lm = qwen35_08b(args.blocks)
     start = load()
-    rows = [bench(lm, int(t), args.repeats) for t in args.tokens.split(",") if t]
+    rows = [bench(lm, int(t), args.repeats, skip) for t in args.tokens.split(",") if t]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"{when}; {machine_line(torch.device('cpu'))}; load average (1 / 5 / 15 min) {start} at the "
         f"start, {load()} at the end (a shared machine); medians of {args.repeats}; "
         f"`python -m attnviz.bench.hybrid_explain --tokens {args.tokens} --blocks {args.blocks} "
-        f"--repeats {args.repeats}`. Each cell: CPU-time ratio to the floor (wall-time ratio in brackets).",
+        f"--repeats {args.repeats}{f' --skip {args.skip}' if skip else ''}`. Each cell: CPU-time ratio "
+        "to the floor (wall-time ratio in brackets).",
         "",
         HEADER,
         *(markdown_row(r, args.blocks) for r in rows),

@@ -20,24 +20,32 @@ unchanged in the last step's (no sliding or quantised cache).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..records import CapturedAttention
+from ..records import CapturedAttention, CapturedMixer
 from .hook import recording
 
 log = logging.getLogger(__name__)
 
 
 def captured_generate(
-    model: Any, input_ids: torch.Tensor, names: dict[int, str], gen_kwargs: dict, step: Callable[..., Any]
+    model: Any,
+    input_ids: torch.Tensor,
+    names: dict[int, str],
+    gen_kwargs: dict,
+    step: Callable[..., Any],
+    mixers: list[CapturedMixer] | None = None,
 ) -> tuple[list[int], list[CapturedAttention] | None]:
     """(prompt + generated ids, one stitched call per attention layer in call order, or None
     when the record is not provably whole: then capture with a forward over the ids). ``step(**inputs)``
-    runs the model once on the last token with the generation's cache (`LoadedModel.forward`)."""
+    runs the model once on the last token with the generation's cache (`LoadedModel.forward`).
+    ``mixers``, when given, receives the non-softmax mixers' records of the prefill, every decode
+    step and the last step, in call order (`attnviz.mixers.steps` joins them; unchecked here)."""
     key_lens: list[int] = []
 
     def keep_one_key(count: int) -> None:  # a step keeps only its own new key row (memory: the
@@ -53,12 +61,20 @@ def captured_generate(
     cache = getattr(out, "past_key_values", None)
     if cache is None or n == n_prompt:
         return ids, None
+    device = input_ids.device
+    extra: dict[str, Any] = {
+        "attention_mask": torch.ones(1, n, dtype=torch.long, device=device),
+        "past_key_values": cache,
+    }
+    # its position, as generate gives each step's where the forward takes one (Bamba's model puts
+    # a token given without one at position 0 whatever its cache holds: its attention rotated the
+    # last query and key so, and that row was 0.4 off a forward's)
+    if "position_ids" in inspect.signature(model.forward).parameters:
+        extra["position_ids"] = torch.tensor([[n - 1]], device=device)
     with recording(names) as last:
-        step(
-            torch.tensor([ids[-1:]], device=input_ids.device),
-            attention_mask=torch.ones(1, n, dtype=torch.long, device=input_ids.device),
-            past_key_values=cache,
-        )
+        step(torch.tensor([ids[-1:]], device=device), **extra)
+    if mixers is not None:
+        mixers.extend([*rec.mixers, *last.mixers])
     calls, why = _stitch(rec.calls, key_lens, last.calls, n_prompt, bool(rec.unsupported or last.unsupported))
     if calls is None:
         log.info("generation capture not used (%s): a capture forward over the ids", why)

@@ -138,7 +138,7 @@ def _recording_core(fn: Callable, fname: str) -> Callable:
             started = [given.pop(k, None) for k in steps.STATE_ARGUMENTS]
             inputs = {k: _detach(v) for k, v in given.items()}
             output = (out[0] if isinstance(out, tuple) else out).detach()
-            inputs[steps.CONTINUES] = any(isinstance(s, torch.Tensor) for s in started)
+            inputs[steps.CONTINUES] = any(s is not None for s in started)
             step = MIXERS[kind].step_inputs
             if step is not None and fname in MIXERS[kind].step_functions:  # to the prefill layout
                 try:

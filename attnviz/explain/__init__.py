@@ -11,7 +11,9 @@ ablation and rotary frequency bands, all readable from one traced forward pass (
 Hybrids and recurrent models (Qwen3.5, Falcon-H1, Mamba, RWKV, ...) are read at block boundaries
 (`stream`): the logit lens and patching over "residual" / "blocks" run on them; routes and node
 inspection read a `block_trace` (every mixing branch's c_{t,s} as edges, mixer heads included);
-the views that split blocks into softmax heads only refuse them with the reason.
+`qk_attribution` splits their attention blocks' scores into every earlier block's branches
+(mixers by head: `mixed_trace`); the views that split blocks into softmax heads only refuse them
+with the reason.
 
 Every function also takes the text itself (and then runs its own forward).
 """

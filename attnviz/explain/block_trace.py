@@ -27,6 +27,7 @@ from ..errors import AttnvizError, MixerCheckFailed, MixerNotShown
 from ..exact.probabilities import probs_from_capture
 from ..inputs import admit_ids, tokenize
 from ..layout import query_group, repeat_kv
+from ..limits import bytes_per_element, capture_bytes, forward_bytes, require
 from ..loading import Hook, LoadedModel
 from ..mixers.kinds import MIXERS, check_rows
 from ..mixers.store import HALF_RELATIVE_TOLERANCE, RELATIVE_TOLERANCE, MixerStore
@@ -122,6 +123,16 @@ def block_trace(
         raise AttnvizError("an empty text; type a few words")
     admit_ids(lm, ids, max_tokens=max_tokens, memory=False).check()
     sites = block_sites(lm)
+    lay, n, elem = lm.layout, len(ids), bytes_per_element(lm.dtype)
+    # rough bounds: the stream, each part's write (model dtype and float32), the mixers' kernel
+    # inputs and their float32 values / scales (d_inner ≈ 2 d_model), the captured attention
+    per_block = lay.d_model * n * (4 * elem + 16 + 6 * 4)
+    require(
+        capture_bytes(lay, n, lm.dtype) + forward_bytes(lay, n, lm.dtype) + (sites.n_blocks + 1) * per_block,
+        lm.device,
+        what=f"tracing {n} tokens through every block's mixers (the routes)",
+        hint="a shorter text",
+    )
     o_in: dict[int, torch.Tensor] = {}
     raw: dict[tuple[int, str], torch.Tensor] = {}
     pre_ln: dict[int, torch.Tensor] = {}
@@ -193,6 +204,12 @@ def block_trace(
         mlp.append(added["mlp"].float() if "mlp" in added else None)
         all_parts.append(parts)
         problems.append(f"block {b}: {why}" if why and not why.startswith("block ") else why)
+    if any(p.per_head and name != "attention" for parts in all_parts for name, p in parts.items()):
+        notes.add(
+            "Per-head mixers (SSD, gated delta, Kimi delta, lightning) write through out_proj with their "
+            "gates and output norm frozen at their forward values (where that norm spans heads, as "
+            "lightning's, the split by head rests on its frozen scale); SSD's D·x_t is on token t's own edge."
+        )
     if any(p.per_head is False for parts in all_parts for p in parts.values()):
         notes.add(
             "Mamba-1, RWKV, RG-LRU and short-conv mixers mix per channel: each is one component, its "
@@ -224,23 +241,32 @@ def _attention_part(
     v = repeat_kv(v, query_group(heads, v.shape[0]), dim=0).contiguous()  # (heads, S, d_head)
     w = output_weight(lm.model, name, heads, d_head).to(v.device) * scale
     bias = output_bias(lm.model, name)
-    sigma = None
-    if o_in is not None:
-        n = v.shape[1]
-        z = torch.cat(  # Σ_s α v per row block: (T, heads, d_head), never (heads, N, N) at once
-            [
-                torch.einsum("hts,hsd->thd", probs_from_capture(cap, None, slice(r, r + Z_ROWS)), v)
-                for r in range(0, n, Z_ROWS)
-            ]
-        )
-        got = o_in.float().reshape(z.shape)
-        if not torch.allclose(got, z, rtol=1e-4, atol=1e-5 * max(1.0, float(z.abs().max()))):
-            sigma = torch.where(z != 0, got / z.where(z != 0, 1.0), 0.0)  # the gate, frozen
 
     def rows(targets: list[int], n_keys: int) -> torch.Tensor:
-        lo, hi = min(targets), max(targets) + 1
-        a = probs_from_capture(cap, None, slice(lo, hi))[:, [t - lo for t in targets], :n_keys]
-        return a.permute(1, 0, 2).float()
+        """α of ``targets`` (T, heads, keys): one call per run of consecutive targets."""
+        out, start = [], 0
+        for i in range(1, len(targets) + 1):
+            if i == len(targets) or targets[i] != targets[i - 1] + 1:
+                run = slice(targets[start], targets[i - 1] + 1)
+                out.append(probs_from_capture(cap, None, run)[:, :, :n_keys].permute(1, 0, 2))
+                start = i
+        return torch.cat(out).float()
+
+    sigma = None
+    if o_in is not None:  # a gate between the heads and W_O: o_proj's input is not Σ α v there
+        n = v.shape[1]
+        probe = check_rows(n)
+        got = o_in.float()[probe].reshape(len(probe), heads, d_head)
+        z = torch.einsum("ths,hsd->thd", rows(probe, n), v)
+        if not torch.allclose(got, z, rtol=1e-4, atol=1e-5 * max(1.0, float(z.abs().max()))):
+            z = torch.cat(  # Σ_s α v by row blocks (T, heads, d_head), never (heads, N, N) at once
+                [
+                    torch.einsum("ths,hsd->thd", rows(list(range(r, min(n, r + Z_ROWS))), n), v)
+                    for r in range(0, n, Z_ROWS)
+                ]
+            )
+            got = o_in.float().reshape(z.shape)
+            sigma = torch.where(z != 0, got / z.where(z != 0, 1.0), 0.0)  # the gate, frozen
 
     return HeadPart("attention", w, v, sigma, rows, None if bias is None else bias.float() * scale)
 
@@ -266,13 +292,12 @@ def _mixer_part(store: MixerStore, b: int, kind: str, scale: float) -> HeadPart 
     skip = parts[spec.skip].float() if spec.skip else None  # SSD's D_h: token t's own
 
     def rows(targets: list[int], n_keys: int) -> torch.Tensor:
-        out = []
-        for t in targets:  # one row each: the store's rows are a slice
-            a = store.tensor(b, kind, rows=slice(t, t + 1))[:, 0, :n_keys].to(v.device)  # (heads, keys)
-            if skip is not None and t < n_keys:
-                a[:, t] += skip.to(a.device)
-            out.append(a)
-        return torch.stack(out)
+        a = store.tensor(b, kind, rows=targets)[:, :, :n_keys].to(v.device)  # (heads, T, keys), checked
+        if skip is not None:  # D_h x_t: on token t's own edge
+            for i, t in enumerate(targets):
+                if t < n_keys:
+                    a[:, i, t] += skip.to(a.device)
+        return a.permute(1, 0, 2)
 
     return HeadPart(kind, w.contiguous(), v, sigma, rows, None if bias is None else bias.float())
 
@@ -280,10 +305,12 @@ def _mixer_part(store: MixerStore, b: int, kind: str, scale: float) -> HeadPart 
 def _check(parts: dict, added: dict, dtype: torch.dtype, n: int) -> str:
     """ "" when every part's Σ_s c_{t,s} + rest is what it adds to the stream at the check rows."""
     rel = RELATIVE_TOLERANCE.get(dtype, HALF_RELATIVE_TOLERANCE)
+    rows = check_rows(n)
     for name, part in parts.items():
-        for t in check_rows(n):
+        sums = part.sums(rows)
+        for i, t in enumerate(rows):
             want = added[name][t].float()
-            got = part.vectors(t).sum(dim=(0, 1)).to(want.device) + part.rest(t).to(want.device)
+            got = sums[i].to(want.device) + part.rest(t).to(want.device)
             diff, scale = float((got - want).abs().max()), max(1.0, float(want.abs().max()))
             if not diff <= rel * scale:
                 label = "attention" if name == "attention" else MIXERS[name].display

@@ -52,6 +52,7 @@ class QKSpace:
     keys_unrotated: np.ndarray  # (N, 2) before RoPE; = keys without rotary
     explained: tuple[float, float]  # share of the variance on each axis
     rotary: bool
+    block: int = -1  # the model's own block index of ``layer`` (= layer but in hybrids)
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,18 @@ def qk_space(
     kmap = layer_maps(lm, tr, layer)[1]
     k_pre = kmap.unrotate(k, torch.arange(tr.n_tokens))
     (qs, ks, kps), explained = _pca(q, k, k_pre)
+    block = tr.layer_blocks[layer] if isinstance(tr, MixedTrace) else layer
     return QKSpace(
-        tr.model_name, layer, head, tuple(tr.tokens.labels), qs, ks, kps, explained, kmap.cos is not None
+        tr.model_name,
+        layer,
+        head,
+        tuple(tr.tokens.labels),
+        qs,
+        ks,
+        kps,
+        explained,
+        kmap.cos is not None,
+        block,
     )
 
 

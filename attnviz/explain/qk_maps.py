@@ -38,6 +38,9 @@ class Projection:
     bias: torch.Tensor | None
 
 
+Side = tuple[Projection, torch.Tensor | None]  # a side's projection and its latent norm's scale (MLA)
+
+
 @dataclass(frozen=True)
 class SideMap:
     """One side (query or key) of one layer: x (positions, parts, d_model) -> (positions, parts, d_head)."""
@@ -50,6 +53,7 @@ class SideMap:
     sin: torch.Tensor | None
     pairing: str  # "half" or "interleaved"
     multiplier: float = 1.0  # a scalar on the side read from the tensors (Falcon-H1's μP multipliers)
+    dim_scale: torch.Tensor | None = None  # (N, d_head) a latent norm's frozen scale per position (MLA)
 
     def linear(self, parts: torch.Tensor, rows: torch.Tensor, head: int) -> torch.Tensor:
         """The images of ``parts`` (len(rows), C, d_model) for ``head``, no constant: (rows, C, d_head)."""
@@ -94,6 +98,8 @@ class SideMap:
                     raise Unsupported("a LayerNorm over all heads' queries mixes the heads; not split")
                 gain = self.head_norm.gain[head * d : (head + 1) * d]
                 v = v * gain * self.head_norm.scale[rows][:, None, None]
+        if self.dim_scale is not None:
+            v = v * self.dim_scale[rows][:, None, :]
         if self.multiplier != 1.0:
             v = v * self.multiplier
         if self.cos is None or self.sin is None:
@@ -145,12 +151,6 @@ def _weights(attn: Any, n_heads: int, n_kv: int, d_head: int) -> tuple[Projectio
             Projection(w3[:, 0], None if b3 is None else b3[:, 0]),
             Projection(w3[:, 1], None if b3 is None else b3[:, 1]),
         )
-    if hasattr(attn, "kv_a_proj_with_mqa"):
-        raise Unsupported(
-            f"{type(attn).__name__} is multi-head latent attention (MLA): its keys pass a norm on a "
-            "compressed latent (kv_a_layernorm) and share one rotary part across heads; the split does "
-            "not rebuild that path yet"
-        )
     raise Unsupported(f"{type(attn).__name__}: attnviz does not know where its query and key projections are")
 
 
@@ -179,6 +179,48 @@ def _falcon(w, b, cfg, n_heads: int, n_kv: int, d_head: int) -> tuple[Projection
         Projection(w3[:, 0], None if b3 is None else b3[:, 0]),
         Projection(w3[:, 1], None if b3 is None else b3[:, 1]),
     )
+
+
+def _latent(attn: Any, y: torch.Tensor, heads: int, kv: int, d_head: int) -> tuple[Side, Side]:
+    """Multi-head latent attention (Kimi Linear's, DeepSeek's layout): q = W_qb N_q(W_qa y) (or
+    q_proj y), k_h = [W_kb^h N_kv(W_kva y) | W_krope y], the rope part shared by every head. With
+    each latent norm frozen at its scale s_p per position, head h's side is (W_b^h ⊙ gain) W_a
+    times s_p on the dims that pass the norm: ((q projection, its (N, d_head) scale), (k ...))."""
+    if any(
+        getattr(getattr(attn, n, None), "bias", None) is not None for n in ("q_a_proj", "kv_a_proj_with_mqa")
+    ):
+        raise Unsupported(f"{type(attn).__name__}: a bias before the latent norm is not split yet")
+    n_pos = y.shape[0]
+
+    def frozen(norm: Any, w_a: torch.Tensor) -> FrozenNorm:
+        latent = y @ w_a.T  # (N, rank)
+        with torch.inference_mode():
+            out = norm(latent.to(norm.weight.device, norm.weight.dtype)).float().cpu()
+        f = identify(norm, latent, out, "latent norm")
+        if f is None or f.kind == "layer":
+            raise Unsupported(f"{type(norm).__name__} on the latent is not an RMS norm attnviz can freeze")
+        return f
+
+    def weight(mod: Any) -> torch.Tensor:
+        return mod.weight.detach().float().cpu()
+
+    q: tuple[Projection, torch.Tensor | None]
+    if getattr(attn, "q_proj", None) is not None:
+        q = (Projection(weight(attn.q_proj).reshape(heads, d_head, -1), None), None)
+    else:
+        w_a = weight(attn.q_a_proj)
+        f = frozen(attn.q_a_layernorm, w_a)
+        w_b = weight(attn.q_b_proj).reshape(heads, d_head, -1)
+        w_q = torch.einsum("hdr,r,rm->hdm", w_b, f.gain.cpu(), w_a)
+        q = (Projection(w_q, None), f.scale[:, None].cpu().expand(n_pos, d_head))
+    rank, d_nope = int(attn.kv_lora_rank), int(attn.qk_nope_head_dim)
+    w_a = weight(attn.kv_a_proj_with_mqa)  # (rank + d_rope, d_model)
+    f = frozen(attn.kv_a_layernorm, w_a[:rank])
+    w_b = weight(attn.kv_b_proj).reshape(kv, -1, rank)[:, :d_nope]  # each head's k_nope rows
+    nope = torch.einsum("hdr,r,rm->hdm", w_b, f.gain.cpu(), w_a[:rank])
+    rope = w_a[rank:][None].expand(kv, -1, -1)
+    scale = torch.cat([f.scale[:, None].cpu().expand(n_pos, d_nope), torch.ones(n_pos, d_head - d_nope)], 1)
+    return q, (Projection(torch.cat([nope, rope], 1), None), scale)
 
 
 def _rotary(
@@ -265,13 +307,19 @@ def layer_maps(lm: LoadedModel, tr: Trace | MixedTrace, layer: int) -> tuple[Sid
     block = lm.model.get_submodule(name.rsplit(".", 1)[0])
     cap = tr.captured[layer]
     heads, kv, d_head = int(cap.query.shape[1]), int(cap.key.shape[1]), int(cap.query.shape[-1])
-    qp, kp = _weights(attn, heads, kv, d_head)
-    if qp.weight.shape[:2] != (heads, d_head) or kp.weight.shape[:2] != (kv, d_head):
-        raise Unsupported(f"layer {layer}'s projections do not split into {heads} / {kv} heads of {d_head}")
     x = tr.stream[layer].float().cpu()  # (N, d_model)
-    if qp.weight.shape[-1] != x.shape[-1]:
+    plain: tuple[Side, Side] | None = None  # None: MLA, whose projections depend on its latent norms
+    if not hasattr(attn, "kv_a_proj_with_mqa"):
+        qp, kp = _weights(attn, heads, kv, d_head)
+        plain = ((qp, None), (kp, None))
+        if qp.weight.shape[:2] != (heads, d_head) or kp.weight.shape[:2] != (kv, d_head):
+            raise Unsupported(
+                f"layer {layer}'s projections do not split into {heads} / {kv} heads of {d_head}"
+            )
+    if plain is not None and plain[0][0].weight.shape[-1] != x.shape[-1]:
         raise Unsupported(
-            f"layer {layer}'s attention reads {qp.weight.shape[-1]} features, not the stream's {x.shape[-1]} "
+            f"layer {layer}'s attention reads {plain[0][0].weight.shape[-1]} features, not the stream's "
+            f"{x.shape[-1]} "
             "(Zamba2's shared block reads the stream concatenated with the embeddings, then writes "
             "through a linear layer inside a Mamba block): its score is not a map of the stream alone"
         )
@@ -284,11 +332,12 @@ def layer_maps(lm: LoadedModel, tr: Trace | MixedTrace, layer: int) -> tuple[Sid
             if in_norm is None
             else in_norm.apply(x, slice(None)) + (in_norm.constant if in_norm.constant is not None else 0)
         )
+        sides = _latent(attn, y, heads, kv, d_head) if plain is None else plain
         maps = []
-        for side, proj, want, n in (("q", qp, cap.query, heads), ("k", kp, cap.key, kv)):
+        for side, (proj, dims), want, n in (("q", sides[0], cap.query, heads), ("k", sides[1], cap.key, kv)):
             raw = torch.einsum("pm,hdm->phd", y, proj.weight) + (0 if proj.bias is None else proj.bias)
-            norm, width = _head_norm(attn, side, raw, n, d_head)
-            side_map = SideMap(in_norm, proj, norm, width, cos, sin, pairing)
+            norm, width = (None, 0) if plain is None else _head_norm(attn, side, raw, n, d_head)
+            side_map = SideMap(in_norm, proj, norm, width, cos, sin, pairing, dim_scale=dims)
             rebuilt = torch.stack(
                 [side_map.linear(x[:, None], rows, h)[:, 0] + side_map.constant(rows, h) for h in range(n)]
             )

@@ -32,6 +32,7 @@ from ..capture.projections import output_bias, output_weight
 from ..errors import AttnvizError
 from ..exact.probabilities import probs_from_capture
 from ..inputs import admit_ids, tokenize
+from ..limits import bytes_per_element, capture_bytes, forward_bytes, require
 from ..loading import Hook, LoadedModel
 from ..records import CapturedAttention
 from ..tokens import Tokens
@@ -125,6 +126,17 @@ def mixed_trace(
     if not ids:
         raise AttnvizError("an empty text; type a few words")
     admit_ids(lm, ids, max_tokens=max_tokens, memory=False).check()
+    dtype = next(lm.model.parameters()).dtype
+    lay = lm.layout
+    blocks = lay.n_blocks or lay.n_layers
+    # the stream at each boundary and up to 3 branches per block, + each branch's heads' inputs
+    held = (blocks + 1 + 3 * blocks) * len(ids) * lay.d_model * bytes_per_element(dtype)
+    require(
+        capture_bytes(lay, len(ids), dtype) + forward_bytes(lay, len(ids), dtype) + 2 * held,
+        lm.device,
+        what=f"reading {len(ids)} tokens block by block (the stream and every branch's write)",
+        hint="a shorter text",
+    )
     if lm.probe is None or not lm.fast_exact:
         raise Unsupported(f"{lm.spec!r}: attnviz does not capture its attention exactly; no score to split")
     names = [s.module_name for s in lm.probe.sites.get("self", ())]
@@ -157,7 +169,6 @@ def mixed_trace(
         raise Unsupported(
             f"{lm.spec!r}: the forward did not run each attention layer once as attnviz captures it"
         )
-    lay = lm.layout
     layer_blocks = tuple(lay.model_layer(layer) for layer in range(len(names)))
     splits, notes = _splits(lm, st, list(rec.calls), layer_blocks, head_in)
     return MixedTrace(

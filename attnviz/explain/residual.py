@@ -227,7 +227,8 @@ def unembed(lm: LoadedModel, x: torch.Tensor) -> torch.Tensor:
     head = lm.model.get_output_embeddings()
     if head is None:
         raise Unsupported(f"{lm.spec!r} has no output embedding (LM head) to read the stream with")
-    logits = head(final_norm(lm)[1](x[None]))[0].float()
+    normed = final_norm(lm)[1](x[None])  # Mamba's norm returns float32 on a bf16 model: cast as it does
+    logits = head(normed.to(head.weight.dtype))[0].float()
     multiplier = logit_multiplier(lm)
     if multiplier != 1.0:
         logits = logits * multiplier

@@ -81,6 +81,14 @@ class HeadPart:
     def rest(self, t: int) -> torch.Tensor:
         return self.bias if self.bias is not None else self.w.new_zeros(self.w.shape[1])
 
+    def sums(self, targets: list[int]) -> torch.Tensor:
+        """Σ_h Σ_s c^h_{t,s} for each target: float32 (T, d_model), the rows made once (the check)."""
+        a = self.rows(targets, self.v.shape[1])  # (T, heads, keys)
+        z = torch.einsum("thk,hkd->thd", a, self.v)
+        if self.sigma is not None:
+            z = z * self.sigma[torch.tensor(targets, device=z.device)]
+        return torch.einsum("thd,hmd->tm", z, self.w)
+
     def importances(self, whole: torch.Tensor, targets: list[int], n_keys: int) -> torch.Tensor:
         """(T, heads, keys) importances of c^h_{t,s} in ``whole`` (T, d): O(heads · keys · d)."""
         a = self.rows(targets, n_keys)  # (T, heads, keys)
@@ -137,6 +145,10 @@ class ChannelPart:
     def vectors(self, t: int) -> torch.Tensor:
         """c_{t,s} for s ≤ t: float32 (1, t + 1, d_model)."""
         return (self._inner(t) @ self.w.T).float()[None]
+
+    def sums(self, targets: list[int]) -> torch.Tensor:
+        """Σ_s c_{t,s} for each target: float32 (T, d_model)."""
+        return torch.stack([(self._inner(t).sum(0) @ self.w.T).float() for t in targets])
 
     def rest(self, t: int) -> torch.Tensor:
         terms = self.terms

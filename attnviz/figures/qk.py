@@ -243,7 +243,8 @@ def qk_space_view(space: QKSpace, *, height: int = 520) -> go.Figure:
     a, b = space.explained
     fig.update_layout(
         title=dict(
-            text=f"L{space.layer}H{space.head}'s queries and keys over the text (PCA of all three sets)",
+            text=f"L{space.block if space.block >= 0 else space.layer}H{space.head}'s queries and keys "
+            "over the text (PCA of all three sets)",
             x=0.01,
             xref="container",
         ),

@@ -43,7 +43,10 @@ def join(group: Sequence[CapturedMixer], channels_first: bool) -> CapturedMixer 
             "on its own): its rows need the forward that started that state"
         )
     if any(not continues(r) for r in group[1:]):
-        return f"{where} started from an empty state more than once in this record"
+        return (
+            f"{where} ran several scans from an empty state in one record (Zamba's one scan per "
+            "channel group): its decode steps are not joined to them"
+        )
     refused = next((r.inputs["refused"] for r in group if "refused" in r.inputs), None)
     if refused is not None:
         return f"{where}: {refused}"
@@ -64,13 +67,16 @@ def join(group: Sequence[CapturedMixer], channels_first: bool) -> CapturedMixer 
     if steps:
         function += f" + {len(steps)} × {steps[-1].function}"
     ran = [r.implementation for r in (first, steps[-1]) if r.implementation]
+    kinds = set(first.branches)  # a parallel block's branch sizes, measured in every call
+    same = bool(kinds) and all(set(r.branches) == kinds for r in group)
+    branches = {k: torch.cat([r.branches[k] for r in group]) for k in kinds} if same else {}
     return CapturedMixer(
         first.kind, first.module_name, first.block, function, {"steps": [r.inputs for r in group]},
         torch.cat(outputs, dim=axis),
         out_out=None if any(p is None for p in projected) else torch.cat(projected, dim=1),  # type: ignore[arg-type]
         scale=None if any(s is None for s in scales) else torch.cat(scales, dim=1),  # type: ignore[arg-type]
         n_tokens=offset, output_rows=tuple(rows), out_weight=first.out_weight, out_bias=first.out_bias,
-        branches=first.branches, branch_how=first.branch_how,
+        branches=branches, branch_how=first.branch_how if branches else "",
         implementation=" + ".join(dict.fromkeys(ran)),
     )  # fmt: skip
 

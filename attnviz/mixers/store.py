@@ -134,10 +134,15 @@ class MixerStore:
         return self._parts[key]
 
     def tensor(
-        self, block: int, kind: str, heads: Sequence[int] | None = None, rows: slice | None = None
+        self,
+        block: int,
+        kind: str,
+        heads: Sequence[int] | None = None,
+        rows: slice | Sequence[int] | None = None,
     ) -> torch.Tensor:
         """float32 (nh', T, S): the block's effective attention (per-channel kinds: the
-        token-contribution norms, one "head"), after the block's self-check passed."""
+        token-contribution norms, one "head"), after the block's self-check passed; ``rows``: a
+        slice or the query positions (the routes ask for the rows they expand)."""
         n_heads = self.n_heads(block, kind)
         heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
         for h in heads:
@@ -146,7 +151,7 @@ class MixerStore:
                     f"head {h} is out of range: block {block}'s {kind} mixer has heads 0..{n_heads - 1}"
                 )
         self.check(block, kind)
-        idx = torch.arange(self.n_tokens)[rows or slice(None)]
+        idx = torch.arange(self.n_tokens)[rows if rows is not None else slice(None)]
         if len(idx) == 0:
             return torch.zeros(len(heads), 0, self.n_tokens)
         from ..limits import require
@@ -291,7 +296,26 @@ class MixerStore:
     def branch_shares(self, block: int) -> BranchShares:
         """Each parallel branch's share of block ``block``'s token-mixing output, measured during
         the forward that captured it (`attnviz.mixers.branches`)."""
-        return branch_shares(self._all, block)
+        return branch_shares(list(self._records.values()), block)  # decode steps joined
+
+
+def checked_steps(records: Sequence[CapturedMixer], dtype: torch.dtype, n: int) -> list[CapturedMixer]:
+    """``records`` (a generation's prefill and decode steps, `attnviz.mixers.steps`) when every
+    shown mixer block joined into one record of ``n`` tokens whose self-check passed (each step's
+    row against what its kernel returned); else [] (the caller then captures a forward over the
+    ids: rows that do not check are never used)."""
+    store = MixerStore(records, dtype)
+    blocks = [(b, k) for k in store.kinds() if k in MIXERS and MIXERS[k].shown for b in store.blocks(k)]
+    if not blocks:
+        return []
+    for block, kind in blocks:
+        if not store.checkable(block, kind) or store.record(block, kind).n_tokens != n:
+            return []
+        try:
+            store.check(block, kind)
+        except (MixerCheckFailed, MixerNotShown):
+            return []
+    return list(records)
 
 
 def _spec(kind: str) -> MixerKind | None:

@@ -38,6 +38,8 @@ def test_a_hybrids_mixer_block_shows_the_new_tokens_row_per_head(env):
     assert trace["y"] == [f"head {h}" for h in range(4)]
     np.testing.assert_allclose(z_of(trace), want, atol=1e-7)
     assert (want < 0).any() and fig["layout"]["coloraxis"]["cmid"] == 0  # signed: diverging at 0
+    # the rows came from generate's own prefill and decode steps, each step's row checked
+    assert [c.value for c in at.caption if "+ 3 × torch_recurrent_gated_delta_rule" in c.value]
 
 
 def test_a_pure_recurrent_model_shows_its_mixer_rows_instead_of_refusing(env):

@@ -40,6 +40,9 @@ def test_a_hybrid_attention_head_is_split_into_every_earlier_blocks_parts(env):
     assert FQ.part_words("L0.gated_delta3") == "L0's gated_delta head 3 output"
     assert FQ.part_words("L2.mamba21") == "L2's mamba2 head 1 output"  # the kind ends in a digit
     assert FQ.part_words("L0.short_conv") == "L0's short_conv output"  # per channel: no heads
+    at.toggle(key="qk_space_on").set_value(True).run()
+    ok(at)
+    _titled(at, "L3H2's queries and keys")  # the scatter names the head by its block too
     # a clicked softmax head's part (block 1, head 2) opens in the explorer at attention layer 0
     at.session_state["qk_chart"] = {"selection": {"points": [{"customdata": [1, 2]}], "point_indices": [0]}}
     at.run()

@@ -4,6 +4,7 @@ that head enlarged (`ui.explorer.grid_hover`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -18,18 +19,29 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 TINY = "tiny:llama-gqa"  # 4 query heads in 2 KV groups
 TEXT = "the bank of the river is near the financial bank"
 
-TILES_JS = """() => {
-  const gd = Array.from(document.querySelectorAll('.js-plotly-plot')).find(
-    g => (g._fullData || []).some(t => (t.name || '').startsWith('tile ')));
-  const big = Array.from(document.querySelectorAll('.js-plotly-plot')).find(
-    g => /· head \\d/.test((g._fullLayout.title || {}).text || ''));
+TILES_JS = """() => {  // the grid and the big head: heatmaps elements (ui/heatmaps.py)
+  const roots = Array.from(document.querySelectorAll('[data-testid=attnvizHeatmaps]'));
+  const grid = roots.find(r => r.__avhData.panels.length > 1), big = roots.find(r => r !== grid);
   const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
-  const mark = document.querySelector('[data-testid=attnvizOpenHead]');
-  return {grid: box(gd), big: box(big.querySelector('g.heatmaplayer image')),
-          tiles: Array.from(gd.querySelectorAll('g.heatmaplayer image')).map(box),
-          hrefs: Array.from(gd.querySelectorAll('g.heatmaplayer image')).map(i => i.getAttribute('href')),
+  const mark = grid.querySelector('[data-testid=attnvizOpenHead]');
+  return {grid: box(grid), big: box(big.querySelector('.avh-img')),
+          tiles: Array.from(grid.querySelectorAll('.avh-img')).map(box),
+          hrefs: Array.from(grid.querySelectorAll('.avh-img')).map(i => i.getAttribute('src')),
           mark: mark && {head: mark.dataset.head, box: box(mark)}};
 }"""
+HOVER_JS = """() => { const t = document.querySelector('[data-testid=attnvizHover]');
+  return t && t.style.display !== 'none' ? t.textContent.split('\\n') : null; }"""
+
+
+def cell_centre(box: list[float], n_rows: int, n_cols: int, row: int, col: int) -> tuple[float, float]:
+    x0, y0, x1, y1 = box
+    return x0 + (col + 0.5) * (x1 - x0) / n_cols, y0 + (row + 0.5) * (y1 - y0) / n_rows
+
+
+def hover_lines(page, xy: tuple[float, float]) -> list[str]:
+    page.mouse.move(*xy)
+    page.wait_for_function(HOVER_JS)
+    return page.evaluate(HOVER_JS)
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +77,8 @@ def test_the_first_screen_holds_the_grid_and_the_big_head_and_frames_the_open_he
     assert framed(seen, 2), seen
     with reran(page):
         click_tile(page, "tile head 3")
-    # a click draws the grid under a new key (`ui.clicks`): Plotly draws a new chart, the old
-    # one's frame goes with it, and the component frames the new chart on its own run, after
-    # Streamlit's run is over (so after `reran`): wait for the frame to exist and name head 3
+    # the click reruns the layer: the frame follows (in the browser, after Streamlit's run is over,
+    # so after `reran`): wait for the frame to name head 3
     page.wait_for_function(
         "() => document.querySelector('[data-testid=attnvizOpenHead]')?.dataset.head === '3'"
     )
@@ -88,3 +99,44 @@ def test_hovering_a_tile_shows_that_head_enlarged(server, page):
     assert "head 1" in preview.inner_text()
     page.mouse.move(5, 5)
     page.wait_for_selector("[data-testid=attnvizHeadPreview]", state="hidden")
+
+
+def _engine():
+    import tiny
+
+    import attnviz
+
+    return attnviz.extract(tiny.loaded("llama-gqa"), TEXT)
+
+
+def test_the_hover_gives_each_cells_exact_value_and_tokens(server, page):
+    """The big head and a grid tile are pictures: the hover reads the cell under the pointer from
+    the float32 values shipped with it. At each cell's centre it shows the query and key tokens
+    and the weight the engine computed (to the 4 decimals the Plotly hover printed)."""
+    page.goto(url(server, ExplorerParams(model=TINY, text=TEXT, layer=1, head=2)))
+    wait_idle(page)
+    page.wait_for_selector("[data-testid=attnvizOpenHead]")
+    res = _engine()
+    head, layer, labels = res.head(1, 2), res.layer(1), list(res.tokens.labels)
+    n = len(labels)
+    seen = page.evaluate(TILES_JS)
+    for row, col in ((n - 1, 0), (5, 2), (n - 1, n - 1), (3, 3)):
+        lines = hover_lines(page, cell_centre(seen["big"], n, n, row, col))
+        assert lines[1:] == [f"query {labels[row]}", f"key {labels[col]}", f"weight {head[row, col]:.4f}"], (
+            row, col, lines,
+        )  # fmt: skip
+    # a tile of the grid: head 1's cell (6, 1), on the same shared colour scale
+    lines = hover_lines(page, cell_centre(seen["tiles"][1], n, n, 6, 1))
+    want = ["head 1 · kv 0", f"query {labels[6]}", f"key {labels[1]}", f"weight {layer[1][6, 1]:.4f}"]
+    assert lines == want, lines
+
+
+def test_a_click_on_a_cell_of_the_big_head_asks_why_it_attends_there(server, page):
+    page.goto(url(server, ExplorerParams(model=TINY, text=TEXT, layer=1, head=2)))
+    wait_idle(page)
+    page.wait_for_selector("[data-testid=attnvizOpenHead]")
+    n = len(_engine().tokens.labels)
+    with reran(page):
+        page.mouse.click(*cell_centre(page.evaluate(TILES_JS)["big"], n, n, 7, 2))
+    link = page.get_by_text(re.compile(r"Why does head 2 attend from 7 to 2"))
+    link.first.wait_for(timeout=60_000)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from browser_page import alerts, chromium, reran, wait_idle
+from browser_page import alerts, chromium, reran, titles, wait_idle
 
 from ui.params import ExplorerParams
 
@@ -58,9 +58,6 @@ def test_cancel_mid_run_then_run_again(server):
         # the page's one-sentence summary: "smollm2-135m read N tokens through ..."
         summary = page.locator('[data-testid="stMain"] [data-testid="stMarkdownContainer"]')
         assert f" {long_runs[0]} tokens " in summary.filter(has_text=" tokens through ").first.inner_text()
-        titles = page.evaluate(
-            "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => "
-            "(gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '')"
-        )
-        assert any("smollm2-135m · layer 0 · head 0" in t for t in titles), titles
+        drawn = titles(page)
+        assert any("smollm2-135m · layer 0 · head 0" in t for t in drawn), drawn
         page.context.close()

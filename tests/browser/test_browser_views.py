@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from browser_page import WIDTH, alerts, reran, wait_idle
+from browser_page import WIDTH, alerts, reran, titles, wait_idle
 from server import OUTPUT
 from ws_client import run_session
 
@@ -69,15 +69,13 @@ def click_point(page, name: str, n: int = 0) -> None:
     page.mouse.click(xy[0], xy[1])
 
 
-TILE_JS = """name => {
-  const plots = Array.from(document.querySelectorAll('.js-plotly-plot'));
-  for (const gd of plots) {
-    const t = (gd._fullData || []).find(d => d.name === name || (d.name || '').startsWith(name + ' '));
-    if (!t) continue;
-    const xa = gd._fullLayout[t.xaxis.replace('x', 'xaxis')];
-    const ya = gd._fullLayout[t.yaxis.replace('y', 'yaxis')];
-    const box = gd.querySelector('.main-svg').getBoundingClientRect();
-    return [box.left + xa._offset + xa._length * 0.45, box.top + ya._offset + ya._length * 0.55];
+TILE_JS = """name => {  // a grid tile of the heatmaps element (ui/heatmaps.py) by its head's title
+  for (const root of document.querySelectorAll('[data-testid=attnvizHeatmaps]')) {
+    const d = root.__avhData, i = d ? d.panels.findIndex(p => 'tile ' + p.title === name
+      || ('tile ' + p.title).startsWith(name + ' ')) : -1;
+    if (i < 0 || d.panels.length < 2) continue;
+    const r = root.querySelectorAll('.avh-img')[i].getBoundingClientRect();
+    return [r.left + r.width * 0.45, r.top + r.height * 0.55];
   }
   return null;
 }"""
@@ -90,10 +88,8 @@ COLOURBAR_JS = """() => {
 
 
 def click_tile(page, name: str) -> None:
-    """Click the middle of the grid facet that holds trace ``name`` (a cell, not a marker)."""
-    index = page.evaluate(CHART_INDEX_JS, name)
-    assert index >= 0, f"no chart with a trace {name!r}"
-    page.locator(".js-plotly-plot").nth(index).scroll_into_view_if_needed()
+    """Click the middle of the grid tile of ``name`` ("tile head 3": the head's tile)."""
+    page.locator("[data-testid=attnvizHeatmaps]").first.scroll_into_view_if_needed()
     xy = page.evaluate(TILE_JS, name)
     assert xy, name
     page.mouse.click(xy[0], xy[1])
@@ -112,12 +108,8 @@ def screenshot(page, name: str) -> None:
 
 
 def head_title(page) -> str:
-    titles = page.evaluate(
-        "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => "
-        "(gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '')"
-    )
-    found = [t for t in titles if re.search(r"layer \d+ · head \d+", t)]
-    assert found, titles
+    found = [t for t in titles(page) if re.search(r"layer \d+ · head \d+", t)]
+    assert found, titles(page)
     return found[0]
 
 
@@ -128,7 +120,10 @@ TITLE_BOXES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'
   if (!t || !t.textContent) return [];
   const r = t.getBoundingClientRect(), s = gd.querySelector('.main-svg').getBoundingClientRect();
   return [{text: t.textContent, left: r.left - s.left, right: s.right - r.right}];
-})"""
+}).concat(Array.from(document.querySelectorAll('[data-testid=attnvizHeatmaps] .avh-title')).map(t => {
+  const r = t.getBoundingClientRect(), s = t.closest('[data-testid=attnvizHeatmaps]').getBoundingClientRect();
+  return {text: t.textContent, left: r.left - s.left, right: s.right - r.right};
+}))"""
 
 
 def titles_fit(page) -> None:
@@ -260,11 +255,11 @@ def test_compare_and_atlas_screens(server, page):
     screenshot(page, "views_atlas")
 
 
-MARK_IMAGES_JS = """() => document.querySelectorAll('.js-plotly-plot').forEach((gd, i) =>
-  gd.querySelectorAll('g.heatmaplayer image, g.hm image').forEach(im => { im.__mark = i; }))"""
-KEPT_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
-  const ims = Array.from(gd.querySelectorAll('g.heatmaplayer image, g.hm image'));
-  return {title: (gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '',
+MARK_IMAGES_JS = """() => document.querySelectorAll('[data-testid=attnvizHeatmaps]').forEach(root =>
+  root.querySelectorAll('.avh-img').forEach(im => { im.__mark = 1; }))"""
+KEPT_JS = """() => Array.from(document.querySelectorAll('[data-testid=attnvizHeatmaps]')).map(root => {
+  const ims = Array.from(root.querySelectorAll('.avh-img'));
+  return {title: root.querySelector('.avh-title').textContent,
           heatmaps: ims.length, kept: ims.filter(im => im.__mark !== undefined).length};
 })"""
 

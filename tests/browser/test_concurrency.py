@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from browser_page import alerts, charts, chromium, wait_idle
+from browser_page import TITLES_JS, alerts, charts, chromium, wait_idle
 from ws_client import figure_array, run_session
 
 import attnviz
@@ -93,8 +93,7 @@ def sessions(server) -> list[Seen]:
         for i, (word, page) in enumerate(zip(WORDS, pages, strict=False)):
             wait_idle(page, timeout_ms=240_000)
             page.wait_for_function(
-                "t => Array.from(document.querySelectorAll('.js-plotly-plot'))"
-                ".some(gd => (gd._fullLayout.title.text || '').includes(t))",
+                f"t => ({TITLES_JS})().some(title => title.includes(t))",
                 arg=f"layer {3 * i} · head {i % 9}",
                 timeout=120_000,
             )

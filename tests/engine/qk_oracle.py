@@ -194,6 +194,11 @@ def block_attention(model, block: int):
 def _projections(attn, x: torch.Tensor, heads: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(q (N, heads·d), k (N, kv·d)) straight from the module's own projection(s)."""
     n = x.shape[0]
+    if hasattr(attn, "kv_a_proj_with_mqa"):  # MLA (Kimi Linear): its own latent path and expand_kv
+        q = attn.q_proj(x) if attn.q_proj is not None else attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
+        kv_nope, k_rot = attn.kv_a_proj_with_mqa(x).split([attn.kv_lora_rank, attn.qk_rope_head_dim], -1)
+        k, _v = attn.expand_kv(attn.kv_a_layernorm(kv_nope).view(1, 1, n, -1), k_rot.view(1, 1, n, -1))
+        return q, k[0].transpose(0, 1).reshape(n, -1)
     if hasattr(attn, "q_proj"):
         q = attn.q_proj(x)
         if q.shape[-1] == 2 * heads * d:  # Qwen3-Next / Qwen3.5: per head [query | gate], as it chunks
@@ -223,7 +228,11 @@ def block_scores(model, ids: list[int], block: int) -> torch.Tensor:
             model(input_ids=torch.tensor([ids]))
             cfg = model.config.get_text_config()
             heads = cfg.num_attention_heads
-            d = getattr(attn, "head_dim", None) or cfg.hidden_size // heads
+            d = (
+                getattr(attn, "head_dim", None)
+                or getattr(attn, "qk_head_dim", None)
+                or cfg.hidden_size // heads
+            )
             x, kw, n = seen["x"], seen["kw"], seen["x"].shape[0]
             q, k = _projections(attn, x, heads, d)
             out = []

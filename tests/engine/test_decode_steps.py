@@ -129,3 +129,37 @@ def test_a_join_that_lost_a_step_fails_its_check():
     store = MixerStore(lost, torch.float32)
     with pytest.raises(MixerCheckFailed, match="misses the kernel's output"):
         store.check(lost[0].block, "mamba2")
+
+
+TEXT = "the cat sat on the mat and then the dog"
+
+
+@pytest.mark.parametrize("model_type", ["bamba", "qwen3_5_text", "falcon_h1", "kimi_linear", "zamba2"])
+def test_generation_rows_come_from_the_decode_steps(model_type):
+    """``extract(generate=k)`` on a hybrid: the mixers' rows come from generate's own prefill and
+    decode steps (no second forward over the ids), each step's row checked against its kernel,
+    and they equal a forward over the same ids to 1e-5 of scale (fp32), as do the softmax rows
+    stitched from the same generation (the last step at its true position: Bamba's last row was
+    0.4 off when its cache reported no tokens seen). Zamba2's decode differs from its forward
+    (dt clamp, above): its rows are held to its step kernels only."""
+    import attnviz
+
+    lm = hybrids_tiny.loaded(model_type)
+    res = attnviz.extract(lm, TEXT, generate=4)
+    full = attnviz.extract_ids(lm, list(res.tokens.ids))
+    for block, kinds in enumerate(lm.layout.mixers):
+        for kind in kinds:
+            if kind == "attention":
+                continue
+            assert "× " in res.mixer_check(block, kind).against  # the generation's steps, joined
+            got, want = (torch.as_tensor(r.layer(block, mixer=kind)) for r in (res, full))
+            if model_type != "zamba2":
+                assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (block, kind)
+    if model_type == "falcon_h1":  # parallel branches: their sizes over every token, steps included
+        shares = res.branch_shares(0)
+        assert all(len(v) == len(res.tokens.ids) for v in shares.per_token.values())
+        assert abs(sum(shares.shares.values()) - 1) < 1e-9
+    for layer in range(lm.layout.n_layers):
+        got, want = (torch.as_tensor(r.layer(layer)) for r in (res, full))
+        if model_type != "zamba2":
+            assert (got - want).abs().max() <= 1e-5, layer

@@ -87,6 +87,7 @@ def test_each_branch_edges_sum_to_its_hooked_output(model_type):
                 # Σ_s c_{t,s} + rest (out_proj's bias; LFM2's conv bias C_t ⊙ b); SSD's and Mamba-1's
                 # D ⊙ x_t are token t's own, on the self edge
                 total = edges.sum(dim=(0, 1)) + part.rest(t)
+                torch.testing.assert_close(part.sums([t])[0], edges.sum(dim=(0, 1)), atol=1e-5, rtol=1e-4)
                 assert (total - want[t]).abs().max() <= REL * max(1.0, float(want[t].abs().max())), (
                     b,
                     branch,
@@ -218,3 +219,48 @@ def test_a_per_channel_mixer_has_no_heads_to_inspect():
     assert attnviz.explain.node_writes(lm, tr, 0, 3, part="mamba").norm > 0
     assert block_routes.refusal(tr) == ""
     assert route_parts.ChannelPart is type(tr.parts[0]["mamba"])
+
+
+@pytest.mark.parametrize("model_type", FAST + [pytest.param(m, marks=pytest.mark.slow) for m in SLOW])
+def test_routes_reach_mixer_edges_and_draw_on_every_model(model_type):
+    lm = _loaded(model_type)
+    graph = attnviz.information_flow(lm, TEXT, threshold=0.01)
+    kinds = {e.part for e in graph.edges if e.kind == "mixer"}
+    assert kinds and kinds <= set(BRANCHES[model_type]) - {"attention"}
+    for e in graph.edges:  # a mixer edge's weight: Σ of its heads' shares (a per-channel mixer: one)
+        if e.kind == "mixer":
+            assert abs(sum(e.heads) - e.weight) < 1e-5
+            assert (len(e.heads) == 1) == (e.part in ("mamba", "rwkv", "short_conv")), e
+    fig = attnviz.flow_view(graph)
+    assert any(t.name == "mixer" for t in fig.data)
+    assert {graph.writer(n)[1] for n in graph.nodes if n.layer > 0} <= {
+        *BRANCHES[model_type],
+        "ffn",
+        "mixing",
+    }
+
+
+@pytest.mark.parametrize("model_type", ["mamba2", "qwen3_5_text"])
+def test_bf16_models_pass_their_checks_and_draw_routes(model_type):
+    """In bf16 (as on a GPU) every branch's edges still add up within the half-precision tolerance;
+    Mamba's final norm returns float32 there, cast to the LM head's dtype as the model does."""
+    import copy
+
+    import tiny
+
+    model = copy.deepcopy(hybrids_tiny.model(model_type)).to(torch.bfloat16)
+    lm = attnviz.wrap_model(model, tiny.tokenizer(), spec=f"bf16-{model_type}")
+    tr = block_trace(lm, attnviz.tokenize(lm, TEXT)[0])
+    assert not any(tr.problems) and not tr.unembed_problem, (tr.problems, tr.unembed_problem)
+    assert any(e.kind == "mixer" for e in attnviz.information_flow(lm, tr, threshold=0.01).edges)
+
+
+def test_a_trace_that_would_not_fit_is_a_message(monkeypatch):
+    from attnviz import limits
+
+    lm = _loaded("mamba")
+    monkeypatch.setattr(limits, "free_bytes", lambda device: 1 << 10)
+    with pytest.raises(
+        attnviz.AttnvizError, match=r"tracing .* tokens through every block's mixers .* shorter text"
+    ):
+        block_trace(lm, TEXT)

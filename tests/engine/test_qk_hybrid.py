@@ -4,8 +4,9 @@ The stream entering an attention block is split into what every earlier block wr
 each mixer's heads through its out_proj, `attnviz.explain.qk_mixed`); the oracle
 (tests/engine/qk_oracle.py, `block_scores`) rebuilds each score from the attention module's own
 q_proj / k_proj (Qwen3.5's gated q_proj chunked as the module does, Bloom's and MPT's fused qkv),
-q/k norms, Falcon-H1's key multiplier and transformers' own RoPE function on the hidden states
-the module received, plus the ALiBi bias the model handed it. fp32; 1e-4 relative to the row.
+q/k norms, Falcon-H1's key multiplier, Kimi Linear's latent path (its own modules and expand_kv)
+and transformers' own RoPE function on the hidden states the module received, plus the ALiBi bias
+the model handed it. fp32; 1e-4 relative to the row.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import qk_oracle
 import tiny_explain as te
 
-from attnviz.explain import Unsupported, qk_attribution, qk_row
+from attnviz.explain import Unsupported, qk_attribution, qk_row, qk_space
 from attnviz.explain.qk_mixed import MixedTrace
 from attnviz.explain.qk_parts import source
 
@@ -28,6 +29,7 @@ HYBRIDS = {
     "bamba": {},  # Mamba-2 heads, partial rotary
     "falcon_h1": FALCON_H1_MUP,  # attention ‖ Mamba-2 in one block, μP scalars on both sides
     "lfm2": {},  # a short conv (per channel: one part), q/k layernorms
+    "kimi_linear": {},  # Kimi delta heads; multi-head latent attention (latent norms, NoPE)
 }
 
 
@@ -78,6 +80,8 @@ def test_part_names_of_a_hybrid(built):
     want = ("embed", *gd[:4], "L0.mlp", *(f"L1H{g}" for g in range(4)), "L1.mlp", *gd[4:], "L2.mlp", "bias")
     assert cell.components == want
     assert abs(cell.error) <= TOL * max(1.0, abs(cell.score))
+    space = qk_space(lm, src, layer=1, head=0)  # the Q/K scatter reads the same forward
+    assert space.queries.shape == (src.n_tokens, 2) and space.rotary and space.block == 3
     lm, src = _model(built, "lfm2")
     cell = qk_attribution(lm, src, layer=0, head=1, query=-1, key=2)
     assert cell.components == ("embed", "L0.short_conv", "L0.mlp", "bias")
@@ -121,8 +125,33 @@ def test_alibi_models_split_exactly_with_the_bias_as_its_own_term(built, name):
     assert abs(frame["value"].sum() - cell.score) <= TOL * max(1.0, abs(cell.score))
 
 
-def test_zamba2_and_kimi_linear_are_refused_with_the_reason():
+def test_zamba2_is_refused_with_the_reason():
     with pytest.raises(Unsupported, match="concatenated with the embeddings"):
         qk_attribution(hybrids_tiny.loaded("zamba2"), te.TEXT, layer=0, head=0)
-    with pytest.raises(Unsupported, match="latent attention"):
-        qk_attribution(hybrids_tiny.loaded("kimi_linear"), te.TEXT, layer=0, head=0)
+
+
+def test_a_text_too_large_for_memory_is_a_message(monkeypatch):
+    """The block-by-block read asks for its memory first (the stream, every branch's write)."""
+    import attnviz.limits as L
+    from attnviz.errors import OutOfMemory
+
+    monkeypatch.setattr(L, "free_bytes", lambda device: 1 << 16)
+    with pytest.raises(OutOfMemory, match=r"reading \d+ tokens block by block"):
+        qk_attribution(hybrids_tiny.loaded("lfm2"), te.TEXT, layer=0, head=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ("qwen3_5_text", "bamba"))
+def test_past_the_kernels_chunks(name):
+    """200 random tokens (the gated delta's chunk of 64 and Mamba-2's of 16 crossed): rows spread
+    over the text still sum to the hooked score."""
+    import torch
+
+    lm = hybrids_tiny.loaded(name)
+    ids = torch.randint(5, 300, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    src = source(lm, ids)
+    oracle = qk_oracle.block_scores(lm.model, ids, src.layer_blocks[-1])
+    for i in (0, 63, 64, 130, 199):
+        row = qk_row(lm, src, layer=src.n_layers - 1, head=1, query=i)
+        want = oracle[1, i, row.keys].numpy()
+        assert np.abs(row.key_terms.sum(1) - want).max() <= TOL * max(1.0, np.abs(want).max()), i

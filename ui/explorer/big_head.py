@@ -136,7 +136,7 @@ def draw(ref: models.ResultRef, d: Drawing, head: int, zmax: float | None) -> No
     cell = heatmaps.clicked(HEAD_KEY)
     with top:
         heatmaps.show(
-            [panel], P.colour_bar(scale, cmap, zmax, probs, value), key=HEAD_KEY, tile_px=HEAD_PX - 70,
+            [panel], P.colour_bar(scale, cmap, zmax, probs, value), key=HEAD_KEY, tile_px=HEAD_PX - 120,
             click="cell", axes=True, name=name,
         )  # fmt: skip
     qk.big_head_link(_as_event(cell, panel), d.layer, head)  # "why does it attend here?" for the clicked cell

@@ -51,10 +51,12 @@ def draw(
     )
     fig.update_yaxes(title_text="head")
     export.chart(fig, f"{name}_B{block}_{kind}", key="gen_mixer")
+    # where the rows come from: generate's own prefill and decode steps ("… + 4 × …_state_update")
+    # where every step was captured and checks, else a forward over the prompt and generated tokens
+    against = res.mixer_check(block, kind).against
     st.caption(
-        "Each row is the query's exact row of that head (from the extract's forward over the prompt and "
-        "the generated tokens, checked against the mixer's own kernel): signed weights that need not sum "
-        "to 1, not probabilities."
+        f"Each row is the query's exact row of that head, rebuilt from what the mixer's kernels received "
+        f"and checked against {against}: signed weights that need not sum to 1, not probabilities."
         if not is_norms(kind)
         else "This mixer mixes per channel: its one row is ‖c‖, how much each earlier token adds to the "
         "new token's mixer output (non-negative, not probabilities)."
