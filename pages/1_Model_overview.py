@@ -132,6 +132,8 @@ def every_head(
     heatmaps.show(
         panels, P.colour_bar(scale, cmap, None, images), key=MOSAIC_KEY, cols=n_layers,
         tile_px=MOSAIC_TILE_PX, click="panel", preview=True, name=name,
+        col_titles=[n.removeprefix("layer ") for n in layer_names],  # "12" fits a 16 px tile, "L12" not
+        row_titles=F.mosaic_row_titles(kv, n_heads),
     )  # fmt: skip
     st.caption("Hover a tile to see it enlarged; click it to open that head in the explorer. " + note)
 

@@ -170,9 +170,14 @@ def mosaic_panels(
     mode = resolve_scale(False, scale)
     drawn = _colour(images, mode).astype(np.float32)
     short = [n.replace("layer ", "L") for n in layer_names] if layer_names else [f"L{i}" for i in range(n_l)]
-    heads = [f"H{h}" if kv_heads is None else f"H{h} kv{kv_heads[h]}" for h in range(n_h)]
+    heads = mosaic_row_titles(kv_heads, n_h)
     ql, kl = list(q_labels), list(k_labels)
     return [Panel(f"{short[la]} {heads[h]}", drawn[la, h], ql, kl) for h in range(n_h) for la in range(n_l)]
+
+
+def mosaic_row_titles(kv_heads: Sequence[int] | None, n_heads: int) -> list[str]:
+    """The mosaic's row (head) names: "H4", with GQA "H4 kv1"."""
+    return [f"H{h}" if kv_heads is None else f"H{h} kv{kv_heads[h]}" for h in range(n_heads)]
 
 
 def mosaic_side(n_layers: int, n_heads: int, max_cells: int = MOSAIC_MAX_CELLS, max_side: int = 64) -> int:

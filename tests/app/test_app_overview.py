@@ -26,6 +26,8 @@ def test_mosaic_statistics_and_finder(env):
     assert mosaic["cols"] == 3 and mosaic["click"] == "panel" and mosaic["preview"]
     titles = [p["title"] for p in mosaic["panels"]]
     assert titles == [f"L{la} H{h} kv{h // 2}" for h in range(4) for la in range(3)]
+    assert mosaic["col_titles"] == ["0", "1", "2"]  # layers; the tiles' own titles in the hover
+    assert mosaic["row_titles"] == [f"H{h} kv{h // 2}" for h in range(4)]
     titles = [t["name"] for t in heatmaps(statistics(at))]
     for name in ("entropy", "sink", "previous token", "induction", "GQA coherence"):
         assert any(name in t for t in titles), (name, titles)
