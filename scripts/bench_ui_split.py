@@ -42,10 +42,22 @@ from server import streamlit_server  # noqa: E402
 
 import attnviz  # noqa: E402
 from attnviz.bench.common import replace_section  # noqa: E402
+from ui.link_text import pack_text  # noqa: E402
 
 MODEL = "smollm2-135m"
 PAGES = {"Explorer": "", "Model overview": "Model_overview", "Explain": "Explain"}
+URL_TEXT_MAX = 30_000  # characters of a quoted text in a plain ``text=`` link
 TARGET = {"Explorer": 1.05, "Model overview": 1.5, "Explain": 1.5}  # issues 31, 40: server / forward
+
+
+def link_query(text: str) -> str:
+    """The query of a link to ``text`` on smollm2: the text readable, or compressed (``tz``, as the
+    app's own links) past `URL_TEXT_MAX` characters: an 8k-token text in plain ``text=`` made a
+    request line the server refused (the browser never got the page)."""
+    quoted = urllib.parse.quote(text)
+    if len(quoted) <= URL_TEXT_MAX:
+        return urllib.parse.urlencode({"model": MODEL, "text": text}, quote_via=urllib.parse.quote)
+    return urllib.parse.urlencode({"model": MODEL, "tz": pack_text(text)})
 
 
 def server_run(
@@ -98,8 +110,7 @@ def main() -> int:
         for n, (page, path) in ((n, pp) for n in args.n for pp in PAGES.items()):
             walls, cpus, used = [], [], []
             for text, count in texts(lm, n, 1 if args.browser_only else args.repeats, word=f"Split {page}"):
-                query = urllib.parse.urlencode({"model": MODEL, "text": text}, quote_via=urllib.parse.quote)
-                wall, cpu = server_run(s.url, query, path, proc)
+                wall, cpu = server_run(s.url, link_query(text), path, proc)
                 if args.browser_only:  # the result is cached: no forward to compare with
                     used.append((text, count, wall, float("nan")))
                     print(f"{page} {count} tokens: server {wall:.2f} s (no forward timed)", flush=True)
@@ -114,7 +125,7 @@ def main() -> int:
                 ctx = b.new_context(viewport={"width": 1440, "height": 1000})
                 pg = ctx.new_page()
                 empty = urllib.parse.urlencode({"model": MODEL, "text": ""})
-                full = urllib.parse.urlencode({"model": MODEL, "text": text}, quote_via=urllib.parse.quote)
+                full = link_query(text)
                 open_link(pg, s.url, path, empty)  # the browser's first load of the app (cache warm)
                 views = []
                 for _ in range(args.repeats):  # each view less the app's own load (no text, no figure)
