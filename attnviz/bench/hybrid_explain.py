@@ -34,7 +34,8 @@ import logging
 import os
 import statistics
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -197,11 +198,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the rows into this Markdown file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    for noisy in ("transformers", "attnviz.loading", "attnviz.mixers"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if skip - {"patch", "atp"}:
         ap.error(f"--skip takes patch, atp; not {', '.join(sorted(skip - {'patch', 'atp'}))}")
+    with _quiet("transformers", "attnviz.loading", "attnviz.mixers"):
+        return _run(args, skip)
+
+
+@contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    """These loggers at ERROR for the bench's run, then as they were: a caller in the same process
+    (a test session, a notebook) keeps hearing them afterwards."""
+    before = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for n, level in before.items():
+            logging.getLogger(n).setLevel(level)
+
+
+def _run(args: argparse.Namespace, skip: set[str]) -> int:
     lm = qwen35_08b(args.blocks)
     start = load()
     rows = [bench(lm, int(t), args.repeats, skip) for t in args.tokens.split(",") if t]
