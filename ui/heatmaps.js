@@ -56,7 +56,8 @@ function build(root, data) {
   const bins = Math.max(...P.map(p => Math.max(p.rows, p.cols)));
   const fit = room => Math.max(16, Math.min(data.tile, Math.floor(room / cols - GAP)));
   // token labels only where each has 12 px of its row (`attnviz.figures.labels_fit`) at the drawn size
-  const labelsOn = !!data.labels && fit(width - LABEL_W) / bins >= 12;
+  // and where they leave the picture 160 px at least (a narrow window: the picture, the hover's labels)
+  const labelsOn = !!data.labels && fit(width - LABEL_W) / bins >= 12 && fit(width - LABEL_W) >= 160;
   // `col_titles` / `row_titles` (a mosaic): one title per column above the first row and one per
   // row left of the first column, instead of a title over every panel
   const colT = data.col_titles, rowT = data.row_titles, rowW = rowT ? ROW_W : 0;

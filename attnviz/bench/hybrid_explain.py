@@ -10,12 +10,14 @@ At each N, repeat by repeat (interleaved, so other people's load falls on all al
 
   floor     one plain forward: the model's own default attention (SDPA), ``use_cache=False``,
             logits at the last position only (`attnviz.bench.common.floor`); the unit of every ratio
-  stream    `attnviz.explain.read_stream`: the forward with the residual stream at every block
+  stream    `attnviz.explain.read_stream` alone: the forward with the residual stream at every block
             boundary, each part's write and each per-head mixer's out_proj input kept
-  lens      `attnviz.logit_lens` of the last 16 positions (k = 5) from that stream
+  trace     `attnviz.explain.block_trace`: the same forward also capturing every attention call
+            and every mixer's kernel inputs, each block's parts self-checked (what routes read)
+  lens      `attnviz.logit_lens` of the last 16 positions (k = 5) from the trace's stream
   dla       `attnviz.explain.block_attribution` of the last token (per-head mixer pieces included)
-  routes    `attnviz.information_flow` from the stream where the engine takes a hybrid (else: refused)
-  total     stream + lens + dla (+ routes): "trace + every readout", budget ≤ 1.3x
+  routes    `attnviz.information_flow` from the trace
+  total     trace + lens + dla + routes: "trace + every readout", budget ≤ 1.3x
   patch     residual patching of one (block, position) cell: the one patched forward
             (`explain.patching.run_cells`), after the two prompts' capture runs (``setup``, shown apart)
   atp       `attnviz.attribution_patch(..., over="heads_by_position", verify=0)`: every head ×
@@ -52,7 +54,7 @@ VOCAB = 248320
 BLOCKS = 24
 LENS_POSITIONS = 16
 BUDGETS = {"total": 1.3, "atp": 4.0}
-ROWS = ("stream", "lens", "dla", "routes", "total", "setup", "patch", "atp")
+ROWS = ("stream", "trace", "lens", "dla", "routes", "total", "setup", "patch", "atp")
 
 
 def qwen35_08b(blocks: int = BLOCKS, vocab: int = VOCAB) -> LoadedModel:
@@ -107,22 +109,38 @@ def one_repeat(
 
 
 def _readouts(lm: LoadedModel, ids: list[int]) -> dict[str, tuple[float, float]]:
-    """The stream, each readout from it, and their total."""
-    from ..explain import block_attribution, information_flow, logit_lens, read_stream
+    """The stream alone; then the hybrid's trace (`block_trace`: the stream and every mixing
+    branch's parts, checked), each readout from it, and their total ("trace + every readout")."""
+    from ..explain import block_attribution, block_trace, information_flow, logit_lens, read_stream
 
     secs: dict[str, tuple[float, float]] = {}
     w, c, st = timed(lambda: read_stream(lm, ids))
     secs["stream"] = (w, c)
+    traced: Any = None
+    try:
+        w, c, traced = timed(lambda: block_trace(lm, ids))
+        secs["trace"] = (w, c)
+        st = traced.stream
+    except AttnvizError as err:  # the readouts then read the stream alone
+        log.warning("block_trace refused: %s", err)
     positions = list(range(len(ids) - LENS_POSITIONS, len(ids)))
     secs["lens"] = timed(lambda: logit_lens(lm, st, positions))[:2]
     secs["dla"] = timed(lambda: block_attribution(lm, st))[:2]
-    try:
-        secs["routes"] = timed(lambda: information_flow(lm, st))[:2]  # type: ignore[arg-type]
-    except (AttnvizError, TypeError, AttributeError) as err:  # not (yet) on hybrids
-        log.info("routes refused: %s", err)
-    parts = [secs[k] for k in ("stream", "lens", "dla", "routes") if k in secs]
+    if traced is not None:
+        try:
+            secs["routes"] = timed(lambda: information_flow(lm, traced))[:2]
+        except AttnvizError as err:
+            log.warning("routes refused: %s", err)
+    parts = [secs[k] for k in (total_parts(secs))]
     secs["total"] = (sum(p[0] for p in parts), sum(p[1] for p in parts))
     return secs
+
+
+def total_parts(secs: Collection[str]) -> list[str]:
+    """The rows "trace + every readout" adds up: the trace (the stream alone where `block_trace`
+    refused), the lens, DLA and routes (where they ran)."""
+    first = "trace" if "trace" in secs else "stream"
+    return [first, "lens", "dla", *(["routes"] if "routes" in secs else [])]
 
 
 Seconds = dict[str, tuple[float, float]]  # row -> (wall, CPU)
@@ -168,7 +186,7 @@ def load() -> str:
 
 def _cell(row: dict[str, Any], key: str) -> str:
     if key not in row["ratios"]:
-        return "refused" if key == "routes" else "not run"
+        return "refused" if key in ("trace", "routes") else "not run"
     w, c = row["ratios"][key]
     if key in BUDGETS:  # three decimals: the mark must agree with the figure shown
         return f"{c:.3f}x ({w:.3f}x) {'✓' if c <= BUDGETS[key] else '✗'}"
@@ -176,9 +194,9 @@ def _cell(row: dict[str, Any], key: str) -> str:
 
 
 HEADER = (
-    "| N | blocks | floor: CPU s (wall s) | stream | lens, 16 positions | DLA + mixer heads | routes "
-    "| trace + every readout (≤ 1.3x) | patching setup (2 capture runs) | one residual patch "
-    "| attribution patching (≤ 4x) |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "| N | blocks | floor: CPU s (wall s) | stream alone | trace (block_trace) | lens, 16 positions "
+    "| DLA + mixer heads | routes | trace + every readout (≤ 1.3x) | patching setup (2 capture runs) "
+    "| one residual patch | attribution patching (≤ 4x) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

@@ -5,8 +5,10 @@ and, in the same forward, captures each softmax attention call (Q, K, V) and eac
 inputs (`attnviz.capture`), and the input of each softmax attention's output projection (its
 gate, if any, frozen: Qwen3.5's sigmoid gate). Each block's token-mixing branches then become
 `route_parts` parts (per head, or one per-channel part), and each is checked before it is used:
-at the self-check's rows, Σ_s c_{t,s} + rest must be what the branch adds to the stream (read by
-the hooks), within the dtype's tolerance. A block that fails keeps the reason in ``problems``.
+Σ_s c_{t,s} + rest must be what the branch adds to the stream (read by the hooks), within the
+dtype's tolerance, at the self-check's rows (a mixer: its rows over the whole text are the mixer
+store's own self-check; this check of how its parts are put together reads its first 64 tokens).
+A block that fails keeps the reason in ``problems``.
 
 Where a block is the sum of its branches only after a norm on its input (RWKV's ``pre_ln`` in
 block 0), the routes start from that norm's output: the embedding node is the normalised embedding.
@@ -44,6 +46,7 @@ SHARED_BLOCK = (
     "the attention's c_(t,s) are not parts of what the block adds, so no route can cross it"
 )
 Z_ROWS = 256  # query rows of α made at once while reading a gate
+ASSEMBLY_ROWS = 64  # a mixer branch's parts are checked on its first tokens (see _check)
 SOURCE_NOTE = (
     "A mixer's source s is the vector its matrix weighs at s, as in the Explorer (Mamba's x_s after "
     "its short conv, RWKV's v_s after its time shift): those mix in a few earlier tokens."
@@ -150,15 +153,15 @@ def block_trace(
 
     for b in range(sites.n_blocks):
         attn = sites.modules.get("attention", [None] * sites.n_blocks)[b]
-        proj = next((getattr(attn, n) for n in OUT_NAMES if isinstance(getattr(attn, n, None), Linear)), None)
+        proj = next((getattr(attn, a) for a in OUT_NAMES if isinstance(getattr(attn, a, None), Linear)), None)
         if proj is not None:
             hooks.append(Hook(proj, keep_input(b), "before"))
-        for part in sites.parts:
-            if sites.modules[part][b] is not None:
-                hooks.append(Hook(sites.modules[part][b], keep_output(raw, (b, part))))
         norm = getattr(sites.blocks[b], "pre_ln", None)
-        if isinstance(norm, torch.nn.Module):
+        if isinstance(norm, torch.nn.Module):  # RWKV's block 0: its parts' outputs, to split again
             hooks.append(Hook(norm, keep_output(pre_ln, b)))
+            for part in sites.parts:
+                if sites.modules[part][b] is not None:
+                    hooks.append(Hook(sites.modules[part][b], keep_output(raw, (b, part))))
     with recording(lm.module_names) as rec:
         st = read_stream(lm, ids, hooks)
     store = MixerStore(rec.mixers, lm.dtype)
@@ -305,8 +308,10 @@ def _mixer_part(store: MixerStore, b: int, kind: str, scale: float) -> HeadPart 
 def _check(parts: dict, added: dict, dtype: torch.dtype, n: int) -> str:
     """ "" when every part's Σ_s c_{t,s} + rest is what it adds to the stream at the check rows."""
     rel = RELATIVE_TOLERANCE.get(dtype, HALF_RELATIVE_TOLERANCE)
-    rows = check_rows(n)
     for name, part in parts.items():
+        # a mixer's rows over the whole text are the store's self-check (at its check rows); here
+        # the parts' assembly (out_proj by head, frozen scales, skip, multiplier) on the first tokens
+        rows = check_rows(n if name == "attention" else min(n, ASSEMBLY_ROWS))
         sums = part.sums(rows)
         for i, t in enumerate(rows):
             want = added[name][t].float()

@@ -31,12 +31,13 @@ from ..layout import kv_heads_of
 from ..loading import LoadedModel
 from ..tokens import displays
 from .blocks import Unsupported
-from .qk_maps import layer_maps
+from .norms import identify
+from .qk_maps import codegen_qvk, falcon_value, layer_maps
 from .qk_mixed import MixedTrace
 from .qk_parts import source
 from .residual import Trace, final_norm
 
-INPUT_NORMS = ("input_layernorm", "ln_1", "attention_norm", "ln_attn", "pre_attention_layernorm")
+INPUT_NORMS = ("input_layernorm", "ln_1", "attention_norm", "ln_attn", "pre_attention_layernorm", "norm_1")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class OVCircuits:
     copying: np.ndarray  # Σλ / Σ|λ|
     positive: np.ndarray  # share of eigenvalues with a positive real part
     notes: tuple[str, ...] = ()
+    blocks: tuple[int, ...] = ()  # the model's own block index of each row (hybrids: not the row)
 
     @property
     def nbytes(self) -> int:
@@ -119,30 +121,41 @@ def _value_weight(attn: Any, heads: int, kv: int, d: int) -> torch.Tensor:
 
     if hasattr(attn, "v_proj"):
         return w(attn.v_proj).reshape(kv, d, -1)
-    if hasattr(attn, "c_attn"):
-        return w(attn.c_attn)[2 * heads * d :].reshape(kv, d, -1)
-    if hasattr(attn, "qkv_proj"):
-        return w(attn.qkv_proj)[(heads + kv) * d :].reshape(kv, d, -1)
-    if (
-        hasattr(attn, "query_key_value")
-        and getattr(getattr(attn, "config", None), "model_type", "") != "falcon"
-    ):
+    if type(attn).__name__ == "CodeGenAttention":
+        return codegen_qvk(w(attn.qkv_proj), heads, d)[1]
+    fused = next((getattr(attn, n) for n in ("c_attn", "qkv_proj", "Wqkv") if hasattr(attn, n)), None)
+    if fused is not None:  # [q | k | v]: GPT-2, GPT-BigCode (one KV head), Phi-3, MPT
+        rows = w(fused)
+        kv = (rows.shape[0] // d - heads) // 2  # the weight's own count (GPT-BigCode's multi-query: 1)
+        return rows[(heads + kv) * d :].reshape(kv, d, -1)
+    if hasattr(attn, "query_key_value"):
+        cfg = getattr(attn, "config", None)
+        if getattr(cfg, "model_type", "") == "falcon":
+            return falcon_value(w(attn.query_key_value), cfg, heads, kv, d)
         return w(attn.query_key_value).reshape(heads, 3, d, -1)[:, 2]
     raise Unsupported(f"{type(attn).__name__}: attnviz does not know where its value projection is")
 
 
 def _gain(mod: torch.nn.Module | None) -> torch.Tensor | float:
+    """The norm's gain as it computes it: read by running it once on a probe (Gemma's and
+    Qwen3.5 / Qwen3-Next's RMSNorm scale by 1 + weight), else its weight (+1 for Gemma)."""
     weight = getattr(mod, "weight", None)
-    if not isinstance(weight, torch.Tensor):
+    if not isinstance(weight, torch.Tensor) or mod is None:
         return 1.0
+    probe = torch.randn(3, weight.shape[0], generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        out = mod(probe.to(weight.device, weight.dtype)).float().cpu()
+    frozen = identify(mod, probe, out)
+    if frozen is not None:
+        return frozen.gain.cpu()
     offset = 1.0 if "Gemma" in type(mod).__name__ else 0.0  # Gemma's RMSNorm scales by 1 + weight
     return weight.detach().float() + offset
 
 
 def _heads(lm: LoadedModel):
     """(attention module, input norm, heads, kv, d_head, W_O) per layer, from the probe's sites."""
-    if lm.probe is None or lm.layout.kind != "decoder" or lm.layout.attention_layers:
-        raise Unsupported(f"{lm.spec!r}: OV circuits are read for decoders whose every block is attention")
+    if lm.probe is None or lm.layout.kind != "decoder":
+        raise Unsupported(f"{lm.spec!r}: OV circuits are read for decoders")
     lay = lm.layout
     d = lay.head_dim
     for site in lm.probe.sites["self"]:
@@ -170,17 +183,29 @@ def ov_circuits(lm: LoadedModel) -> OVCircuits:
         w_v = _value_weight(attn, heads, kv, d) * _gain(norm)  # (kv, d_head, d_model)
         row_c, row_p = [], []
         for h in range(heads):
-            m = w_v[h // (heads // kv)].double() @ g @ w_o[h].double()  # (d_head, d_head)
+            m = w_v[h // (heads // w_v.shape[0])].double() @ g @ w_o[h].double()  # (d_head, d_head)
             lam = torch.linalg.eigvals(m)
             row_c.append(float(lam.sum().real / lam.abs().sum().clamp(min=1e-30)))
             row_p.append(float((lam.real > 0).double().mean()))
         copying.append(row_c)
         positive.append(row_p)
-    note = (
+    notes = [
         "Weights only: the norms' gains folded in, their per-token scales and any embedding "
         "multiplier left out (Elhage et al. 2021's convention)."
-    )
-    return OVCircuits(lm.spec, np.array(copying), np.array(positive), (note,))
+    ]
+    if any(_gated(attn, heads, d) for attn, _n, heads, _kv, d, _w in _heads(lm)):
+        notes.append(
+            "Each head's output is gated per token (sigmoid of a projection of the input, Qwen3.5 / "
+            "Qwen3-Next): input-dependent, so left out of this weights-only circuit."
+        )
+    blocks = tuple(lm.layout.model_layer(layer) for layer in range(len(copying)))
+    return OVCircuits(lm.spec, np.array(copying), np.array(positive), tuple(notes), blocks)
+
+
+def _gated(attn: Any, heads: int, d: int) -> bool:
+    """A q_proj that also makes a per-head output gate (Qwen3.5 / Qwen3-Next: [query | gate])."""
+    q = getattr(attn, "q_proj", None)
+    return isinstance(q, torch.nn.Linear) and q.out_features == 2 * heads * d
 
 
 @torch.inference_mode()

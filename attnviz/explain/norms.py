@@ -96,6 +96,8 @@ def _eps(module: Any) -> float | None:
 def _candidates(module: Any, x: torch.Tensor) -> list[FrozenNorm]:
     eps = _eps(module)
     weight = getattr(module, "weight", None)
+    if weight is None and eps is not None and "norm" in type(module).__name__.lower():
+        weight = torch.ones(x.shape[-1])  # a norm with no gain (NanoChat's RMSNorm)
     if eps is None or not isinstance(weight, torch.Tensor) or weight.dim() != 1:
         return []
     w = weight.detach().float().to(x.device)

@@ -108,6 +108,16 @@ class SideMap:
         return self._turn(v, cos, sin)
 
 
+CODEGEN_MP = 4  # CodeGen's qkv_proj: 4 chunks (its TPU cores) of [q | v | k], each a quarter of the heads
+
+
+def codegen_qvk(w: torch.Tensor, heads: int, d_head: int) -> tuple[torch.Tensor, ...]:
+    """CodeGen's fused rows (3 · heads · d_head, ...) as its forward splits them: (q, v, k), each
+    (heads, d_head, ...) (a bias: (heads, d_head))."""
+    chunks = w.reshape(CODEGEN_MP, 3, heads // CODEGEN_MP, d_head, *w.shape[1:])
+    return tuple(chunks[:, i].reshape(heads, d_head, *w.shape[1:]) for i in range(3))
+
+
 def _weights(attn: Any, n_heads: int, n_kv: int, d_head: int) -> tuple[Projection, Projection]:
     """(query, key) projections split by head, from the attention module's layout."""
 
@@ -127,14 +137,16 @@ def _weights(attn: Any, n_heads: int, n_kv: int, d_head: int) -> tuple[Projectio
             bq = None if bq is None else bq.reshape(n_heads, 2, d_head)[:, 0].reshape(-1)
         return split(wq, bq, n_heads), split(*linear(attn.k_proj), n_kv)
     hd_q, hd_k = n_heads * d_head, n_kv * d_head
-    if hasattr(attn, "c_attn") and not getattr(attn, "is_cross_attention", False):  # GPT-2: [q | k | v]
-        w, b = linear(attn.c_attn)
-        pick = lambda t, a, z: None if t is None else t[a:z]  # noqa: E731
-        return split(w[:hd_q], pick(b, 0, hd_q), n_heads), split(
-            w[hd_q : 2 * hd_q], pick(b, hd_q, 2 * hd_q), n_kv
-        )
-    if hasattr(attn, "qkv_proj") or hasattr(attn, "Wqkv"):  # Phi-3, MPT: [q | k | v]
-        w, b = linear(getattr(attn, "qkv_proj", None) or attn.Wqkv)
+    if type(attn).__name__ == "CodeGenAttention":
+        w, b = linear(attn.qkv_proj)
+        q, _, k = codegen_qvk(w, n_heads, d_head)
+        qb, kb = (None, None) if b is None else codegen_qvk(b, n_heads, d_head)[::2]
+        return Projection(q, qb), Projection(k, kb)
+    fused = next((getattr(attn, n) for n in ("qkv_proj", "Wqkv") if hasattr(attn, n)), None)
+    if hasattr(attn, "c_attn") and not getattr(attn, "is_cross_attention", False):
+        fused = attn.c_attn  # GPT-2: [q | k | v]; GPT-BigCode's multi-query: one key head
+    if fused is not None:  # Phi-3, MPT, GPT-2: [q | k | v]
+        w, b = linear(fused)
         pick = lambda t, a, z: None if t is None else t[a:z]  # noqa: E731
         return split(w[:hd_q], pick(b, 0, hd_q), n_heads), split(
             w[hd_q : hd_q + hd_k], pick(b, hd_q, hd_q + hd_k), n_kv
@@ -152,6 +164,16 @@ def _weights(attn: Any, n_heads: int, n_kv: int, d_head: int) -> tuple[Projectio
             Projection(w3[:, 1], None if b3 is None else b3[:, 1]),
         )
     raise Unsupported(f"{type(attn).__name__}: attnviz does not know where its query and key projections are")
+
+
+def falcon_value(w: torch.Tensor, cfg: Any, n_heads: int, n_kv: int, d_head: int) -> torch.Tensor:
+    """Falcon's W_V from its fused rows (same layouts as `_falcon`): (kv, d_head, d_model)."""
+    d_model = w.shape[-1]
+    if getattr(cfg, "new_decoder_architecture", False):
+        return w.reshape(n_kv, n_heads // n_kv + 2, d_head, d_model)[:, -1]
+    if getattr(cfg, "multi_query", False):
+        return w.reshape(n_heads + 2, d_head, d_model)[-1:]
+    return w.reshape(n_heads, 3, d_head, d_model)[:, 2]
 
 
 def _falcon(w, b, cfg, n_heads: int, n_kv: int, d_head: int) -> tuple[Projection, Projection]:
@@ -223,15 +245,33 @@ def _latent(attn: Any, y: torch.Tensor, heads: int, kv: int, d_head: int) -> tup
     return q, (Projection(torch.cat([nope, rope], 1), None), scale)
 
 
+def _own_tables(attn: Any, n_pos: int) -> list[tuple[torch.Tensor | None, torch.Tensor | None, str]]:
+    """GPT-J / CodeGen turn inside the attention from their own ``embed_positions`` buffer
+    ((positions, rot) = [sin | cos], interleaved pairs, the first rot dims): the tables it reads at
+    positions 0..N-1, checked later like any reading."""
+    table = getattr(attn, "embed_positions", None)
+    if (
+        not isinstance(table, torch.Tensor)
+        or table.dim() != 2
+        or table.shape[0] < n_pos
+        or table.shape[1] % 2
+    ):
+        return []
+    sin, cos = table[:n_pos].float().cpu().chunk(2, dim=-1)
+    return [(cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1), "interleaved")]
+
+
 def _rotary(
-    tr: Trace | MixedTrace, layer: int, d_head: int
+    tr: Trace | MixedTrace, layer: int, d_head: int, attn: Any = None
 ) -> list[tuple[torch.Tensor | None, torch.Tensor | None, str]]:
     """Readings of the layer's rotary tables, each checked later: the pairing the tables show
     (partial rotary: narrower tables), a half-width table that turns dims m and m + d_head/2 by
-    the same angle (gpt-oss), or no rotation (learned positions, ALiBi, NoPE layers)."""
+    the same angle (gpt-oss), the first half of the tables turning neighbours (GLM's
+    repeat_interleave), the module's own table (GPT-J), or no rotation (learned positions, ALiBi,
+    NoPE layers)."""
     tables = tr.rotary[layer]
     if tables is None:
-        return [(None, None, "half")]
+        return [*_own_tables(attn, tr.n_tokens), (None, None, "half")]
     cos, sin = (t.reshape(-1, t.shape[-1]).float().cpu() for t in tables)
     if cos.shape[0] != tr.n_tokens:
         raise Unsupported(
@@ -242,6 +282,10 @@ def _rotary(
         out.append((cos, sin, spec_from_tables(cos, sin, d_head).pairing if cos.shape[0] >= 2 else "half"))
     if 2 * cos.shape[-1] == d_head:
         out.append((torch.cat([cos, cos], -1), torch.cat([sin, sin], -1), "half"))
+    half = cos.shape[-1] // 2
+    out.append(
+        (cos[:, :half].repeat_interleave(2, -1), sin[:, :half].repeat_interleave(2, -1), "interleaved")
+    )
     return [*out, (None, None, "half")]  # a NoPE layer is handed the tables and leaves them unused
 
 
@@ -249,12 +293,16 @@ def _candidates(block: Any, attn: Any, x: torch.Tensor) -> list[FrozenNorm | Non
     """The block's input norm: None (the attention reads the stream) or a child norm, frozen."""
     out: list[FrozenNorm | None] = [None]
     for name, child in block.named_children():
-        if child is attn or not hasattr(child, "weight") or getattr(child, "weight", None) is None:
+        weight = getattr(child, "weight", None)
+        if child is attn or (weight is None and "norm" not in type(child).__name__.lower()):
             continue
-        if getattr(child.weight, "dim", lambda: 0)() != 1 or child.weight.shape[0] != x.shape[-1]:
+        if weight is not None and (
+            getattr(weight, "dim", lambda: 0)() != 1 or weight.shape[0] != x.shape[-1]
+        ):
             continue
+        like = weight if weight is not None else x  # a norm with no gain runs in the stream's dtype
         with torch.inference_mode():
-            y = child(x[None].to(child.weight.device, child.weight.dtype))[0].float().cpu()
+            y = child(x[None].to(like.device, like.dtype))[0].float().cpu()
         frozen = identify(child, x, y, name)
         if frozen is not None:
             out.append(frozen)
@@ -276,10 +324,12 @@ def _head_norm(
     )
     if mod is None:
         return None, 0
-    width = int(mod.weight.shape[0])
+    weight = getattr(mod, "weight", None)
+    width = d_head if weight is None else int(weight.shape[0])  # no gain (NanoChat): over each head
+    like = raw if weight is None else weight
     x = raw.reshape(-1, d_head) if width == d_head else raw.reshape(raw.shape[0], -1)
     with torch.inference_mode():
-        y = mod(x.to(mod.weight.device, mod.weight.dtype)).float().cpu()
+        y = mod(x.to(like.device, like.dtype)).float().cpu()
     frozen = identify(mod, x, y, f"{side}_norm")
     if frozen is None:
         raise Unsupported(f"{type(mod).__name__} on the {side}s is not a norm attnviz can freeze")
@@ -325,7 +375,7 @@ def layer_maps(lm: LoadedModel, tr: Trace | MixedTrace, layer: int) -> tuple[Sid
         )
     rows = torch.arange(tr.n_tokens)
     dtype = cap.query.dtype
-    readings = _rotary(tr, layer, d_head)
+    readings = _rotary(tr, layer, d_head, attn)
     for in_norm, (cos, sin, pairing) in ((n, r) for n in _candidates(block, attn, x) for r in readings):
         y = (
             x

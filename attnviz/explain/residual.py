@@ -114,11 +114,13 @@ class Trace:
         return self.stream[layer][rows] + self.attn_added[layer][rows]
 
     def w_o(self, lm: LoadedModel, layer: int) -> torch.Tensor:
-        """W_O split by head, float32 (heads, d_model, d_head) (cached on the trace)."""
+        """W_O split by head, float32 (heads, d_model, d_value) (cached on the trace); d_value is
+        d_head but in MLA (DeepSeek V2/V3: v_head_dim ≠ the query/key width)."""
         if layer not in self._w_o:
             cap = self.captured[layer]
+            d_value = cap.query.shape[-1] if cap.value is None else cap.value.shape[-1]  # MLA: ≠ d_head
             self._w_o[layer] = output_weight(
-                lm.model, self.attn_modules[layer], int(cap.query.shape[1]), int(cap.query.shape[-1])
+                lm.model, self.attn_modules[layer], int(cap.query.shape[1]), int(d_value)
             )
         return self._w_o[layer]
 

@@ -313,6 +313,12 @@ def information_flow(
     from .block_trace import BlockTrace
     from .stream import needs_stream
 
+    if not isinstance(text, str | list | tuple | Trace | BlockTrace):
+        raise AttnvizError(
+            f"routes read a text, a Trace or (hybrids, recurrent models) a block_trace, not a "
+            f"{type(text).__name__} (a Stream keeps no mixer's parts): pass "
+            "attnviz.explain.block_trace(lm, text)"
+        )
     if isinstance(text, BlockTrace) or (not isinstance(text, Trace) and needs_stream(lm.layout)):
         return block_flow(lm, text, token, threshold, chat=chat, progress=progress)
     tr = text if isinstance(text, Trace) else trace(lm, text, chat=chat)

@@ -267,14 +267,14 @@ def ov_map_view(ov: OVCircuits, *, height: int | None = None) -> go.Figure:
         go.Heatmap(
             z=ov.copying,
             x=[f"H{h}" for h in range(n_h)],
-            y=[f"L{layer}" for layer in range(n_l)],
+            y=[f"L{ov.blocks[layer] if ov.blocks else layer}" for layer in range(n_l)],
             zmid=0,
             zmin=-1,
             zmax=1,
             colorscale="RdBu_r",
             customdata=data,
             colorbar=dict(title=dict(text="copying"), thickness=10),
-            hovertemplate="layer %{customdata[0]} head %{customdata[1]}: copying %{z:.3f}, "
+            hovertemplate="%{y} head %{customdata[1]}: copying %{z:.3f}, "
             "positive eigenvalues %{customdata[2]:.0%}<br>click: open it<extra></extra>",
         )
     )

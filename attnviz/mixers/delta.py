@@ -58,6 +58,8 @@ def delta_rows(parts: dict, heads: Sequence[int], rows: torch.Tensor) -> torch.T
 
 def _head_parts(parts: dict, heads: Sequence[int]):
     hs = list(heads)
+    if hs == list(range(parts["q"].shape[1])):  # every head: the tensors themselves (a list index copies)
+        return (parts[n] for n in ("q", "k", "a", "beta"))
     return (parts[n][:, hs] for n in ("q", "k", "a", "beta"))
 
 

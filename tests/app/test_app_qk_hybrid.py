@@ -43,6 +43,9 @@ def test_a_hybrid_attention_head_is_split_into_every_earlier_blocks_parts(env):
     at.toggle(key="qk_space_on").set_value(True).run()
     ok(at)
     _titled(at, "L3H2's queries and keys")  # the scatter names the head by its block too
+    at.toggle(key="qk_ov_on").set_value(True).run()
+    ok(at)
+    assert _titled(at, "OV circuits")["data"][0]["y"] == ["L1", "L3"]  # attention rows by block
     # a clicked softmax head's part (block 1, head 2) opens in the explorer at attention layer 0
     at.session_state["qk_chart"] = {"selection": {"points": [{"customdata": [1, 2]}], "point_indices": [0]}}
     at.run()

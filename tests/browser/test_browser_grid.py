@@ -1,6 +1,7 @@
 """The Explorer's grid in Chromium at 1280x800 (issue 40): the first screen holds the grid and the
 big head, the open head is framed and the frame follows a head change, a hover on a tile shows
-that head enlarged (`ui.explorer.grid_hover`)."""
+that head enlarged, a hover on a cell gives its exact value and tokens, a click on a cell of the
+big head asks why it attends there (`ui.heatmaps`: one element draws each)."""
 
 from __future__ import annotations
 
@@ -140,3 +141,24 @@ def test_a_click_on_a_cell_of_the_big_head_asks_why_it_attends_there(server, pag
         page.mouse.click(*cell_centre(page.evaluate(TILES_JS)["big"], n, n, 7, 2))
     link = page.get_by_text(re.compile(r"Why does head 2 attend from 7 to 2"))
     link.first.wait_for(timeout=60_000)
+
+
+def test_the_png_button_saves_the_big_head_at_twice_its_size(server, page):
+    """The element's "⬇ PNG" (what Plotly's camera button was): the view as drawn, at 2x, named."""
+    from PIL import Image
+
+    page.goto(url(server, ExplorerParams(model=TINY, text=TEXT, layer=1, head=2)))
+    wait_idle(page)
+    root = page.locator("[data-testid=attnvizHeatmaps]").nth(1)
+    with page.expect_download() as got:
+        root.locator(".avh-save").click()
+    download = got.value
+    assert download.suggested_filename == "attnviz_tiny-llama-gqa_L1_H2.png"
+    img = Image.open(download.path()).convert("RGB")
+    box = root.bounding_box()
+    assert abs(img.width - 2 * box["width"]) <= 2 and abs(img.height - 2 * box["height"]) <= 2
+    # the picture of the head is in it, drawn without smoothing: the top-left cell is query 0's
+    # weight on key 0 (1.0, the top of the colour scale: Viridis yellow)
+    pic = root.locator(".avh-img").bounding_box()
+    x, y = int(2 * (pic["x"] - box["x"] + 2)), int(2 * (pic["y"] - box["y"] + 2))
+    assert img.getpixel((x, y)) == (253, 231, 37), img.getpixel((x, y))

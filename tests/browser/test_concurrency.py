@@ -179,7 +179,7 @@ def one_runtime_for_threaded_apptests(monkeypatch) -> None:
     Runtime into the process-wide `Runtime._instance` at the start of each run and sets it back to
     None at the end. AppTests run in threads therefore take the singleton from under each other:
     a session still running finds no Runtime (`RuntimeError: Runtime hasn't been created!`) or
-    another session's component registry (the Explorer's `st.components.v2` grid_hover mounts
+    another session's component registry (the Explorer's `st.components.v2` heatmaps mount
     on every run). Here every AppTest run shares one mock Runtime, as sessions share the server's:
     AppTest's own swaps go to a subclass's attribute, leaving the singleton set for all threads."""
     from unittest.mock import MagicMock

@@ -264,3 +264,25 @@ def test_a_trace_that_would_not_fit_is_a_message(monkeypatch):
         attnviz.AttnvizError, match=r"tracing .* tokens through every block's mixers .* shorter text"
     ):
         block_trace(lm, TEXT)
+
+
+def test_a_clicked_node_of_falcon_h1_writes_both_branches_by_hand():
+    """Falcon-H1's node after a block's mixing is written by its attention ‖ Mamba-2 together
+    ("mixing"): the hooked branch outputs times their μP multipliers, at that token."""
+    lm = _loaded("falcon_h1")
+    ids = attnviz.tokenize(lm, TEXT)[0]
+    tr = block_trace(lm, ids)
+    graph = attnviz.information_flow(lm, tr, threshold=0.01)
+    hooked = _hooked_outputs(lm.model, ids, "falcon_h1")
+    mids = [n for n in graph.nodes if n.stage == "mid"]
+    assert mids and {graph.writer(n) for n in mids} == {(n.layer, "mixing") for n in mids}
+    for node in mids:
+        got = attnviz.explain.node_writes(lm, tr, node.layer, node.token, part="mixing")
+        want = sum(hooked[(node.layer, b)][node.token] * m for b, m in MULTIPLIER["falcon_h1"].items())
+        assert abs(got.norm - float(want.norm())) <= 1e-4 * float(want.norm())
+
+
+def test_routes_from_a_stream_say_what_to_pass():
+    lm = _loaded("mamba")
+    with pytest.raises(attnviz.AttnvizError, match="block_trace"):
+        attnviz.information_flow(lm, attnviz.explain.stream(lm, TEXT))  # type: ignore[arg-type]

@@ -80,3 +80,54 @@ def test_ov_scores_and_tokens_match_the_full_circuit(llama):
         assert [round(v, 4) for _, v in suppressed] == [
             round(float(v), 4) for v in -torch.topk(-diag, 5).values
         ]
+
+
+@pytest.mark.parametrize("model_type", ["bamba", "qwen3_5_text"])
+def test_ov_circuits_of_a_hybrids_attention_heads(model_type):
+    """A hybrid's attention heads, rows by attention layer: the same full-circuit oracle, with the
+    norms' gains as each modeling file writes them (Qwen3.5's RMSNorm: 1 + weight, zero at init)."""
+    import hybrids_tiny
+
+    lm = hybrids_tiny.loaded(model_type)
+    ov = ov_circuits(lm)
+    assert ov.blocks == lm.layout.attention_layers == (1, 3)
+    model, cfg = lm.model, lm.model.config.get_text_config()
+    offset = 1.0 if model_type == "qwen3_5_text" else 0.0
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    for layer, head in ((0, 1), (1, 3)):
+        block = model.model.layers[ov.blocks[layer]]
+        attn, d = block.self_attn, block.self_attn.head_dim
+        w_v = attn.v_proj.weight[(head // group) * d : (head // group + 1) * d]
+        w_v = w_v * (block.input_layernorm.weight + offset)
+        w_o = attn.o_proj.weight[:, head * d : (head + 1) * d]
+        final = getattr(model.model, "norm", None) or model.model.final_layernorm  # Bamba's name
+        w_u = model.lm_head.weight * (final.weight + offset)
+        full = (w_u @ w_o @ w_v @ model.model.embed_tokens.weight.T).double().detach()
+        lam = torch.linalg.eigvals(full)
+        lam = lam[lam.abs() > 1e-6 * lam.abs().max()]
+        assert ov.copying[layer, head] == pytest.approx(float(lam.sum().real / lam.abs().sum()), abs=1e-6)
+    assert any("gated" in n for n in ov.notes) == (model_type == "qwen3_5_text")
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "mpt"])
+def test_ov_circuits_of_fused_qkv_models(model_type):
+    """Bloom's per-head [q | k | v] and MPT's [q | k | v] blocks of one fused projection."""
+    lm = te.build(model_type)
+    ov = ov_circuits(lm)
+    base, heads = lm.model.base_model, lm.layout.n_heads
+    d, head = lm.layout.head_dim, 2
+    if model_type == "bloom":
+        block = base.h[1]
+        attn, norm, final = block.self_attention, block.input_layernorm, base.ln_f
+        w_v = attn.query_key_value.weight.view(heads, 3, d, -1)[head, 2]
+        w_o = attn.dense.weight[:, head * d : (head + 1) * d]
+    else:
+        block = base.blocks[1]
+        attn, norm, final = block.attn, block.norm_1, base.norm_f
+        w_v = attn.Wqkv.weight[(2 * heads + head) * d : (2 * heads + head + 1) * d]
+        w_o = attn.out_proj.weight[:, head * d : (head + 1) * d]
+    w_u = lm.model.get_output_embeddings().weight * final.weight
+    full = (w_u @ w_o @ (w_v * norm.weight) @ lm.model.get_input_embeddings().weight.T).double().detach()
+    lam = torch.linalg.eigvals(full)
+    lam = lam[lam.abs() > 1e-6 * lam.abs().max()]
+    assert ov.copying[1, head] == pytest.approx(float(lam.sum().real / lam.abs().sum()), abs=1e-6)

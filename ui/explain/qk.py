@@ -200,7 +200,7 @@ def ov_view(lm: LoadedModel, p: ExplainParams, layer: int, head: int, pos: int) 
             chosen[0],
             chosen[1],
             pos,
-            f"Open layer {chosen[0]}, head {chosen[1]} in the explorer",
+            f"Open {lm.layout.layer_label(chosen[0])}, head {chosen[1]} in the explorer",
             "ov_open",
         )
     copied, suppressed = models.cached(
@@ -215,7 +215,8 @@ def ov_view(lm: LoadedModel, p: ExplainParams, layer: int, head: int, pos: int) 
             {title: [t for t, _ in rows], "own logit": [round(v, 3) for _, v in rows]}, hide_index=True
         )
     st.caption(
-        f"L{layer}H{head}: the tokens whose own logit it raises (lowers) most when it attends to them."
+        f"L{lm.layout.model_layer(layer)}H{head}: the tokens whose own logit it raises (lowers) most "
+        "when it attends to them."
     )
 
 
