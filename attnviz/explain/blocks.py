@@ -105,6 +105,10 @@ class BlockHooks:
 
     @property
     def block(self) -> Block:
+        if not self.blocks:  # XLM, LongCat-Flash: the attention runs outside the blocks found
+            raise Unsupported(
+                "the attention runs before any block the trace found (its layers are not blocks)"
+            )
         return self.blocks[-1]
 
     def _enter(self, i: int):
@@ -125,7 +129,8 @@ class BlockHooks:
     def _leave(self, i: int):
         def hook(_module, _args, output):
             b, post = self.block, _first_tensor(output)
-            assert post is not None and b.pre is not None
+            if post is None or b.pre is None:  # HRM: a block run again inside another one's forward
+                raise Unsupported(f"block {i} returns no tensor, or runs again before it returns")
             if b.attn_added is None or b.mlp_added is None or b.residual is None:
                 b.problem = b.problem or (
                     f"block {i}: could not find its attention output, its MLP ({'/'.join(MLP_NAMES)}) "

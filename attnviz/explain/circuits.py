@@ -120,7 +120,8 @@ def _value_weight(attn: Any, heads: int, kv: int, d: int) -> torch.Tensor:
         return t.T if type(mod).__name__ == "Conv1D" else t
 
     if hasattr(attn, "v_proj"):
-        return w(attn.v_proj).reshape(kv, d, -1)
+        v = w(attn.v_proj)
+        return v.reshape(kv, v.shape[0] // kv, -1)  # MiMo-V2: a value width of its own
     if type(attn).__name__ == "CodeGenAttention":
         return codegen_qvk(w(attn.qkv_proj), heads, d)[1]
     fused = next((getattr(attn, n) for n in ("c_attn", "qkv_proj", "Wqkv") if hasattr(attn, n)), None)
@@ -162,14 +163,19 @@ def _heads(lm: LoadedModel):
         attn = lm.model.get_submodule(site.module_name)
         block = lm.model.get_submodule(site.module_name.rsplit(".", 1)[0])
         norm = next((getattr(block, n) for n in INPUT_NORMS if hasattr(block, n)), None)
-        w_o = output_weight(lm.model, site.module_name, lay.n_heads, d).cpu()  # (heads, d_model, d_head)
+        v = getattr(attn, "v_proj", None)
+        d_v = v.weight.shape[0] // lay.n_kv_heads if isinstance(v, torch.nn.Linear) else d
+        w_o = output_weight(lm.model, site.module_name, lay.n_heads, d_v).cpu()  # (heads, d_model, d_v)
         yield attn, norm, lay.n_heads, lay.n_kv_heads, d, w_o
 
 
 def _unembed(lm: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
     """(W_E (vocab, d_model), W_U with the final norm's gain folded in (vocab, d_model))."""
-    w_e = lm.model.get_input_embeddings().weight.detach().float().cpu()
-    w_u = lm.model.get_output_embeddings().weight.detach().float().cpu()
+    emb, unemb = lm.model.get_input_embeddings(), lm.model.get_output_embeddings()
+    if getattr(emb, "weight", None) is None or getattr(unemb, "weight", None) is None:
+        raise Unsupported(f"{lm.spec!r} names no input embedding and LM head matrix (W_E, W_U) to read")
+    w_e = emb.weight.detach().float().cpu()
+    w_u = unemb.weight.detach().float().cpu()
     return w_e, w_u * _gain(final_norm(lm)[1])
 
 
