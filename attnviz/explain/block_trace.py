@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.nn import Linear
 
-from ..capture.hook import recording
+from ..capture.hook import editing, recording
 from ..capture.projections import output_bias, output_weight
 from ..errors import AttnvizError, MixerCheckFailed, MixerNotShown
 from ..exact.probabilities import probs_from_capture
@@ -162,7 +162,13 @@ def block_trace(
             for part in sites.parts:
                 if sites.modules[part][b] is not None:
                     hooks.append(Hook(sites.modules[part][b], keep_output(raw, (b, part))))
-    with recording(lm.module_names) as rec:
+    heads_out: dict[str, torch.Tensor] = {}  # each attention's Σ_s α v (N, heads, d_head), pre-gate
+
+    def keep_heads(module: torch.nn.Module, output: torch.Tensor) -> torch.Tensor:
+        heads_out[lm.module_names.get(id(module), "")] = output[0].detach()
+        return output
+
+    with recording(lm.module_names) as rec, editing(keep_heads):
         st = read_stream(lm, ids, hooks)
     store = MixerStore(rec.mixers, lm.dtype)
     calls = {c.module_name: c for c in rec.calls}
@@ -190,7 +196,7 @@ def block_trace(
                         continue
                     module = sites.modules[name][b]
                     parts[name] = (
-                        _attention_part(lm, calls, module, o_in.get(b), scales[name])
+                        _attention_part(lm, calls, module, o_in.get(b), heads_out, scales[name])
                         if name == "attention"
                         else _mixer_part(store, b, name, scales[name])
                     )
@@ -230,10 +236,11 @@ def block_trace(
 
 
 def _attention_part(
-    lm: LoadedModel, calls: dict, module: Any, o_in: torch.Tensor | None, scale: float
+    lm: LoadedModel, calls: dict, module: Any, o_in: torch.Tensor | None, heads_out: dict, scale: float
 ) -> HeadPart:
     """A softmax attention branch: α from its captured Q, K (eager's order of operations), V per
-    query head, W_O by head; a gate between the heads and W_O frozen as o_proj's input / Σ α v."""
+    query head, W_O by head; a gate between the heads and W_O frozen as o_proj's input / Σ α v
+    (the attention's own output in the forward, before the gate)."""
     name = lm.module_names.get(id(module), "")
     cap = calls.get(name)
     if cap is None or cap.value is None:
@@ -256,7 +263,12 @@ def _attention_part(
         return torch.cat(out).float()
 
     sigma = None
-    if o_in is not None:  # a gate between the heads and W_O: o_proj's input is not Σ α v there
+    if o_in is not None and name in heads_out:  # the forward's Σ α v: the gate is o_in's ratio to it
+        z = heads_out[name].float()
+        got = o_in.float().reshape(z.shape)
+        if not torch.allclose(got, z, rtol=1e-4, atol=1e-5 * max(1.0, float(z.abs().max()))):
+            sigma = torch.where(z != 0, got / z.where(z != 0, 1.0), 0.0)  # the gate, frozen
+    elif o_in is not None:  # a gate between the heads and W_O: o_proj's input is not Σ α v there
         n = v.shape[1]
         probe = check_rows(n)
         got = o_in.float()[probe].reshape(len(probe), heads, d_head)

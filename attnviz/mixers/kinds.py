@@ -83,6 +83,9 @@ class MixerKind:
     channel_terms: Callable | None = None
     # the self-check: (parts, query rows) -> the core output rebuilt there, against the kernel's
     reference: Callable | None = None
+    # per head, where the reference is Σ_s A v over ``rows``' matrix: (parts, A, heads) -> the core
+    # output; the store then keeps the check's rows of A and serves them again (routes read row N-1)
+    outputs: Callable | None = None
     against: str = ""  # "{function}" is the core function's name
     against_mixer: str = ""  # the second comparison, with the mixer's output
     oracle: Callable | None = None  # the token-by-token textbook form (tests), parts -> (nh, T, S)
@@ -125,6 +128,7 @@ _DELTA = dict(
     time_parts=delta.TIME_PARTS,
     rows=delta.delta_rows,
     stream_rows=delta.chunked_rows,
+    outputs=delta.delta_outputs,
     values="v",
     against="the {function} output (Σ_s A[t,s]·v_s)",
     oracle=reference.delta_dense,

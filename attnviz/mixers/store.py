@@ -56,6 +56,7 @@ class MixerStore:
         self.dtype = dtype
         self._parts: dict[tuple[int, str], dict] = {}
         self._checks: dict[tuple[int, str], Any] = {}
+        self._checked_rows: dict[tuple[int, str], tuple[list[int], torch.Tensor]] = {}  # (rows, A)
         first = next(iter(self._records.values()), None)
         self.n_tokens = 0 if first is None else _n_tokens(first)
 
@@ -168,6 +169,10 @@ class MixerStore:
     def _rows(self, block: int, kind: str, heads: list[int], idx: torch.Tensor) -> torch.Tensor:
         spec, parts = self.spec(block, kind), self.parts(block, kind)
         if spec.rows is not None:  # per head: the effective attention itself
+            kept, matrix = self._checked_rows.get((block, kind), ([], None))
+            if matrix is not None and set(idx.tolist()) <= set(kept):  # the self-check's rows again
+                at = [kept.index(t) for t in idx.tolist()]
+                return matrix[heads][:, at]
             return spec.rows(parts, heads, idx)
         rec = self.record(block, kind)
         if rec.out_weight is None or spec.contributions is None:
@@ -244,7 +249,13 @@ class MixerStore:
             out = out[..., : len(idx)] if spec.channels_first else out[: len(idx)]
             out = _spread(out, idx, n, spec.channels_first)
         assert spec.reference is not None  # a shown kind has one
-        got = spec.reference(parts, idx).reshape(len(idx), -1)  # (T, ...): the core output rebuilt
+        if spec.outputs is not None and spec.rows is not None:  # the reference, its A kept for _rows
+            heads = list(range(self.n_heads(block, kind)))
+            matrix = spec.rows(parts, heads, idx)
+            self._checked_rows[(block, kind)] = (idx.tolist(), matrix)
+            got = spec.outputs(parts, matrix, heads).reshape(len(idx), -1)
+        else:
+            got = spec.reference(parts, idx).reshape(len(idx), -1)  # (T, ...): the core output rebuilt
         want = (out.T if spec.channels_first else out)[idx].reshape(len(idx), -1)
         ran = f"{rec.function} → {rec.implementation}" if rec.implementation else rec.function
         against = spec.against.format(function=ran)  # names the package kernel when one ran
