@@ -3,13 +3,15 @@
 from contextlib import nullcontext
 
 import numpy as np
+import plotly.graph_objects as go
 import streamlit as st
 
 from attnviz import AttentionResult, LoadedModel
 from attnviz import figures as F
+from attnviz.figures import panels as P
 from attnviz.layout import Stack
 from attnviz.metrics import HeadMetrics
-from ui import clicks, export, head_stats, mixers, models, pickers, progress, shell, shown, state
+from ui import export, head_stats, heatmaps, mixers, models, pickers, progress, shell, shown, state
 from ui.overview import flow
 from ui.params import SCALE_CHOICES, ExplorerParams, OverviewParams
 from ui.text import guarded, md
@@ -18,6 +20,8 @@ SHORT = {"previous_token": "prev. token", "diagonal": "self", "gqa_coherence": "
 # Past this many tokens the rollout (below the fold; ~0.4-0.6x a forward at 1,500 tokens) runs
 # when asked, not on every first view of the page.
 ROLLOUT_AUTO_TOKENS = 1024
+MOSAIC_KEY = "mosaic_tiles"  # the mosaic's element (`ui.heatmaps`): its clicks are read under this key
+MOSAIC_TILE_PX = 64  # a tile's side at most; the element fits the layers across the page
 
 frame = shell.begin(OverviewParams)
 
@@ -84,6 +88,7 @@ def every_head(
     """The mosaic of every layer x head on the colour scale ``choice`` (`pickers.scale_picker`);
     a click on a tile opens that head in the explorer."""
     n_layers, n_heads = res.n_layers(stack), res.n_heads
+    open_clicked_tile(n_layers, explorer)
     kv = pickers.kv_heads(res, stack)
     view = shown.View(stack=stack)
     ax = shown.axes(res, view)
@@ -117,20 +122,41 @@ def every_head(
         f"pattern (queries down, keys across){pooled_note}."
     )
     scale, note = pickers.scale_for(choice, max(len(ax.q_idx), len(ax.k_idx)))
-    mosaic = F.model_mosaic(
-        images, colorscale=cmap, scale=scale, kv_heads=kv, q_labels=q_bins, k_labels=k_bins, pickable=True,
-        layers_across=True,
-        layer_names=[res.layout.layer_label(i) for i in range(n_layers)],
-    )  # fmt: skip
+    layer_names = [res.layout.layer_label(i) for i in range(n_layers)]
+    # drawn once by the browser (`ui.heatmaps`: a PNG per tile, each cell's exact value in the
+    # hover, a hovered tile enlarged), not a Plotly heatmap of every cell that Streamlit plots twice
+    panels = F.mosaic_panels(
+        images, q_labels=q_bins, k_labels=k_bins, scale=scale, layer_names=layer_names, kv_heads=kv
+    )
     name = F.figure_name(spec, stack if stack != "self" else "", "all_heads")
-    event = export.chart(mosaic, name, key="mosaic_chart", on_select=True)
-    st.caption("Click a tile to open that head in the explorer. " + note)
-    export.html_buttons(lambda: [mosaic], name, key="mosaic", what="every head")
-    picked = clicks.clicked(event, "mosaic_chart")
-    if picked:
-        state.commit()
-        target = explorer.replace(layer=int(picked[0]), head=int(picked[1])).to_query().params
-        st.switch_page(shell.PAGES[0].file, query_params=target)
+    heatmaps.show(
+        panels, P.colour_bar(scale, cmap, None, images), key=MOSAIC_KEY, cols=n_layers,
+        tile_px=MOSAIC_TILE_PX, click="panel", preview=True, name=name,
+        col_titles=[n.removeprefix("layer ") for n in layer_names],  # "12" fits a 16 px tile, "L12" not
+        row_titles=F.mosaic_row_titles(kv, n_heads),
+    )  # fmt: skip
+    st.caption("Hover a tile to see it enlarged; click it to open that head in the explorer. " + note)
+
+    def figure() -> go.Figure:  # the download's figure (HTML), made when clicked
+        return F.model_mosaic(
+            images, colorscale=cmap, scale=scale, kv_heads=kv, q_labels=q_bins, k_labels=k_bins,
+            layers_across=True, layer_names=layer_names,
+        )  # fmt: skip
+
+    export.html_buttons(lambda: [figure()], name, key="mosaic", what="every head")
+
+
+def open_clicked_tile(n_layers: int, explorer: ExplorerParams) -> None:
+    """A click on a mosaic tile (panel ``head * layers + layer``) opens that head in the explorer,
+    before anything is pooled."""
+    picked = heatmaps.clicked(MOSAIC_KEY)
+    if picked is None or not n_layers:
+        return
+    state.commit()
+    layer, head = picked["panel"] % n_layers, picked["panel"] // n_layers
+    st.switch_page(
+        shell.PAGES[0].file, query_params=explorer.replace(layer=layer, head=head).to_query().params
+    )
 
 
 def statistics(

@@ -4,7 +4,7 @@
 // (grids) a hovered panel shown enlarged. Text from the page is set with textContent, never HTML.
 // Python side and data format: ui/heatmaps.py.
 const REG = (window.__attnvizHeatmaps = window.__attnvizHeatmaps || {});
-const LABEL_W = 92, LABEL_H = 54, GAP = 6, TITLE_H = 18;
+const LABEL_W = 92, LABEL_H = 54, GAP = 6, TITLE_H = 18, ROW_W = 56;
 
 function el(tag, cls, parent, text) {
   const e = document.createElement(tag);
@@ -58,7 +58,10 @@ function build(root, data) {
   // token labels only where each has 12 px of its row (`attnviz.figures.labels_fit`) at the drawn size
   // and where they leave the picture 160 px at least (a narrow window: the picture, the hover's labels)
   const labelsOn = !!data.labels && fit(width - LABEL_W) / bins >= 12 && fit(width - LABEL_W) >= 160;
-  const left = labelsOn ? LABEL_W : 0, below = labelsOn ? LABEL_H : 0;
+  // `col_titles` / `row_titles` (a mosaic): one title per column above the first row and one per
+  // row left of the first column, instead of a title over every panel
+  const colT = data.col_titles, rowT = data.row_titles, rowW = rowT ? ROW_W : 0;
+  const left = (labelsOn ? LABEL_W : 0) + rowW, below = labelsOn ? LABEL_H : 0;
   const tile = fit(width - left);
   const head = el('div', 'avh-head', root);
   const hoist = !data.title && n === 1;  // one panel: its title is the element's
@@ -71,7 +74,8 @@ function build(root, data) {
   const boxes = [];
   P.forEach((p, i) => {
     const cell = el('div', 'avh-cell', grid);
-    if (!hoist) el('div', 'avh-ptitle', cell, p.title);
+    if (!hoist && !colT) el('div', 'avh-ptitle', cell, p.title);
+    else if (colT && i < cols) el('div', 'avh-ptitle', cell, colT[i]);
     const big = Math.max(p.rows, p.cols, 1);
     const w = Math.max(1, Math.round(tile * p.cols / big)), h = Math.max(1, Math.round(tile * p.rows / big));
     const wrap = el('div', 'avh-wrap', cell);
@@ -84,6 +88,11 @@ function build(root, data) {
     img.dataset.panel = String(i);
     const q = p.q || data.q, k = p.k || data.k;
     const r = Math.floor(i / cols), c = i % cols;
+    if (rowT && c === 0) {
+      const t = el('div', 'avh-rowtitle', wrap, rowT[r]);
+      t.style.right = `calc(100% + ${labelsOn ? LABEL_W : 0}px)`;
+      t.style.width = (ROW_W - 4) + 'px';
+    }
     if (labelsOn && c === 0) {
       const ys = el('div', 'avh-ylabels', wrap);
       q.forEach((t, j) => { const s = el('div', '', ys, t); s.style.top = ((j + 0.5) * h / p.rows) + 'px'; });
@@ -157,7 +166,10 @@ function build(root, data) {
         img.style.height = Math.round(side * b.h / b.w) + 'px';
         const g = root.getBoundingClientRect(), rc = b.img.getBoundingClientRect();
         const room = window.innerWidth - g.right;
-        box.style.left = (room > side + 24 ? g.right + 8 : Math.max(8, g.left - side - 24)) + 'px';
+        // beside the element when there is room (the Explorer's grid), else beside the tile on
+        // its roomier side (a full-width mosaic): never over the tile under the pointer
+        const beside = rc.right + side + 32 < window.innerWidth ? rc.right + 12 : rc.left - side - 24;
+        box.style.left = (room > side + 24 ? g.right + 8 : Math.max(8, beside)) + 'px';
         box.style.top = Math.max(8, Math.min(window.innerHeight - side - 40, rc.top + rc.height / 2 - side / 2)) + 'px';
         box.style.display = 'block';
       });
@@ -197,6 +209,7 @@ function savePng(root, data, boxes, tile) {
   put(root.querySelector('.avh-title'), 'bold 14px sans-serif');
   root.querySelectorAll('.avh-ptitle').forEach(n => put(n, '11px sans-serif'));
   root.querySelectorAll('.avh-ylabels div').forEach(n => put(n, '9px sans-serif', 'right'));
+  root.querySelectorAll('.avh-rowtitle').forEach(n => put(n, '11px sans-serif', 'right'));
   root.querySelectorAll('.avh-xlabels div').forEach(n => {
     const r = n.getBoundingClientRect();
     ctx.save();

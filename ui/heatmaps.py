@@ -73,8 +73,13 @@ def payload(
     preview: bool = False,
     name: str = "heatmap",
     colorbar: bool = True,
+    col_titles: Sequence[str] | None = None,
+    row_titles: Sequence[str] | None = None,
 ) -> dict:
-    """The element's data (see the module's docstring; ``labels`` None: where they fit)."""
+    """The element's data (see the module's docstring; ``labels`` None: where they fit).
+    ``col_titles`` / ``row_titles`` (a mosaic of small tiles): a title per column above the
+    first row and per row beside the first column, instead of one over each panel (the hover,
+    the preview and the PNG still name each panel by its own title)."""
     if not panels:
         raise ValueError("no panels to draw")
     shared = all(p.q_labels is panels[0].q_labels and p.k_labels is panels[0].k_labels for p in panels)
@@ -118,6 +123,10 @@ def payload(
     }
     if shared:
         data |= {"q": list(panels[0].q_labels), "k": list(panels[0].k_labels)}
+    if col_titles is not None:
+        data["col_titles"] = list(col_titles)
+    if row_titles is not None:
+        data["row_titles"] = list(row_titles)
     # the browser draws again only when this changes (not for a new frame: `open`)
     data["rev"] = hashlib.blake2b(json.dumps(data, sort_keys=True).encode(), digest_size=12).hexdigest()
     data["open"] = open_index

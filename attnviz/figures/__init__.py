@@ -61,7 +61,7 @@ from attnviz.figures.labels import (
     token_labels,
     token_ticks,
 )
-from attnviz.figures.mosaic import model_mosaic, mosaic_side
+from attnviz.figures.mosaic import model_mosaic, mosaic_panels, mosaic_row_titles, mosaic_side
 from attnviz.figures.tokens import (
     DIRECTIONS,
     Direction,
@@ -116,6 +116,8 @@ __all__ = [
     "metric_heatmap",
     "metric_panels",
     "model_mosaic",
+    "mosaic_panels",
+    "mosaic_row_titles",
     "mosaic_side",
     "payload_bytes",
     "pool",

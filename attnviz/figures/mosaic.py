@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from attnviz.figures.bins import MOSAIC_MAX_CELLS
 from attnviz.figures.colour import _coloraxis, _colour, _max, _weight_hover, resolve_scale
 from attnviz.figures.labels import escape, head_title
+from attnviz.figures.panels import Panel
 
 _CLEAR = "rgba(0,0,0,0)"
 
@@ -148,6 +149,35 @@ def model_mosaic(
             )
         )
     return fig
+
+
+def mosaic_panels(
+    images: np.ndarray,
+    *,
+    q_labels: Sequence[str],
+    k_labels: Sequence[str],
+    scale: str = "linear",
+    layer_names: Sequence[str] | None = None,
+    kv_heads: Sequence[int] | None = None,
+) -> list[Panel]:
+    """Every (layer, head) tile of ``images`` (layers, heads, s_q, s_k) as a panel for a browser
+    element that draws them once (the app's `ui.heatmaps`), row by row: heads down, layers across
+    (panel ``h * layers + l`` is layer l's head h; lay them out ``layers`` columns wide). Each
+    panel's values are the tile as drawn on ``scale`` (float32: the hover's exact value); its
+    title names the layer and the head ("L3 H4", a hybrid's block index for L)."""
+    images = np.asarray(images, dtype=np.float32)
+    n_l, n_h = images.shape[:2]
+    mode = resolve_scale(False, scale)
+    drawn = _colour(images, mode).astype(np.float32)
+    short = [n.replace("layer ", "L") for n in layer_names] if layer_names else [f"L{i}" for i in range(n_l)]
+    heads = mosaic_row_titles(kv_heads, n_h)
+    ql, kl = list(q_labels), list(k_labels)
+    return [Panel(f"{short[la]} {heads[h]}", drawn[la, h], ql, kl) for h in range(n_h) for la in range(n_l)]
+
+
+def mosaic_row_titles(kv_heads: Sequence[int] | None, n_heads: int) -> list[str]:
+    """The mosaic's row (head) names: "H4", with GQA "H4 kv1"."""
+    return [f"H{h}" if kv_heads is None else f"H{h} kv{kv_heads[h]}" for h in range(n_heads)]
 
 
 def mosaic_side(n_layers: int, n_heads: int, max_cells: int = MOSAIC_MAX_CELLS, max_side: int = 64) -> int:

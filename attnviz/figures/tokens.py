@@ -97,9 +97,15 @@ def token_lines(
     y_left = {p: float(r) for r, p in enumerate(row_positions)}
     # The links are layout shapes, not one scatter per (head, weight band) (9 heads gave 18
     # scatters): a shape takes its own colour and width, and Plotly's cost grows with traces.
-    # Each head's links share a legend group, so its legend entry still hides them.
-    shapes: list[dict] = []
-    in_legend: set[str] = set()
+    # Each head's links share a legend group with its legend entry (a zero-length shape in the
+    # head's full colour), so a click on the entry still hides them.
+    shapes: list[dict] = [
+        dict(
+            type="line", x0=0.0, x1=0.0, y0=0.0, y1=0.0, line=dict(color=colours[h], width=3),
+            legendgroup=names[h], name=escape(names[h]), showlegend=True,
+        )
+        for h in range(n_heads)
+    ]  # fmt: skip
     for h in range(n_heads):
         for d, r in enumerate(drawn):
             for j, w in zip(top[h, d], weights[h, d], strict=True):
@@ -109,13 +115,11 @@ def token_lines(
                 if level < 0:  # under the lowest band (a min_weight below it): no line, as before
                     continue
                 alpha, width = _LEVEL_STYLE[level]
-                first = names[h] not in in_legend
-                in_legend.add(names[h])
                 shapes.append(
                     dict(
                         type="line", x0=0.0, x1=1.0, y0=y_left[row_positions[r]], y1=y_right[int(j)],
                         line=dict(color=_rgba(colours[h], alpha), width=width), layer="below",
-                        legendgroup=names[h], name=escape(names[h]), showlegend=first,
+                        legendgroup=names[h], showlegend=False,
                     )
                 )  # fmt: skip
     fig = go.Figure(layout=dict(shapes=shapes))
@@ -154,7 +158,7 @@ def token_lines(
         xaxis=dict(range=[-0.75, 1.75], visible=False, fixedrange=True),
         yaxis=dict(range=[max(y, n_rows), -1], visible=False),
         legend=dict(orientation="h", y=-0.02, yanchor="top", x=0),
-        showlegend=bool(shapes),  # the legend lists the heads' links (shapes), not the traces
+        showlegend=True,  # the legend lists the heads (shapes), not the traces
         plot_bgcolor="rgba(0,0,0,0)",
         dragmode=False,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from apptest import TEXT, TINY, heatmaps, new_app, ok, specs, z_of
+from apptest import TEXT, TINY, heatmaps, mounted, new_app, ok, specs, z_of
 
 import attnviz
 from attnviz import metrics
@@ -20,12 +20,14 @@ def tiny_metrics(text: str = TEXT):
 def test_mosaic_statistics_and_finder(env):
     at = new_app(PAGE, model=TINY, text=TEXT).run()
     ok(at)
-    charts = specs(at)
-    mosaic = charts[0]
-    assert len(heatmaps(mosaic)) == 1
-    # 3 layers x 4 heads: 4 head rows > 3 layers, so layers are the rows here
-    assert mosaic["layout"]["xaxis"]["ticktext"] == ["L0", "L1", "L2"]  # layers across, every model
-    assert mosaic["layout"]["yaxis"]["ticktext"] == ["H0", "H1", "H2", "H3"]
+    # the mosaic: one heatmaps element (ui.heatmaps), a panel per head, layers across (3 columns)
+    # and heads down (4 rows) on every model, each tile titled by its layer and head
+    (mosaic,) = mounted(at, "attnviz_heatmaps")
+    assert mosaic["cols"] == 3 and mosaic["click"] == "panel" and mosaic["preview"]
+    titles = [p["title"] for p in mosaic["panels"]]
+    assert titles == [f"L{la} H{h} kv{h // 2}" for h in range(4) for la in range(3)]
+    assert mosaic["col_titles"] == ["0", "1", "2"]  # layers; the tiles' own titles in the hover
+    assert mosaic["row_titles"] == [f"H{h} kv{h // 2}" for h in range(4)]
     titles = [t["name"] for t in heatmaps(statistics(at))]
     for name in ("entropy", "sink", "previous token", "induction", "GQA coherence"):
         assert any(name in t for t in titles), (name, titles)
@@ -135,12 +137,31 @@ def test_one_colour_scale_control_auto_by_length_and_old_log_links(env):
     import tiny
 
     res = attnviz.extract(tiny.loaded("llama-gqa"), TEXT)
-    canvas, n = z_of(heatmaps(specs(at)[0])[0]), res.n_tokens
-    side = (canvas.shape[1] + 1) // 3 - 1  # 3 layers across, 4 heads down, one-pixel gaps
-    assert side == n  # short text: each tile is the head itself
+    tiles = heatmaps(specs(at)[0])  # one panel per head: head h of layer l is panel h * 3 + l
     for layer in range(3):
         for h in range(4):
-            tile = canvas[h * (n + 1) : h * (n + 1) + n, layer * (n + 1) : layer * (n + 1) + n]
+            tile = z_of(tiles[h * 3 + layer])
+            assert tile.shape == (res.n_tokens, res.n_tokens)  # short text: each tile is the head itself
             np.testing.assert_allclose(tile, log10(res.head(layer, h)), atol=1e-5)
     assert OverviewParams.from_query({"log": "1", "scale": "rank"})[0].scale == "rank"
     assert OverviewParams.from_query({"log": "0"})[0].scale == "auto"
+
+
+def test_a_click_on_a_mosaic_tile_opens_that_head_in_the_explorer(env):
+    """The mosaic's tiles are panels of one element (ui.heatmaps), head h of layer l at panel
+    h * layers + l: a click on panel 7 of 3 layers x 4 heads opens layer 1, head 2. Its hover
+    values are the tile as drawn, float32 of the engine's weights."""
+    at = new_app(PAGE, model=TINY, text=TEXT, induction=0).run()
+    ok(at)
+    (mosaic,) = mounted(at, "attnviz_heatmaps")
+    tiles = heatmaps(specs(at)[0])
+    import tiny
+
+    res = attnviz.extract(tiny.loaded("llama-gqa"), TEXT, statistics=True)  # the page's own run
+    np.testing.assert_array_equal(z_of(tiles[7]), res.head(1, 2).astype(np.float32))  # exact, as drawn
+    assert mosaic["panels"][7]["title"] == "L1 H2 kv1"
+    at.session_state["mosaic_tiles"] = {"click": {"panel": 7, "n": 1}}  # what the element sends
+    at.run()
+    ok(at)
+    assert at.title[0].value == "Attention explorer"
+    assert at.slider(key="layer").value == 1 and at.selectbox(key="head").value == 2

@@ -169,10 +169,24 @@ def test_click_an_overview_thumbnail_opens_that_head(server, page):
     assert len(ranges) == 2 and all(lo <= -5 and hi == 0 for lo, hi in ranges), ranges
     titles_fit(page)
     screenshot(page, "views_overview_n100")
-    n_heads = 9  # smollm2-135m: 30 layers x 9 heads
+    n_layers = 30  # smollm2-135m: 30 layers x 9 heads; the mosaic's panels run layers across
     layer, head = 12, 4
+    tile = page.locator(f'img.avh-img[data-panel="{head * n_layers + layer}"]')
+    tile.scroll_into_view_if_needed()
+    tile.hover()  # the hovered tile shows enlarged (ui.heatmaps' preview), beside it, not over it
+    shown = "() => (document.querySelector('body > .avh-preview') || {style: {}}).style.display === 'block'"
+    page.wait_for_function(shown)
+    preview = page.evaluate(
+        """() => { const b = document.querySelector('body > .avh-preview'), r = b.getBoundingClientRect();
+                 return {title: b.children[0].textContent, left: r.left, right: r.right}; }"""
+    )
+    box = tile.bounding_box()
+    assert preview["title"].startswith("L12 H4"), preview
+    assert preview["left"] >= box["x"] + box["width"] or preview["right"] <= box["x"], (preview, box)
+    tip = page.evaluate("() => document.querySelector('body > .avh-tip').textContent")
+    assert tip.startswith("L12 H4") and re.search(r"weight -?\d+\.\d+$", tip), tip  # the cell's value
     with reran(page):
-        click_point(page, "tiles", layer * n_heads + head)
+        tile.click()
     page.get_by_role("heading", name="Attention explorer").wait_for(timeout=240_000)
     wait_idle(page, timeout_ms=240_000)
     screenshot(page, "views_explorer_after_thumbnail_click")

@@ -341,3 +341,20 @@ def test_every_mosaic_tile_marker_sits_on_its_own_layer_and_head(across):
     for (la, h), x, y, text in zip(tiles.customdata, tiles.x, tiles.y, tiles.text, strict=True):
         assert text == f"layer {la} · head {h}"
         assert z[list(heat.y).index(y), list(heat.x).index(x)] == np.float32((10 * la + h + 1) / 100)
+
+
+def test_mosaic_panels_run_layers_across_with_each_tile_as_drawn():
+    """The mosaic as panels for the browser element: head h of layer l is panel h * layers + l,
+    titled "L{l} H{h}" (a hybrid's block index for L), its values the tile on the chosen scale
+    (float32: the hover's exact value)."""
+    rng = np.random.default_rng(0)
+    images = rng.random((3, 2, 4, 4)).astype(np.float32)  # (layers, heads, s_q, s_k)
+    labels = [f"t{i}" for i in range(4)]
+    panels = F.mosaic_panels(
+        images, q_labels=labels, k_labels=labels, layer_names=["layer 0", "layer 5", "layer 7"]
+    )
+    assert [p.title for p in panels] == ["L0 H0", "L5 H0", "L7 H0", "L0 H1", "L5 H1", "L7 H1"]
+    np.testing.assert_array_equal(panels[4].z, images[1, 1])
+    logged = F.mosaic_panels(images, q_labels=labels, k_labels=labels, scale="log", kv_heads=[0, 0])
+    assert logged[1].title == "L1 H0 kv0" and logged[1].z.dtype == np.float32
+    np.testing.assert_allclose(logged[1].z, np.log10(images[1, 0]), rtol=1e-6)

@@ -85,14 +85,17 @@ def test_token_lines_are_two_traces_whatever_the_heads_with_one_legend_entry_per
     fig = F.token_lines(rows, [f"t{i}" for i in range(40)], list(range(40)), top_k=3, selected=39)
     data, shapes = spec(fig)["data"], spec(fig)["layout"]["shapes"]
     assert [t["name"] for t in data] == ["query tokens", "key tokens"]
+    links = [sh for sh in shapes if sh["x1"] == 1]
     top = np.sort(rows[:, 39, :], axis=-1)[:, ::-1][:, :3]  # each head's 3 strongest weights
-    assert len(shapes) == int((top >= FT.LINE_LEVELS[0]).sum())
-    for sh in shapes:
-        assert sh["line"]["width"] in [w for _, w in FT._LEVEL_STYLE]
-    legend = [sh["legendgroup"] for sh in shapes if sh.get("showlegend")]  # once per head drawn
-    assert sorted(legend) == sorted({sh["legendgroup"] for sh in shapes})
+    assert len(links) == int((top >= FT.LINE_LEVELS[0]).sum())
+    for sh in links:
+        assert sh["line"]["width"] in [w for _, w in FT._LEVEL_STYLE] and not sh["showlegend"]
+    legend = [sh for sh in shapes if sh.get("showlegend")]  # every head once, in its full colour
+    assert [sh["legendgroup"] for sh in legend] == [f"head {h}" for h in range(9)]
+    assert [sh["line"]["color"] for sh in legend] == F.head_colours(9)
+    assert {sh["legendgroup"] for sh in links} <= {sh["legendgroup"] for sh in legend}
     band = int(np.searchsorted(FT.LINE_LEVELS, top.max(), "right")) - 1
-    assert max(sh["line"]["width"] for sh in shapes) == FT._LEVEL_STYLE[band][1]
+    assert max(sh["line"]["width"] for sh in links) == FT._LEVEL_STYLE[band][1]
 
 
 def test_token_lines_window_lists_far_keys_after_a_gap():
