@@ -116,6 +116,8 @@ def _value_weight(attn: Any, heads: int, kv: int, d: int) -> torch.Tensor:
     """W_V split by KV head: (kv, d_head, d_model) float32."""
 
     def w(mod: Any) -> torch.Tensor:
+        if not isinstance(getattr(mod, "weight", None), torch.Tensor):  # Zaya's CCA projection
+            raise Unsupported(f"{type(mod).__name__}: the value projection is not one weight matrix")
         t = mod.weight.detach().float()
         return t.T if type(mod).__name__ == "Conv1D" else t
 
@@ -176,6 +178,8 @@ def _unembed(lm: LoadedModel) -> tuple[torch.Tensor, torch.Tensor]:
         raise Unsupported(f"{lm.spec!r} names no input embedding and LM head matrix (W_E, W_U) to read")
     w_e = emb.weight.detach().float().cpu()
     w_u = unemb.weight.detach().float().cpu()
+    if w_e.shape[0] != w_u.shape[0]:  # Moshi: its own input and output vocabularies
+        raise Unsupported(f"{lm.spec!r} reads {w_e.shape[0]} input tokens and predicts {w_u.shape[0]}")
     return w_e, w_u * _gain(final_norm(lm)[1])
 
 
@@ -187,6 +191,8 @@ def ov_circuits(lm: LoadedModel) -> OVCircuits:
     copying, positive = [], []
     for attn, norm, heads, kv, d, w_o in _heads(lm):
         w_v = _value_weight(attn, heads, kv, d) * _gain(norm)  # (kv, d_head, d_model)
+        if w_v.shape[-1] != g.shape[0]:  # Zamba2's shared block: the stream joined to the embeddings
+            raise Unsupported(f"the attention reads {w_v.shape[-1]} features, not the stream's {g.shape[0]}")
         row_c, row_p = [], []
         for h in range(heads):
             m = w_v[h // (heads // w_v.shape[0])].double() @ g @ w_o[h].double()  # (d_head, d_head)
