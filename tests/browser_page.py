@@ -104,9 +104,11 @@ def reran(page, timeout_ms: int = 120_000) -> Iterator[None]:
 
 
 def tick_labels(page) -> list[str]:
-    """Every axis tick label text in every Plotly chart on the page (SVG <text> nodes)."""
+    """Every axis tick label text on the page: a Plotly chart's (SVG <text> nodes) and a heatmaps
+    element's token labels (ui/heatmaps.js: `.avh-xlabels` / `.avh-ylabels`)."""
     return page.eval_on_selector_all(
-        ".js-plotly-plot g.xtick text, .js-plotly-plot g.ytick text", "els => els.map(e => e.textContent)"
+        ".js-plotly-plot g.xtick text, .js-plotly-plot g.ytick text, .avh-xlabels div, .avh-ylabels div",
+        "els => els.map(e => e.textContent)",
     )
 
 
@@ -120,6 +122,7 @@ CHARTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot, [dat
       for (let r = 0; r < one.rows; r++) rows.push(Array.from(v.subarray(r * one.cols, (r + 1) * one.cols)));
       return rows; })();
     return {title: gd.querySelector('.avh-title').textContent, traces: d.panels.length, element: d.id,
+            labels: !!d.labels,
             x: one ? (one.k || d.k) : null, y: one ? (one.q || d.q) : null, z: z};
   }
   const full = gd._fullData || [];

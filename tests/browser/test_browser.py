@@ -11,7 +11,6 @@ through Playwright.
 
 from __future__ import annotations
 
-import html
 import re
 import urllib.parse
 
@@ -20,6 +19,7 @@ import pytest
 from browser_page import WIDTH, alerts, charts, reran, tick_labels, wait_idle
 from robustness_cases import BY_ID, PHISH
 from server import OUTPUT
+from test_browser_grid import TILES_JS, cell_centre, hover_lines
 
 import attnviz
 from attnviz.tokens import Tokens
@@ -299,10 +299,20 @@ def test_text_that_looks_like_markup_shows_literally(server, page, tokenizer, ca
     ids = tokenizer(text)["input_ids"]
     labels = [f"({i}) {d}" for i, d in enumerate(Tokens.build(tokenizer, ids).display)]
     view = head_view(page)
-    assert view["x"] == [html.escape(s, quote=False) for s in labels]  # Plotly gets escaped text...
-    shown = tick_labels(page)
-    for label in labels:  # ...and draws it literally (textContent of the SVG tick labels)
-        assert label in shown, f"{label!r} not drawn literally; drawn: {shown[:40]}"
+    # The big head is the heatmaps element (ui/heatmaps.js): it gets the tokens as they are and sets
+    # them with textContent (Plotly needed them escaped)...
+    assert view["x"] == labels
+    page.wait_for_function(TILES_JS)  # ...and draws them literally: as labels where each has 12 px,
+    if view["labels"]:
+        page.wait_for_selector(".avh-xlabels div", state="attached")  # (laid out after it mounts)
+        shown = tick_labels(page)
+        for label in labels:
+            assert label in shown, f"{label!r} not drawn literally; drawn: {shown[:40]}"
+    else:  # else in the hover, every token on the diagonal
+        big, n = page.evaluate(TILES_JS)["big"], len(labels)
+        for i, label in enumerate(labels):
+            lines = hover_lines(page, cell_centre(big, n, n, i, i))
+            assert lines[1:3] == [f"query {label}", f"key {label}"], (label, lines)
     # The text area holds the text as typed.
     assert page.locator("textarea").first.input_value() == text
     # The app still answers a normal request in the same tab.
