@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from browser_page import alerts, chromium, reran, wait_idle
+from browser_page import alerts, chromium, reran, titles, wait_idle
 from server import OUTPUT, streamlit_server
 
 from ui.params import DEFAULT_TEXT, ExplainParams
@@ -80,12 +80,9 @@ POINT_JS = """([name, n]) => {
 
 
 def chart_titles(page) -> list[str]:
-    """Every chart's title as plain text (Streamlit's theme wraps it in <b>)."""
-    titles = page.evaluate(
-        "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => "
-        "(gd._fullLayout && gd._fullLayout.title && gd._fullLayout.title.text) || '')"
-    )
-    return [re.sub(r"<[^>]+>", "", t) for t in titles]
+    """Every chart's title as plain text (Streamlit's theme wraps it in <b>): Plotly charts and the
+    heatmaps elements (the Explorer's grid and big head)."""
+    return [re.sub(r"<[^>]+>", "", t) for t in titles(page)]
 
 
 def test_click_a_graph_edge_opens_its_head_in_the_explorer(server, page):

@@ -53,10 +53,14 @@ def draw(ref: ResultRef, d: Drawing) -> tuple[bool, float | None]:
         preview=True, open_index=big_head.current(n_heads), name=name, colorbar=own_bar,
     )  # fmt: skip
 
+    # the downloads' callables outlive the run (a session kept 2 minutes after its visitor left):
+    # they take the drawing's plain values, never `d`, which holds the result
+    kv, cmap, scale, value = d.kv, d.cmap, d.scale, d.value_name
+
     def figure() -> go.Figure:  # the downloads' figure (SVG, PDF, HTML), made when clicked
         fig = F.head_grid(
-            img.z, img.q_labels, img.k_labels, kv_heads=d.kv, colorscale=d.cmap, scale=d.scale, zmax=zmax,
-            value=d.value_name, cols=cols, facet_px=tile, colorbar=own_bar,
+            img.z, img.q_labels, img.k_labels, kv_heads=kv, colorscale=cmap, scale=scale, zmax=zmax,
+            value=value, cols=cols, facet_px=tile, colorbar=own_bar,
         )  # fmt: skip
         return fig.update_layout(title=dict(text=f"<b>{F.escape(header)}</b>", x=0, xref="container"))
 
